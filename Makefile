@@ -1,0 +1,49 @@
+# kiln — build, test, demo, benchmarks.
+# Every target that needs system tools depends on `deps`, which installs them
+# with apt-get when missing (CI machines start bare).
+
+GO        ?= go
+TAGS      := containers_image_openpgp,exclude_graphdriver_btrfs
+GOFLAGS   := -tags=$(TAGS) -trimpath
+export CGO_ENABLED := 0
+BIN       := out/kiln
+
+# Debian packages the build and the tests need.
+APT_PKGS := gdisk squashfs-tools e2fsprogs dosfstools mtools fdisk skopeo podman \
+            ignition zstd xz-utils util-linux
+APT_E2E  := qemu-system-x86 ovmf debootstrap systemd-boot-efi dracut-core
+
+.PHONY: all build test demo bench e2e fuzz deps deps-e2e clean vet
+
+all: build
+
+build:
+	@mkdir -p out
+	$(GO) build $(GOFLAGS) -o $(BIN) ./cmd/kiln
+
+deps:
+	@./test/deps.sh $(APT_PKGS)
+
+deps-e2e:
+	@./test/deps.sh $(APT_PKGS) $(APT_E2E)
+
+vet:
+	$(GO) vet $(GOFLAGS) ./...
+
+# The test command (README): unit and integration tests, real tools, no QEMU.
+test: deps build vet
+	$(GO) test $(GOFLAGS) -count=1 -timeout 30m ./...
+
+demo: deps build
+	$(BIN) demo-fixtures out/demo
+	$(BIN) build recipes/demo.yaml -o out/demo.raw
+	$(BIN) inspect out/demo.raw
+
+bench: deps build
+	$(GO) test $(GOFLAGS) -run '^$$' -bench . -benchtime 1x -timeout 60m ./builder/... ./systemd/...
+
+e2e: deps-e2e build
+	$(GO) test $(GOFLAGS) -count=1 -timeout 80m -v ./test/e2e/...
+
+clean:
+	rm -rf out

@@ -1,0 +1,63 @@
+// Command kiln builds immutable appliance disk images and runs the on-node
+// agent that serves and pins their container images.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// Exit codes: 1 for any failure, 2 for bad usage, 130 when interrupted.
+const (
+	exitFailure     = 1
+	exitUsage       = 2
+	exitInterrupted = 130
+)
+
+// usageError marks errors in how kiln was called (exit code 2).
+type usageError struct{ error }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	root := newRootCommand()
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "kiln: %v\n", err)
+	var ue usageError
+	switch {
+	case ctx.Err() != nil || errors.Is(err, context.Canceled):
+		os.Exit(exitInterrupted)
+	case errors.As(err, &ue):
+		os.Exit(exitUsage)
+	default:
+		os.Exit(exitFailure)
+	}
+}
+
+func newRootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "kiln",
+		Short:         "Build immutable appliance disk images with their container images inside",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	for _, add := range subcommands {
+		root.AddCommand(add())
+	}
+	return root
+}
+
+// subcommands is filled by the init functions of this package's other files,
+// one file per command, so each command stays in one place.
+var subcommands []func() *cobra.Command
