@@ -1,0 +1,32 @@
+// Package progress reports long work (fetching, staging, writing a disk) as
+// bytes done of a total. Packages that do the work take a Reporter; the CLI
+// picks a terminal bar or plain log lines.
+package progress
+
+import "io"
+
+// Reporter starts tasks. Implementations must be safe for concurrent use.
+type Reporter interface {
+	// Task starts a unit of work named name of total bytes (0 if unknown).
+	Task(name string, total int64) Task
+}
+
+// Task is one unit of work. Write counts bytes done (the bytes themselves
+// are ignored, so a Task can sit in an io.TeeReader or io.MultiWriter).
+type Task interface {
+	io.Writer
+	// Done ends the task; err is nil on success.
+	Done(err error)
+}
+
+// Discard is a Reporter that reports nothing.
+func Discard() Reporter { return discard{} }
+
+type discard struct{}
+
+func (discard) Task(string, int64) Task { return discardTask{} }
+
+type discardTask struct{}
+
+func (discardTask) Write(p []byte) (int, error) { return len(p), nil }
+func (discardTask) Done(error)                  {}
