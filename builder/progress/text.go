@@ -1,0 +1,143 @@
+package progress
+
+import (
+	"fmt"
+	"io"
+	"sync"
+	"time"
+)
+
+// New returns a Reporter writing to w: a live status line redrawn in place
+// when w is a terminal, plain log lines (one when a task starts, one when it
+// ends, with bytes and rate) otherwise, so CI logs stay readable.
+func New(w io.Writer, terminal bool) Reporter {
+	return &text{w: w, terminal: terminal, now: time.Now}
+}
+
+type text struct {
+	w        io.Writer
+	terminal bool
+	now      func() time.Time
+
+	mu         sync.Mutex
+	active     map[*task]struct{}
+	lastDraw   time.Time
+	lineLength int
+}
+
+type task struct {
+	r     *text
+	name  string
+	total int64
+	done  int64
+	start time.Time
+}
+
+func (r *text) Task(name string, total int64) Task {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t := &task{r: r, name: name, total: total, start: r.now()}
+	if r.active == nil {
+		r.active = map[*task]struct{}{}
+	}
+	r.active[t] = struct{}{}
+	if !r.terminal {
+		if total > 0 {
+			fmt.Fprintf(r.w, "%s: started (%s)\n", name, Bytes(total))
+		} else {
+			fmt.Fprintf(r.w, "%s: started\n", name)
+		}
+	}
+	return t
+}
+
+func (t *task) Write(p []byte) (int, error) {
+	r := t.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t.done += int64(len(p))
+	if r.terminal && r.now().Sub(r.lastDraw) > 100*time.Millisecond {
+		r.draw()
+	}
+	return len(p), nil
+}
+
+func (t *task) Done(err error) {
+	r := t.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.active[t]; !ok {
+		return // Done twice
+	}
+	delete(r.active, t)
+	r.clear()
+	elapsed := r.now().Sub(t.start)
+	switch {
+	case err != nil:
+		fmt.Fprintf(r.w, "%s: failed after %s: %v\n", t.name, elapsed.Round(time.Millisecond), err)
+	case t.done > 0:
+		fmt.Fprintf(r.w, "%s: done, %s in %s (%s/s)\n", t.name, Bytes(t.done), elapsed.Round(time.Millisecond), Bytes(rate(t.done, elapsed)))
+	default:
+		fmt.Fprintf(r.w, "%s: done in %s\n", t.name, elapsed.Round(time.Millisecond))
+	}
+	if r.terminal {
+		r.draw()
+	}
+}
+
+// draw redraws the status line: the active tasks' bytes done of their total.
+func (r *text) draw() {
+	r.lastDraw = r.now()
+	if len(r.active) == 0 {
+		return
+	}
+	var done, total int64
+	var name string
+	var start time.Time
+	for t := range r.active {
+		done += t.done
+		total += t.total
+		if name == "" || t.start.Before(start) {
+			name, start = t.name, t.start
+		}
+	}
+	if len(r.active) > 1 {
+		name = fmt.Sprintf("%s (+%d more)", name, len(r.active)-1)
+	}
+	line := fmt.Sprintf("%s: %s", name, Bytes(done))
+	if total > 0 {
+		line += fmt.Sprintf(" / %s  %3d%%", Bytes(total), done*100/max(total, 1))
+	}
+	line += fmt.Sprintf("  %s/s", Bytes(rate(done, r.now().Sub(start))))
+	r.clear()
+	fmt.Fprint(r.w, line)
+	r.lineLength = len(line)
+}
+
+func (r *text) clear() {
+	if r.terminal && r.lineLength > 0 {
+		fmt.Fprintf(r.w, "\r%*s\r", r.lineLength, "")
+		r.lineLength = 0
+	}
+}
+
+func rate(n int64, d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64(float64(n) / d.Seconds())
+}
+
+// Bytes formats a byte count for people: 1.5 GiB, 320 MiB, 12 KiB, 512 B.
+func Bytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 4; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
+}

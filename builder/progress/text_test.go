@@ -1,0 +1,47 @@
+package progress
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestBytes(t *testing.T) {
+	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 1536 << 20: "1.5 GiB", 5 << 40: "5.0 TiB"} {
+		if got := Bytes(n); got != want {
+			t.Errorf("Bytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+func TestLogLines(t *testing.T) {
+	var b strings.Builder
+	clock := time.Unix(0, 0)
+	r := New(&b, false).(*text)
+	r.now = func() time.Time { return clock }
+	task := r.Task("fetch quay.io/acme/app:1.2", 2<<20)
+	task.Write(make([]byte, 2<<20))
+	clock = clock.Add(2 * time.Second)
+	task.Done(nil)
+	want := "fetch quay.io/acme/app:1.2: started (2.0 MiB)\nfetch quay.io/acme/app:1.2: done, 2.0 MiB in 2s (1.0 MiB/s)\n"
+	if b.String() != want {
+		t.Fatalf("got\n%q\nwant\n%q", b.String(), want)
+	}
+}
+
+func TestTerminalRedrawsInPlace(t *testing.T) {
+	var b strings.Builder
+	clock := time.Unix(0, 0)
+	r := New(&b, true).(*text)
+	r.now = func() time.Time { return clock }
+	task := r.Task("stage", 100)
+	clock = clock.Add(time.Second)
+	task.Write(make([]byte, 50))
+	if !strings.Contains(b.String(), "stage: 50 B / 100 B   50%") {
+		t.Fatalf("no status line: %q", b.String())
+	}
+	task.Done(nil)
+	if !strings.Contains(b.String(), "\r") || !strings.HasSuffix(b.String(), "stage: done, 50 B in 1s (50 B/s)\n") {
+		t.Fatalf("line not cleared before the done line: %q", b.String())
+	}
+}
