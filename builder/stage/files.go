@@ -1,0 +1,67 @@
+package stage
+
+import (
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/kiln-appliance/kiln/partitions/imagefs"
+)
+
+// ListFiles walks root in lexical order and returns every regular file with
+// its size and sha256, for kiln.json. Blobs of the OCI layout are named by
+// their digest and were verified when fetched, so they are not read again.
+func ListFiles(root string) ([]imagefs.File, error) {
+	var files []imagefs.File
+	blobPrefix := path.Join(imagefs.OCIDir, "blobs", "sha256") + "/"
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		rel, err := filepath.Rel(root, p)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		if rel == imagefs.ContentsFile {
+			return nil
+		}
+		if hex, ok := strings.CutPrefix(rel, blobPrefix); ok {
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			files = append(files, imagefs.File{Path: rel, Size: info.Size(), Digest: "sha256:" + hex})
+			return nil
+		}
+		digest, size, err := HashFile(p)
+		if err != nil {
+			return err
+		}
+		files = append(files, imagefs.File{Path: rel, Size: size, Digest: digest})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list image partition files: %w", err)
+	}
+	return files, nil
+}
+
+// WriteContents writes kiln.json into root.
+func WriteContents(root string, c *imagefs.Contents) error {
+	f, err := os.OpenFile(filepath.Join(root, imagefs.ContentsFile), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if err := c.Encode(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
