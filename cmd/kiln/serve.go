@@ -1,0 +1,61 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+
+	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/spf13/cobra"
+
+	"github.com/kiln-appliance/kiln/systemd/registry"
+)
+
+func init() { subcommands = append(subcommands, newServeCommand) }
+
+func newServeCommand() *cobra.Command {
+	var listen string
+	cmd := &cobra.Command{
+		Use:   "serve [--listen ADDR] DIR...",
+		Short: "Serve OCI layouts (or mounted image partitions) as a read-only local registry",
+		Long: `Serve one or more OCI image layouts as a pull-only OCI distribution registry.
+Each DIR is an OCI layout, or a mounted kiln image partition (DIR/kiln.json; DIR/oci is served).
+Repositories carry their upstream host: quay.io/acme/app:1.2 is /v2/quay.io/acme/app/manifests/1.2.
+Tells systemd READY=1 once the index is loaded and the listener accepts; stops on SIGTERM.`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError{fmt.Errorf("serve: give at least one OCI layout or image partition directory")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, dirs []string) error {
+			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+			srv, err := registry.New(dirs, registry.WithLogger(log), registry.WithReady(func(st registry.Stats) {
+				status := fmt.Sprintf("serving %d repositories, %d tags, %d blobs on %s", st.Repositories, st.Tags, st.Blobs, listen)
+				if st.Damaged > 0 {
+					status += fmt.Sprintf("; %d blob files DAMAGED (run kiln verify)", st.Damaged)
+				}
+				log.Info("ready", "status", status)
+				if _, err := daemon.SdNotify(false, daemon.SdNotifyReady+"\nSTATUS="+status); err != nil {
+					log.Warn("sd_notify failed", "error", err)
+				}
+			}))
+			if err != nil {
+				return fmt.Errorf("serve: %w", err)
+			}
+			l, err := net.Listen("tcp", listen)
+			if err != nil {
+				return fmt.Errorf("serve: listen on %s (is another registry running? change --listen): %w", listen, err)
+			}
+			err = srv.Serve(cmd.Context(), l)
+			daemon.SdNotify(false, daemon.SdNotifyStopping)
+			if err != nil {
+				return fmt.Errorf("serve: %w", err)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:5050", "address to listen on (host:port)")
+	return cmd
+}

@@ -1,0 +1,222 @@
+package registry
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"sort"
+	"strconv"
+	"time"
+)
+
+func writeJSON(w http.ResponseWriter, contentType string, body []byte) {
+	w.Header().Set("Content-Type", contentType)
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	w.Write(body)
+}
+
+// manifest serves a manifest's exact bytes, by tag or by digest. A digest
+// must belong to the repository (its tagged manifests, their children and
+// referrers); the same content under another name is MANIFEST_UNKNOWN.
+func (s *Server) manifest(w http.ResponseWriter, r *http.Request, repo *repository, rt route) {
+	digest := rt.ref
+	if !validDigest(rt.ref) {
+		var ok bool
+		if digest, ok = repo.tags[rt.ref]; !ok {
+			newError(http.StatusNotFound, codeManifestUnknown, fmt.Sprintf("tag %s:%s is not on this node", rt.name, rt.ref)).write(w)
+			return
+		}
+	}
+	if !repo.manifests[digest] {
+		newError(http.StatusNotFound, codeManifestUnknown, fmt.Sprintf("manifest %s@%s is not on this node", rt.name, digest)).write(w)
+		return
+	}
+	m := s.ix.manifests[digest]
+	w.Header().Set("Content-Type", m.mediaType)
+	s.serveContent(w, r, digest, bytes.NewReader(m.data))
+}
+
+// blob streams a blob from its file: Range, HEAD and conditional requests
+// via http.ServeContent, which keeps sendfile(2). Nothing is hashed per
+// request: the size check against the descriptor catches a truncated or
+// replaced file before any byte is sent, and a file that shrinks while
+// being sent aborts the connection.
+func (s *Server) blob(w http.ResponseWriter, r *http.Request, repo *repository, rt route) {
+	if !repo.blobs[rt.ref] {
+		newError(http.StatusNotFound, codeBlobUnknown, fmt.Sprintf("blob %s is not in repository %s on this node", rt.ref, rt.name)).write(w)
+		return
+	}
+	bf := s.ix.blobs[rt.ref]
+	f, err := os.Open(bf.path)
+	if err != nil {
+		s.damaged(w, rt.ref, bf, err.Error())
+		return
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		s.damaged(w, rt.ref, bf, err.Error())
+		return
+	}
+	if fi.Size() != bf.size {
+		s.damaged(w, rt.ref, bf, fmt.Sprintf("file is %d bytes, descriptor says %d", fi.Size(), bf.size))
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	s.serveContent(w, r, rt.ref, f)
+}
+
+// damaged reports a blob the index knows but whose file is wrong: 500 to
+// the client (never wrong bytes), and a log line a technician can act on.
+func (s *Server) damaged(w http.ResponseWriter, digest string, bf blobFile, why string) {
+	s.log.Error("blob file damaged: the image partition is damaged; verify it with `kiln verify` or reflash it",
+		"file", bf.path, "digest", digest, "problem", why)
+	newError(http.StatusInternalServerError, codeUnknown,
+		"blob "+digest+" is damaged on this node's image partition (verify it with `kiln verify` or reflash it)").write(w)
+}
+
+// serveContent sends content with Docker-Content-Digest and an ETag, and
+// aborts the connection if fewer bytes went out than were promised.
+func (s *Server) serveContent(w http.ResponseWriter, r *http.Request, digest string, content io.ReadSeeker) {
+	h := w.Header()
+	h.Set("Docker-Content-Digest", digest)
+	h.Set("Etag", `"`+digest+`"`)
+	bw := &contentWriter{ResponseWriter: w}
+	http.ServeContent(bw, r, "", time.Time{}, content)
+	if r.Method == http.MethodHead || bw.rangeErr || (bw.status != http.StatusOK && bw.status != http.StatusPartialContent) {
+		return
+	}
+	if want, err := strconv.ParseInt(h.Get("Content-Length"), 10, 64); err == nil && bw.n != want {
+		s.log.Error("blob ended early while being sent: the image partition is damaged; verify it with `kiln verify` or reflash it",
+			"digest", digest, "sent", bw.n, "want", want)
+		panic(http.ErrAbortHandler) // the client must see a broken transfer, not a short body
+	}
+}
+
+// contentWriter wraps http.ServeContent's writer: it counts body bytes
+// (keeping io.ReaderFrom for sendfile) and replaces ServeContent's plain
+// text 416 with the spec's JSON error.
+type contentWriter struct {
+	http.ResponseWriter
+	status   int
+	n        int64
+	rangeErr bool
+}
+
+func (c *contentWriter) WriteHeader(status int) {
+	if c.status != 0 {
+		return
+	}
+	c.status = status
+	if status == http.StatusRequestedRangeNotSatisfiable {
+		c.rangeErr = true
+		newError(status, codeRangeInvalid, "requested range not satisfiable: "+c.Header().Get("Content-Range")).write(c.ResponseWriter)
+		return
+	}
+	c.ResponseWriter.WriteHeader(status)
+}
+
+func (c *contentWriter) Write(b []byte) (int, error) {
+	if c.status == 0 {
+		c.WriteHeader(http.StatusOK)
+	}
+	if c.rangeErr {
+		return len(b), nil
+	}
+	n, err := c.ResponseWriter.Write(b)
+	c.n += int64(n)
+	return n, err
+}
+
+func (c *contentWriter) ReadFrom(src io.Reader) (int64, error) {
+	if c.status == 0 {
+		c.WriteHeader(http.StatusOK)
+	}
+	if c.rangeErr {
+		return io.Copy(io.Discard, src)
+	}
+	var n int64
+	var err error
+	if rf, ok := c.ResponseWriter.(io.ReaderFrom); ok {
+		n, err = rf.ReadFrom(src)
+	} else {
+		n, err = io.Copy(struct{ io.Writer }{c.ResponseWriter}, src)
+	}
+	c.n += n
+	return n, err
+}
+
+// page applies the spec's n/last pagination to a sorted list. It returns the
+// page and, when more follow, the query of the next page's Link.
+func page(all []string, q url.Values) (items []string, next string, aerr *apiError) {
+	start := 0
+	if last := q.Get("last"); last != "" {
+		start = sort.SearchStrings(all, last)
+		if start < len(all) && all[start] == last {
+			start++
+		}
+	}
+	items = all[start:]
+	if ns := q.Get("n"); ns != "" {
+		n, err := strconv.Atoi(ns)
+		if err != nil || n < 0 {
+			return nil, "", newError(http.StatusBadRequest, codeUnsupported, "n must be a non-negative integer")
+		}
+		if n < len(items) {
+			items = items[:n]
+			if n > 0 {
+				next = "n=" + ns + "&last=" + url.QueryEscape(items[n-1])
+			}
+		}
+	}
+	if items == nil {
+		items = []string{}
+	}
+	return items, next, nil
+}
+
+func (s *Server) tags(w http.ResponseWriter, r *http.Request, repo *repository, rt route) {
+	items, next, aerr := page(repo.tagList, r.URL.Query())
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	if next != "" {
+		w.Header().Set("Link", fmt.Sprintf(`</v2/%s/tags/list?%s>; rel="next"`, rt.name, next))
+	}
+	body, _ := json.Marshal(struct {
+		Name string   `json:"name"`
+		Tags []string `json:"tags"`
+	}{rt.name, items})
+	writeJSON(w, "application/json", body)
+}
+
+func (s *Server) catalog(w http.ResponseWriter, r *http.Request) {
+	items, next, aerr := page(s.ix.repoList, r.URL.Query())
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	if next != "" {
+		w.Header().Set("Link", fmt.Sprintf(`</v2/_catalog?%s>; rel="next"`, next))
+	}
+	body, _ := json.Marshal(struct {
+		Repositories []string `json:"repositories"`
+	}{items})
+	writeJSON(w, "application/json", body)
+}
+
+// referrers lists the manifests whose subject is the given digest, within
+// the repository, as an OCI image index (empty when there are none).
+func (s *Server) referrers(w http.ResponseWriter, r *http.Request, repo *repository, rt route) {
+	at := r.URL.Query().Get("artifactType")
+	if at != "" {
+		w.Header().Set("OCI-Filters-Applied", "artifactType")
+	}
+	writeJSON(w, mediaTypeIndex, s.ix.referrersIndex(repo, rt.ref, at))
+}

@@ -1,0 +1,389 @@
+package registry
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/kiln-appliance/kiln/partitions/imagefs"
+)
+
+// maxManifestSize bounds a manifest read at start (the spec's suggested limit).
+const maxManifestSize = 4 << 20
+
+const (
+	refNameAnnotation = "org.opencontainers.image.ref.name"
+	mediaTypeIndex    = "application/vnd.oci.image.index.v1+json"
+)
+
+// blobFile is where one blob lives on disk and the size its descriptors
+// promise. Paths come only from the layout walk, never from a request.
+type blobFile struct {
+	path string
+	size int64
+}
+
+// manifest is one manifest or index, held in memory (they are small and
+// served on every pull), with what it references.
+type manifest struct {
+	digest       string
+	mediaType    string
+	data         []byte
+	artifactType string            // for referrers: artifactType, or the config media type
+	annotations  map[string]string // for referrers
+	subject      string            // digest of the manifest it refers to, if any
+	children     []string          // child manifests (index)
+	blobs        []string          // config and layers (image manifest)
+}
+
+// repository is one served repository: its tags and everything a pull of
+// it may fetch.
+type repository struct {
+	tags      map[string]string // tag → manifest digest
+	tagList   []string          // sorted
+	manifests map[string]bool
+	blobs     map[string]bool
+}
+
+// index is everything the server knows, loaded once at start.
+type index struct {
+	repos     map[string]*repository
+	repoList  []string // sorted
+	manifests map[string]*manifest
+	blobs     map[string]blobFile
+	referrers map[string][]string // subject digest → referrer digests, sorted
+	damaged   int                 // blobs missing or of the wrong size at start
+}
+
+// Stats counts what a server serves (for logs and sd_notify STATUS=).
+type Stats struct {
+	Repositories, Tags, Manifests, Blobs, Damaged int
+}
+
+func (ix *index) stats() Stats {
+	st := Stats{Repositories: len(ix.repos), Manifests: len(ix.manifests), Blobs: len(ix.blobs), Damaged: ix.damaged}
+	for _, r := range ix.repos {
+		st.Tags += len(r.tags)
+	}
+	return st
+}
+
+// layoutRoot returns the OCI layout directory for dir: dir itself, or
+// dir/oci when dir is an image partition root (it has kiln.json).
+func layoutRoot(dir string) (string, error) {
+	if _, err := os.Stat(filepath.Join(dir, imagefs.ContentsFile)); err == nil {
+		dir = filepath.Join(dir, imagefs.OCIDir)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "oci-layout"))
+	if err != nil {
+		return "", fmt.Errorf("%s is not an OCI image layout or kiln image partition (no oci-layout file): %w", dir, err)
+	}
+	var l struct {
+		Version string `json:"imageLayoutVersion"`
+	}
+	if err := json.Unmarshal(b, &l); err != nil || l.Version != "1.0.0" {
+		return "", fmt.Errorf("%s/oci-layout: want imageLayoutVersion 1.0.0 (file damaged? verify the partition with `kiln verify`)", dir)
+	}
+	return dir, nil
+}
+
+// loader builds an index from one or more layouts.
+type loader struct {
+	ix  *index
+	log *slog.Logger
+}
+
+func loadIndex(dirs []string, log *slog.Logger) (*index, error) {
+	if len(dirs) == 0 {
+		return nil, errors.New("no OCI layout directories given")
+	}
+	l := &loader{
+		ix: &index{
+			repos:     map[string]*repository{},
+			manifests: map[string]*manifest{},
+			blobs:     map[string]blobFile{},
+			referrers: map[string][]string{},
+		},
+		log: log,
+	}
+	for _, d := range dirs {
+		if err := l.loadLayout(d); err != nil {
+			return nil, err
+		}
+	}
+	l.finish()
+	return l.ix, nil
+}
+
+// descriptor is the part of an OCI descriptor the server needs.
+type descriptor struct {
+	MediaType    string            `json:"mediaType"`
+	Digest       string            `json:"digest"`
+	Size         int64             `json:"size"`
+	ArtifactType string            `json:"artifactType,omitempty"`
+	Annotations  map[string]string `json:"annotations,omitempty"`
+}
+
+// rawManifest is the union of image manifest and index fields read at start.
+type rawManifest struct {
+	MediaType    string            `json:"mediaType"`
+	ArtifactType string            `json:"artifactType"`
+	Config       *descriptor       `json:"config"`
+	Layers       []descriptor      `json:"layers"`
+	Manifests    []descriptor      `json:"manifests"`
+	Subject      *descriptor       `json:"subject"`
+	Annotations  map[string]string `json:"annotations"`
+}
+
+func (l *loader) loadLayout(dir string) error {
+	root, err := layoutRoot(dir)
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(filepath.Join(root, "index.json"))
+	if err != nil {
+		return fmt.Errorf("read OCI layout %s: %w", root, err)
+	}
+	defer f.Close()
+	var idx rawManifest
+	if err := json.NewDecoder(io.LimitReader(f, maxManifestSize)).Decode(&idx); err != nil {
+		return fmt.Errorf("%s/index.json: %w (file damaged? verify the partition with `kiln verify`)", root, err)
+	}
+	for i, d := range idx.Manifests {
+		where := fmt.Sprintf("%s/index.json manifests[%d]", root, i)
+		if !validDigest(d.Digest) {
+			l.log.Warn("skipping index entry: digest is not sha256", "entry", where, "digest", d.Digest)
+			continue
+		}
+		if err := l.loadManifest(root, d, where); err != nil {
+			return err
+		}
+		refName, ok := d.Annotations[refNameAnnotation]
+		if !ok {
+			continue // unnamed: served only as a referrer of a named image
+		}
+		repo, tag, digest, err := ParseName(refName)
+		if err != nil {
+			l.log.Warn("skipping index entry: ref.name is not a full image reference; rebuild the layout with names like quay.io/acme/app:1.2",
+				"entry", where, "error", err)
+			continue
+		}
+		if digest != "" && digest != d.Digest {
+			l.log.Warn("skipping index entry: ref.name digest differs from the entry's digest", "entry", where, "refName", refName)
+			continue
+		}
+		l.addToRepo(repo, tag, d.Digest, where)
+	}
+	return nil
+}
+
+// loadManifest reads, verifies and records the manifest d and, for an index,
+// its children. A missing top-level manifest is an error (the layout is
+// damaged); a missing child is a warning (a layout may hold one platform of
+// a multi-platform image).
+func (l *loader) loadManifest(root string, d descriptor, where string) error {
+	if _, ok := l.ix.manifests[d.Digest]; ok {
+		return nil
+	}
+	path := filepath.Join(root, "blobs", "sha256", d.Digest[len("sha256:"):])
+	data, err := readVerified(path, d)
+	if err != nil {
+		return fmt.Errorf("%s: manifest %s: %w", where, d.Digest, err)
+	}
+	var raw rawManifest
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return fmt.Errorf("%s: manifest %s (%s) is not JSON: %w", where, d.Digest, path, err)
+	}
+	m := &manifest{digest: d.Digest, mediaType: d.MediaType, data: data, annotations: raw.Annotations, artifactType: raw.ArtifactType}
+	if m.mediaType == "" {
+		m.mediaType = raw.MediaType
+	}
+	if m.mediaType == "" {
+		return fmt.Errorf("%s: manifest %s has no media type", where, d.Digest)
+	}
+	if raw.Subject != nil && validDigest(raw.Subject.Digest) {
+		m.subject = raw.Subject.Digest
+	}
+	if raw.Config != nil && m.artifactType == "" {
+		m.artifactType = raw.Config.MediaType
+	}
+	l.ix.manifests[d.Digest] = m
+	l.addBlob(root, d, where) // manifests are blobs too
+	for _, c := range raw.Manifests {
+		if !validDigest(c.Digest) {
+			continue
+		}
+		err := l.loadManifest(root, c, where+" → "+d.Digest)
+		if errors.Is(err, os.ErrNotExist) {
+			l.log.Warn("index references a manifest not in the layout; that platform is not served", "entry", where, "manifest", c.Digest)
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		m.children = append(m.children, c.Digest)
+	}
+	var blobs []descriptor
+	if raw.Config != nil {
+		blobs = append(blobs, *raw.Config)
+	}
+	blobs = append(blobs, raw.Layers...)
+	for _, b := range blobs {
+		if !validDigest(b.Digest) {
+			l.log.Warn("manifest references a non-sha256 blob; it is not served", "manifest", d.Digest, "blob", b.Digest)
+			continue
+		}
+		l.addBlob(root, b, where)
+		m.blobs = append(m.blobs, b.Digest)
+	}
+	return nil
+}
+
+// addBlob records where blob d lives. The first layout holding it wins.
+// Its file is stat'ed, never read: damage is logged now and reported to
+// clients when they ask for it.
+func (l *loader) addBlob(root string, d descriptor, where string) {
+	if _, ok := l.ix.blobs[d.Digest]; ok {
+		return
+	}
+	path := filepath.Join(root, "blobs", "sha256", d.Digest[len("sha256:"):])
+	l.ix.blobs[d.Digest] = blobFile{path: path, size: d.Size}
+	fi, err := os.Stat(path)
+	switch {
+	case err != nil:
+		l.ix.damaged++
+		l.log.Error("blob file missing: the image partition is damaged; verify it with `kiln verify` or reflash", "file", path, "entry", where, "error", err)
+	case !fi.Mode().IsRegular() || fi.Size() != d.Size:
+		l.ix.damaged++
+		l.log.Error("blob file has the wrong size: the image partition is damaged; verify it with `kiln verify` or reflash",
+			"file", path, "entry", where, "size", fi.Size(), "want", d.Size)
+	}
+}
+
+// readVerified reads a manifest file, checking its size and digest.
+func readVerified(path string, d descriptor) ([]byte, error) {
+	if d.Size < 0 || d.Size > maxManifestSize {
+		return nil, fmt.Errorf("size %d is over the %d byte manifest limit", d.Size, maxManifestSize)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, d.Size+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	sum := sha256.Sum256(data)
+	if int64(len(data)) != d.Size || "sha256:"+hex.EncodeToString(sum[:]) != d.Digest {
+		return nil, fmt.Errorf("%s does not match its digest (damaged; verify the partition with `kiln verify` or reflash)", path)
+	}
+	return data, nil
+}
+
+// addToRepo puts manifest digest (and what it references) in repo, under
+// tag if set. The first layout to tag repo:tag wins.
+func (l *loader) addToRepo(repoName, tag, digest, where string) {
+	r := l.ix.repos[repoName]
+	if r == nil {
+		r = &repository{tags: map[string]string{}, manifests: map[string]bool{}, blobs: map[string]bool{}}
+		l.ix.repos[repoName] = r
+	}
+	if tag != "" {
+		if old, ok := r.tags[tag]; ok && old != digest {
+			l.log.Warn("tag present twice with different digests; the first layout wins",
+				"image", repoName+":"+tag, "kept", old, "ignored", digest, "entry", where)
+			return
+		}
+		r.tags[tag] = digest
+	}
+	l.addClosure(r, digest)
+}
+
+// addClosure adds manifest digest, its children and their blobs to r.
+func (l *loader) addClosure(r *repository, digest string) {
+	if r.manifests[digest] {
+		return
+	}
+	m := l.ix.manifests[digest]
+	if m == nil {
+		return
+	}
+	r.manifests[digest] = true
+	r.blobs[digest] = true
+	for _, b := range m.blobs {
+		r.blobs[b] = true
+	}
+	for _, c := range m.children {
+		l.addClosure(r, c)
+	}
+}
+
+// finish links referrers to their subjects, adds each referrer to every
+// repository holding its subject, and sorts the lists served.
+func (l *loader) finish() {
+	ix := l.ix
+	for d, m := range ix.manifests {
+		if m.subject != "" {
+			ix.referrers[m.subject] = append(ix.referrers[m.subject], d)
+		}
+	}
+	for _, refs := range ix.referrers {
+		sort.Strings(refs)
+	}
+	for name, r := range ix.repos {
+		// Referrers of referrers (a signature of an SBOM) too: repeat until stable.
+		for changed := true; changed; {
+			changed = false
+			for d := range r.manifests {
+				for _, ref := range ix.referrers[d] {
+					if !r.manifests[ref] {
+						l.addClosure(r, ref)
+						changed = true
+					}
+				}
+			}
+		}
+		for t := range r.tags {
+			r.tagList = append(r.tagList, t)
+		}
+		sort.Strings(r.tagList)
+		ix.repoList = append(ix.repoList, name)
+	}
+	sort.Strings(ix.repoList)
+}
+
+// referrersIndex renders the referrers of subject within repo as an OCI
+// image index, optionally filtered by artifactType.
+func (ix *index) referrersIndex(r *repository, subject, artifactType string) []byte {
+	type desc struct {
+		MediaType    string            `json:"mediaType"`
+		Digest       string            `json:"digest"`
+		Size         int64             `json:"size"`
+		ArtifactType string            `json:"artifactType,omitempty"`
+		Annotations  map[string]string `json:"annotations,omitempty"`
+	}
+	out := struct {
+		SchemaVersion int    `json:"schemaVersion"`
+		MediaType     string `json:"mediaType"`
+		Manifests     []desc `json:"manifests"`
+	}{SchemaVersion: 2, MediaType: mediaTypeIndex, Manifests: []desc{}}
+	for _, d := range ix.referrers[subject] {
+		m := ix.manifests[d]
+		if !r.manifests[d] || (artifactType != "" && m.artifactType != artifactType) {
+			continue
+		}
+		out.Manifests = append(out.Manifests, desc{m.mediaType, d, int64(len(m.data)), m.artifactType, m.annotations})
+	}
+	var buf bytes.Buffer
+	json.NewEncoder(&buf).Encode(out)
+	return buf.Bytes()
+}

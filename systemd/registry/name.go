@@ -1,0 +1,97 @@
+package registry
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
+)
+
+// maxNameLength bounds a repository name, as the distribution spec suggests.
+const maxNameLength = 255
+
+var (
+	// hostRE is the first component of every served name: the upstream
+	// registry host, with an optional port. Dot-separated labels, so "." and
+	// ".." can never match.
+	hostRE = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*(:[0-9]{1,5})?$`)
+	// componentRE is a path component of a repository name (distribution spec).
+	componentRE = regexp.MustCompile(`^[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*$`)
+	// tagRE is the distribution spec's tag grammar.
+	tagRE = regexp.MustCompile(`^[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}$`)
+	// digestRE is the only digest kiln serves: sha256, lowercase hex.
+	digestRE = regexp.MustCompile(`^sha256:[a-f0-9]{64}$`)
+)
+
+// validName reports whether name is a repository name kiln can serve:
+// "host[:port]/component[/component…]". Anything else — "..", empty
+// components, backslashes, NUL, percent signs — fails, so a valid name can
+// never address a file.
+func validName(name string) error {
+	if name == "" || len(name) > maxNameLength {
+		return fmt.Errorf("repository name must be 1 to %d characters", maxNameLength)
+	}
+	parts := strings.Split(name, "/")
+	if len(parts) < 2 {
+		return fmt.Errorf("repository name %q has no upstream host (want host/path, e.g. quay.io/acme/app)", name)
+	}
+	if !hostRE.MatchString(parts[0]) {
+		return fmt.Errorf("repository name %q: %q is not a registry host", name, parts[0])
+	}
+	for _, p := range parts[1:] {
+		if !componentRE.MatchString(p) {
+			return fmt.Errorf("repository name %q: invalid path component %q", name, p)
+		}
+	}
+	return nil
+}
+
+func validTag(tag string) bool       { return tagRE.MatchString(tag) }
+func validDigest(digest string) bool { return digestRE.MatchString(digest) }
+
+// errNotFullReference marks ref.name annotations that are not a full image
+// reference (typically a bare tag, as `skopeo copy … oci:DIR:TAG` writes).
+var errNotFullReference = errors.New("not a full image reference")
+
+// ParseName maps an index.json `org.opencontainers.image.ref.name`
+// annotation to the repository and tag (or digest) it is served under.
+//
+// The annotation must be a full reference with an explicit tag or digest:
+// "quay.io/acme/app:1.2" or "quay.io/acme/app@sha256:…". Docker Hub short
+// names are normalised as go-containerregistry does ("busybox:1.36" →
+// "docker.io/library/busybox", tag "1.36"), except that the host is spelled
+// "docker.io" — what a registries.conf mirror prefix uses. A bare tag
+// ("1.2", "latest") names no repository and returns errNotFullReference.
+func ParseName(refName string) (repo, tag, digest string, err error) {
+	slash := strings.LastIndex(refName, "/")
+	if !strings.Contains(refName, "@") && strings.LastIndex(refName, ":") < slash+1 {
+		return "", "", "", fmt.Errorf("%q: %w (want host/repository:tag or host/repository@sha256:…)", refName, errNotFullReference)
+	}
+	ref, err := name.ParseReference(refName)
+	if err != nil {
+		return "", "", "", fmt.Errorf("%q: %w", refName, err)
+	}
+	host := ref.Context().RegistryStr()
+	if host == name.DefaultRegistry {
+		host = "docker.io"
+	}
+	repo = host + "/" + ref.Context().RepositoryStr()
+	if err := validName(repo); err != nil {
+		return "", "", "", fmt.Errorf("%q: %w", refName, err)
+	}
+	switch r := ref.(type) {
+	case name.Tag:
+		tag = r.TagStr()
+		if !validTag(tag) {
+			return "", "", "", fmt.Errorf("%q: invalid tag %q", refName, tag)
+		}
+	case name.Digest:
+		digest = r.DigestStr()
+		if !validDigest(digest) {
+			return "", "", "", fmt.Errorf("%q: digest must be sha256:<64 lowercase hex>", refName)
+		}
+	}
+	return repo, tag, digest, nil
+}

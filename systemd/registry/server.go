@@ -1,0 +1,199 @@
+// Package registry is kiln's read-only OCI distribution server: the
+// temporary local registry a node serves from its image partition
+// (`kiln serve`). It serves the pull side of the distribution spec v1.1 over
+// one or more OCI image layouts, indexed once at start; every write is
+// refused.
+package registry
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+)
+
+// Server serves OCI layouts read-only. It is an http.Handler.
+type Server struct {
+	ix              *index
+	log             *slog.Logger
+	logRequests     bool
+	shutdownTimeout time.Duration
+	ready           func(Stats)
+}
+
+// Option configures a Server.
+type Option func(*Server)
+
+// WithLogger sets the logger (default: slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
+
+// WithRequestLog turns the one-line-per-request log on or off (default on).
+func WithRequestLog(on bool) Option { return func(s *Server) { s.logRequests = on } }
+
+// WithShutdownTimeout sets how long Serve lets in-flight requests finish
+// after its context is cancelled (default 5s).
+func WithShutdownTimeout(d time.Duration) Option { return func(s *Server) { s.shutdownTimeout = d } }
+
+// WithReady sets a function Serve calls once the listener is accepting
+// (the index is loaded by then): the place for sd_notify READY=1.
+func WithReady(f func(Stats)) Option { return func(s *Server) { s.ready = f } }
+
+// New indexes the OCI layouts in dirs (each an OCI layout, or an image
+// partition root holding kiln.json and oci/) and returns a server for them.
+// Manifests are read and verified; blobs are only stat'ed.
+func New(dirs []string, opts ...Option) (*Server, error) {
+	s := &Server{log: slog.Default(), logRequests: true, shutdownTimeout: 5 * time.Second}
+	for _, o := range opts {
+		o(s)
+	}
+	ix, err := loadIndex(dirs, s.log)
+	if err != nil {
+		return nil, err
+	}
+	s.ix = ix
+	return s, nil
+}
+
+// Stats reports what the server serves.
+func (s *Server) Stats() Stats { return s.ix.stats() }
+
+// Serve serves HTTP on l until ctx is cancelled, then stops accepting and
+// lets in-flight requests finish for the shutdown timeout. It returns nil
+// after a clean stop.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	hs := &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(l) }()
+	if s.ready != nil {
+		s.ready(s.Stats())
+	}
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), s.shutdownTimeout)
+	defer cancel()
+	err := hs.Shutdown(sctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		s.log.Warn("requests still running at shutdown; closing them", "timeout", s.shutdownTimeout)
+		err = hs.Close()
+	}
+	if e := <-errc; e != nil && !errors.Is(e, http.ErrServerClosed) {
+		return e
+	}
+	return err
+}
+
+// ServeHTTP routes one request.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !s.logRequests {
+		s.serve(w, r)
+		return
+	}
+	start := time.Now()
+	cw := &countingWriter{ResponseWriter: w, status: http.StatusOK}
+	defer func() {
+		s.log.Info("request", "method", r.Method, "path", r.URL.EscapedPath(), "status", cw.status,
+			"bytes", cw.n, "ms", time.Since(start).Milliseconds(), "client", r.RemoteAddr)
+	}()
+	s.serve(cw, r)
+}
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		s.refuse(w, r)
+		return
+	}
+	rt, aerr := parseRoute(r.URL.EscapedPath())
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	switch rt.kind {
+	case routeBase:
+		writeJSON(w, "application/json", []byte("{}"))
+	case routeCatalog:
+		s.catalog(w, r)
+	case routeUpload:
+		s.refuse(w, r)
+	default:
+		repo := s.ix.repos[rt.name]
+		if repo == nil {
+			newError(http.StatusNotFound, codeNameUnknown, "repository "+rt.name+" is not on this node").write(w)
+			return
+		}
+		switch rt.kind {
+		case routeManifest:
+			s.manifest(w, r, repo, rt)
+		case routeBlob:
+			s.blob(w, r, repo, rt)
+		case routeTags:
+			s.tags(w, r, repo, rt)
+		case routeReferrers:
+			s.referrers(w, r, repo, rt)
+		}
+	}
+}
+
+// maxDiscard is how much of a refused request's body is read: none is
+// needed, and reading a large upload would only waste time.
+const maxDiscard = 4 << 10
+
+// refuse answers every write (and any other method) with 405 UNSUPPORTED.
+// It closes the connection instead of draining the request body.
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, io.LimitReader(r.Body, maxDiscard))
+	h := w.Header()
+	h.Set("Allow", "GET, HEAD")
+	h.Set("Connection", "close")
+	newError(http.StatusMethodNotAllowed, codeUnsupported, "this registry is read-only (kiln image partition): "+r.Method+" is not supported").write(w)
+}
+
+// countingWriter records the status and body bytes of a response. It keeps
+// io.ReaderFrom so blobs still go out with sendfile(2).
+type countingWriter struct {
+	http.ResponseWriter
+	status      int
+	n           int64
+	wroteHeader bool
+}
+
+func (c *countingWriter) WriteHeader(status int) {
+	if !c.wroteHeader {
+		c.status, c.wroteHeader = status, true
+	}
+	c.ResponseWriter.WriteHeader(status)
+}
+
+func (c *countingWriter) Write(b []byte) (int, error) {
+	c.wroteHeader = true
+	n, err := c.ResponseWriter.Write(b)
+	c.n += int64(n)
+	return n, err
+}
+
+func (c *countingWriter) ReadFrom(src io.Reader) (int64, error) {
+	c.wroteHeader = true
+	var n int64
+	var err error
+	if rf, ok := c.ResponseWriter.(io.ReaderFrom); ok {
+		n, err = rf.ReadFrom(src)
+	} else {
+		n, err = io.Copy(struct{ io.Writer }{c.ResponseWriter}, src)
+	}
+	c.n += n
+	return n, err
+}
+
+func (c *countingWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
