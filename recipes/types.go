@@ -31,6 +31,10 @@ type Recipe struct {
 	// against which relative paths in the recipe are resolved. Not YAML.
 	Path string `yaml:"-"`
 	Dir  string `yaml:"-"`
+
+	// pos remembers where each field was written (by field path, e.g.
+	// "images[0].source"), so later checks such as CheckFiles can point at it.
+	pos map[string]position
 }
 
 // Base is the CoreOS-like raw disk image the appliance is built on.
@@ -111,8 +115,9 @@ type Ignition struct {
 	User    string   `yaml:"user,omitempty"`
 }
 
-// Size is a byte count written in YAML as "auto", "fit" or a number with an
-// optional unit (B, K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB; K = KiB).
+// Size is a byte count written in YAML as "auto", "fit", a plain integer
+// (bytes) or a whole number with a unit: B; K, M, G, T and KiB, MiB, GiB, TiB
+// are binary (K = KiB = 1024); KB, MB, GB, TB are decimal (KB = 1000).
 // Zero with Auto false means "not set".
 type Size struct {
 	Bytes int64

@@ -1,0 +1,374 @@
+package recipes
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"golang.org/x/crypto/ssh"
+)
+
+// maxFileSize bounds what Load reads: recipes and locks are small, and the
+// bound turns "kiln build disk.raw" into a clear error instead of a long read.
+const (
+	maxFileSize = 1 << 20
+	maxHeadroom = 1000 // percent
+)
+
+var (
+	safeName    = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+	safeVersion = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$`)
+	linuxUser   = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
+)
+
+// Load reads, decodes, defaults and validates the recipe at path. All
+// problems found are returned together as an ErrorList, each with its
+// FILE:LINE:COLUMN. Load does not look at the files the recipe names (base,
+// fragments, oci/docker-archive sources); the builder calls CheckFiles for that.
+func Load(path string) (*Recipe, error) {
+	data, err := readSmallFile(path, "recipe")
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, data)
+}
+
+// readSmallFile reads a recipe or lock file, refusing anything over maxFileSize.
+func readSmallFile(path, what string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", what, err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", what, err)
+	}
+	if len(data) > maxFileSize {
+		return nil, fmt.Errorf("%s: larger than 1 MiB, which no %s is; is this the right file?", path, what)
+	}
+	return data, nil
+}
+
+// Parse is Load for a recipe already in memory; path is used for error
+// messages and to set Path and Dir.
+func Parse(path string, data []byte) (*Recipe, error) {
+	d := newDocument(path)
+	r := &Recipe{Path: path, Dir: filepath.Dir(path)}
+	if abs, err := filepath.Abs(r.Dir); err == nil {
+		r.Dir = abs
+	}
+	top := d.parse(data, `a recipe starts with "apiVersion: `+APIVersion+`"`)
+	if top != nil {
+		d.decode(top, reflect.ValueOf(r).Elem(), "")
+		r.pos = d.pos
+		r.applyDefaults()
+		r.validate(d)
+	}
+	if len(d.errs) > 0 {
+		return nil, d.errs.sorted()
+	}
+	return r, nil
+}
+
+// applyDefaults fills every unset field with its default, so the builder and
+// the docs see one explicit recipe.
+func (r *Recipe) applyDefaults() {
+	setDefault(&r.Arch, DefaultArch)
+	if r.Disk.Size == (Size{}) {
+		r.Disk.Size = Size{Auto: true}
+	}
+	p := &r.ImagePartition
+	if p.Size == (Size{}) {
+		p.Size = Size{Auto: true}
+	}
+	if p.Headroom == nil {
+		p.Headroom = ptr(DefaultHeadroom)
+	}
+	setDefault(&p.Filesystem, DefaultFilesystem)
+	setDefault(&p.Compression, DefaultCompression)
+	for i := range r.Images {
+		img := &r.Images[i]
+		if img.Serve == nil {
+			img.Serve = ptr(defaultServe)
+		}
+		if img.Preload == nil {
+			img.Preload = ptr(defaultPreload)
+		}
+	}
+	setDefault(&r.Registry.Listen, DefaultListen)
+	if r.Registry.MirrorTags == nil {
+		r.Registry.MirrorTags = ptr(defaultMirrorTags)
+	}
+	setDefault(&r.Preload.Mode, DefaultPreloadMode)
+	setDefault(&r.Ignition.Version, DefaultIgnition)
+	setDefault(&r.Ignition.User, DefaultUser)
+}
+
+func setDefault(s *string, def string) {
+	if *s == "" {
+		*s = def
+	}
+}
+
+// validate checks values the types alone cannot. It runs even when decoding
+// found problems, so one run reports everything; it skips fields that
+// already have an error.
+func (r *Recipe) validate(d *document) {
+	v := validator{d}
+	if v.required("apiVersion", r.APIVersion, `add "apiVersion: `+APIVersion+`"`) && r.APIVersion != APIVersion {
+		v.errorf("apiVersion", "%q is not a version this kiln reads; use %q", r.APIVersion, APIVersion)
+	}
+	if v.required("kind", r.Kind, `add "kind: `+KindRecipe+`"`) && r.Kind != KindRecipe {
+		if r.Kind == KindLock {
+			v.errorf("kind", "this is a lock file, not a recipe; give kiln the recipe (.yaml) it belongs to")
+		} else {
+			v.errorf("kind", "%q: a recipe has \"kind: %s\"", r.Kind, KindRecipe)
+		}
+	}
+	if v.required("name", r.Name, `add a name such as "name: acme-edge"`) && !safeName.MatchString(r.Name) {
+		v.errorf("name", "%q cannot be used in file names; use 1-63 lower-case letters, digits, '.', '_' or '-', starting with a letter or digit (e.g. acme-edge)", r.Name)
+	}
+	if r.Version != "" && !safeVersion.MatchString(r.Version) {
+		v.errorf("version", "%q cannot be used in file names; use letters, digits, '.', '_', '+' or '-' (e.g. 1.4.0)", r.Version)
+	}
+	v.oneOf("arch", r.Arch, Arches, map[string]string{"x86_64": "amd64", "x86-64": "amd64", "aarch64": "arm64", "arm64v8": "arm64"})
+
+	// Whether the base exists is CheckFiles' business, when a build needs it.
+	v.required("base.path", r.Base.Path, "set it to the raw base disk image, e.g. \"path: fedora-coreos.raw.xz\" under base:")
+	if r.Base.Digest != "" {
+		v.digest("base.digest", r.Base.Digest)
+	}
+
+	p := r.ImagePartition
+	if h := p.HeadroomPercent(); h < 0 || h > maxHeadroom {
+		v.errorf("imagePartition.headroom", "%d is out of range; give a percentage from 0 to %d", h, maxHeadroom)
+	}
+	if !p.Size.Auto && v.d.has("imagePartition.headroom") {
+		v.errorf("imagePartition.headroom", "headroom only applies when imagePartition.size is auto; remove it or set size: auto")
+	}
+	v.oneOf("imagePartition.filesystem", p.Filesystem, Filesystems, nil)
+	v.oneOf("imagePartition.compression", p.Compression, Compressions, map[string]string{"zst": "zstd", "gz": "gzip", "lzma": "xz", "off": "none", "false": "none"})
+
+	r.validateImages(v)
+
+	v.listen("registry.listen", r.Registry.Listen)
+	v.oneOf("preload.mode", r.Preload.Mode, PreloadModes, nil)
+
+	ign := r.Ignition
+	v.oneOf("ignition.version", ign.Version, IgnitionVersions, map[string]string{"3.0": "3.0.0", "3.1": "3.1.0", "3.2": "3.2.0", "3.3": "3.3.0", "3.4": "3.4.0"})
+	for i, f := range ign.Fragments {
+		v.required(fmt.Sprintf("ignition.fragments[%d]", i), f, "give the path of an Ignition config file, or remove the entry")
+	}
+	for i, k := range ign.SSHKeys {
+		field := fmt.Sprintf("ignition.sshAuthorizedKeys[%d]", i)
+		if _, _, _, rest, err := ssh.ParseAuthorizedKey([]byte(k)); err != nil || len(strings.TrimSpace(string(rest))) > 0 {
+			v.errorf(field, "not one SSH public key (%s); paste a single whole line of a .pub file, e.g. ~/.ssh/id_ed25519.pub", abbreviate(k))
+		}
+	}
+	if !linuxUser.MatchString(ign.User) {
+		v.errorf("ignition.user", "%q is not a valid user name; use lower-case letters, digits, '_' or '-' (e.g. core)", ign.User)
+	}
+}
+
+func (r *Recipe) validateImages(v validator) {
+	if len(r.Images) == 0 {
+		if !v.d.has("images") || v.ok("images") {
+			v.errorf("images", "no images; list at least one, e.g. \"images:\\n  - name: quay.io/acme/app:1.2\"")
+		}
+		return
+	}
+	first := map[string]string{} // normalized name → field of its first use
+	for i, img := range r.Images {
+		field := fmt.Sprintf("images[%d]", i)
+		if v.required(field+".name", img.Name, "add the reference workloads use, e.g. \"name: quay.io/acme/app:1.2\"") {
+			ref, err := parseImageName(img.Name)
+			if err != nil {
+				v.errorf(field+".name", "%q is not a full image reference: %v (write REGISTRY/REPOSITORY:TAG or @sha256:…, e.g. quay.io/acme/app:1.2 or docker.io/library/nginx:1.27)", img.Name, err)
+			} else if prev, dup := first[ref.Name()]; dup {
+				v.errorf(field+".name", "%q is listed twice (also at %s, line %d); keep one entry", img.Name, prev, v.d.lookup(prev).line)
+			} else {
+				first[ref.Name()] = field + ".name"
+			}
+		}
+		if img.Source != "" {
+			if _, err := ParseSource(img.Source); err != nil {
+				v.errorf(field+".source", "%v", err)
+			}
+		}
+		if !img.Served() && !img.Preloaded() {
+			v.errorf(field, "image %q is neither served nor preloaded, so it would not be on the appliance; set serve: true or preload: true", img.Name)
+		}
+	}
+}
+
+// parseImageName parses a recipe image name strictly (explicit registry,
+// full repository path, tag or digest). It calls NewTag or NewDigest itself
+// because ParseReference's error says only "could not parse reference".
+func parseImageName(s string) (name.Reference, error) {
+	if strings.Contains(s, "@") {
+		return name.NewDigest(s, name.StrictValidation)
+	}
+	return name.NewTag(s, name.StrictValidation)
+}
+
+// validator adds checks with consistent wording to a document.
+type validator struct{ d *document }
+
+// ok reports whether field has no problem recorded yet, so a wrong-type
+// error is not followed by a second, confusing one for the same field.
+func (v validator) ok(field string) bool {
+	for _, e := range v.d.errs {
+		if e.Field == field || strings.HasPrefix(e.Field, field+".") || strings.HasPrefix(e.Field, field+"[") {
+			return false
+		}
+	}
+	return true
+}
+
+func (v validator) errorf(field, format string, args ...any) {
+	if v.ok(field) {
+		v.d.errorf(field, format, args...)
+	}
+}
+
+// required checks that a string field is present and not empty.
+func (v validator) required(field, value, hint string) bool {
+	switch {
+	case value != "":
+		return true
+	case !v.d.has(field):
+		v.errorf(field, "required field is missing; %s", hint)
+	default:
+		v.errorf(field, "is empty; %s", hint)
+	}
+	return false
+}
+
+// oneOf checks an enumerated field; aliases maps common other spellings to
+// the one kiln uses, for the hint.
+func (v validator) oneOf(field, value string, valid []string, aliases map[string]string) {
+	if slices.Contains(valid, value) {
+		return
+	}
+	if alt, ok := aliases[strings.ToLower(value)]; ok {
+		v.errorf(field, "%q is not supported; write %q", value, alt)
+		return
+	}
+	for _, ok := range valid {
+		if strings.EqualFold(ok, value) {
+			v.errorf(field, "%q is not supported; write %q (values are case-sensitive)", value, ok)
+			return
+		}
+	}
+	v.errorf(field, "%q is not supported; use one of %s", value, strings.Join(valid, ", "))
+}
+
+// digest checks a "sha256:<64 hex>" digest.
+func (v validator) digest(field, value string) bool {
+	h, err := v1.NewHash(value)
+	if err != nil || h.Algorithm != "sha256" || h.String() != value {
+		v.errorf(field, "%q is not a sha256 digest; write sha256: followed by 64 lower-case hex digits (as sha256sum prints them)", value)
+		return false
+	}
+	return true
+}
+
+// listen checks an IP:PORT listen address. A host name is refused: the
+// registry must come up before name resolution does, and mirrors name it.
+func (v validator) listen(field, value string) {
+	host, port, err := net.SplitHostPort(value)
+	if err != nil {
+		v.errorf(field, "%q is not an address; write IP:PORT, e.g. %s", value, DefaultListen)
+		return
+	}
+	if _, err := netip.ParseAddr(host); err != nil {
+		v.errorf(field, "%q: %q is not an IP address; write IP:PORT, e.g. %s", value, host, DefaultListen)
+		return
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		v.errorf(field, "%q: port %q is not a number from 1 to 65535", value, port)
+	}
+}
+
+// abbreviate shortens a long value (an SSH key) for an error message.
+func abbreviate(s string) string {
+	s = strings.TrimSpace(s)
+	if len(s) > 24 {
+		s = s[:24] + "…"
+	}
+	return strconv.Quote(s)
+}
+
+// CheckFiles checks that the files the recipe names exist: the base image,
+// the Ignition fragments, and the directories and archives of oci: and
+// docker-archive: sources. The builder calls it before a build; Load does
+// not, so recipes can be checked (and examples tested) without their inputs.
+func (r *Recipe) CheckFiles() error {
+	d := newDocument(r.Path)
+	if r.pos != nil {
+		d.pos = r.pos
+	}
+	// check reports a missing or wrong-kind file and says whether p is usable.
+	check := func(field, p string, dir bool, want string) bool {
+		abs := r.Resolve(p)
+		fi, err := os.Stat(abs)
+		switch {
+		case err != nil:
+			d.errorf(field, "%s %s: %v", want, abs, unwrapPathError(err))
+		case dir && !fi.IsDir():
+			d.errorf(field, "%s is not a directory; give the %s", abs, want)
+		case !dir && !fi.Mode().IsRegular():
+			d.errorf(field, "%s is not a regular file; give the %s", abs, want)
+		default:
+			return true
+		}
+		return false
+	}
+	if r.Base.Path != "" {
+		check("base.path", r.Base.Path, false, "base image")
+	}
+	for i, f := range r.Ignition.Fragments {
+		check(fmt.Sprintf("ignition.fragments[%d]", i), f, false, "Ignition fragment")
+	}
+	for i, img := range r.Images {
+		field := fmt.Sprintf("images[%d].source", i)
+		src, err := ParseSource(img.EffectiveSource())
+		if err != nil {
+			d.errorf(field, "%v", err)
+			continue
+		}
+		switch src.Transport {
+		case TransportOCI:
+			if check(field, src.Path, true, "OCI layout directory") {
+				if _, err := os.Stat(filepath.Join(r.Resolve(src.Path), "oci-layout")); err != nil {
+					d.errorf(field, "%s has no oci-layout file, so it is not an OCI image layout (make one with: skopeo copy docker://REF oci:DIR:TAG)", r.Resolve(src.Path))
+				}
+			}
+		case TransportDockerArchive:
+			check(field, src.Path, false, "docker archive")
+		}
+	}
+	if len(d.errs) > 0 {
+		return d.errs.sorted()
+	}
+	return nil
+}
+
+// unwrapPathError drops the *PathError's repeated path, leaving e.g. "no such file or directory".
+func unwrapPathError(err error) error {
+	if pe, ok := err.(*os.PathError); ok {
+		return pe.Err
+	}
+	return err
+}

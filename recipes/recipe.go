@@ -1,0 +1,112 @@
+package recipes
+
+import "path/filepath"
+
+// Defaults, applied by Load and assumed by the accessors when a field is unset.
+const (
+	DefaultArch        = "amd64"
+	DefaultHeadroom    = 10
+	DefaultFilesystem  = "squashfs"
+	DefaultCompression = "none"
+	DefaultListen      = "127.0.0.1:5050"
+	DefaultPreloadMode = PreloadStore
+	DefaultIgnition    = "3.3.0"
+	DefaultUser        = "core"
+
+	defaultServe      = true
+	defaultPreload    = false
+	defaultMirrorTags = true
+)
+
+// Preload modes.
+const (
+	PreloadStore = "store" // the store is an additional, read-only image store
+	PreloadCopy  = "copy"  // copied into the node's main store at first boot
+)
+
+// Values kiln accepts for the enumerated fields, in the order the docs list
+// them. IgnitionVersions are the stable specs the vendored ignition/v2 can
+// emit that kiln supports (3.5.0 is left out until the target OSes read it).
+var (
+	Arches           = []string{"amd64", "arm64"}
+	Filesystems      = []string{"squashfs"}
+	Compressions     = []string{"none", "zstd", "gzip", "xz", "lz4"}
+	PreloadModes     = []string{PreloadStore, PreloadCopy}
+	IgnitionVersions = []string{"3.0.0", "3.1.0", "3.2.0", "3.3.0", "3.4.0"}
+)
+
+// Served reports whether the image goes into the OCI layout the node's
+// registry serves (default true).
+func (i Image) Served() bool {
+	if i.Serve == nil {
+		return defaultServe
+	}
+	return *i.Serve
+}
+
+// Preloaded reports whether the image goes into the preloaded
+// containers/storage store (default false).
+func (i Image) Preloaded() bool {
+	if i.Preload == nil {
+		return defaultPreload
+	}
+	return *i.Preload
+}
+
+// EffectiveSource is where the factory fetches the image from: Source, or
+// the registry named by Name when Source is empty.
+func (i Image) EffectiveSource() string {
+	if i.Source == "" {
+		return "docker://" + i.Name
+	}
+	return i.Source
+}
+
+// Platform is the OCI platform the appliance runs, e.g. "linux/amd64".
+func (r *Recipe) Platform() string {
+	arch := r.Arch
+	if arch == "" {
+		arch = DefaultArch
+	}
+	return "linux/" + arch
+}
+
+// MirrorsTags reports whether tag pulls go to the local registry too, not
+// only digest pulls (default true).
+func (r Registry) MirrorsTags() bool {
+	if r.MirrorTags == nil {
+		return defaultMirrorTags
+	}
+	return *r.MirrorTags
+}
+
+// HeadroomPercent is the space added to the content when Size is auto
+// (default 10).
+func (p ImagePartition) HeadroomPercent() int {
+	if p.Headroom == nil {
+		return DefaultHeadroom
+	}
+	return *p.Headroom
+}
+
+// Resolve makes a path from the recipe absolute: relative paths are taken
+// relative to the recipe's directory; absolute and empty paths are returned
+// as they are.
+func (r *Recipe) Resolve(p string) string {
+	if p == "" || filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(r.Dir, p)
+}
+
+// Image finds the recipe's image with this name.
+func (r *Recipe) Image(name string) (Image, bool) {
+	for _, img := range r.Images {
+		if img.Name == name {
+			return img, true
+		}
+	}
+	return Image{}, false
+}
+
+func ptr[T any](v T) *T { return &v }
