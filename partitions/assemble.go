@@ -1,0 +1,287 @@
+// Package partitions assembles kiln's output disk: the base image's
+// partitions copied byte for byte, the image partition (squashfs) added after
+// them, a new GPT, and the Ignition config in the boot partition. It also
+// reads such disks back for `kiln inspect` and `kiln verify`.
+package partitions
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/diskfs/go-diskfs/partition/gpt"
+	"github.com/google/uuid"
+
+	"github.com/kiln-appliance/kiln/builder/progress"
+	"github.com/kiln-appliance/kiln/partitions/imagefs"
+)
+
+// AssembleOptions says what goes on the disk.
+type AssembleOptions struct {
+	// Output is the disk file, created empty by the caller (a temp file it
+	// renames on success and removes on failure). Assemble writes it through
+	// its path too (mksquashfs), so it must be a named file.
+	Output *os.File
+	// Base is the base disk image (raw, gzip, xz or zstd); BaseDigest, if
+	// not "", is the expected "sha256:…" of the file's bytes.
+	Base       string
+	BaseDigest string
+	// ImageTree is the staged content of the image partition.
+	ImageTree string
+	// DiskSize is the output size in bytes; 0 means fit: just large enough.
+	DiskSize int64
+	// PartitionSize is the image partition size in bytes; 0 means auto: the
+	// filesystem plus Headroom percent, rounded up to 1 MiB.
+	PartitionSize int64
+	// Headroom in percent for an auto-sized partition (the recipe default
+	// of 10 is applied by the caller).
+	Headroom int
+	// Compression of the image filesystem: "" or "none", "zstd", "gzip",
+	// "xz", "lz4".
+	Compression string
+	// SourceDateEpoch is every timestamp written (squashfs, ext4 inodes).
+	SourceDateEpoch int64
+	// GUIDSeed derives the disk GUID and the image partition's GUID, so the
+	// same inputs give the same disk. Required.
+	GUIDSeed []byte
+	// Ignition is written to ignition/config.ign in the boot partition;
+	// nil writes nothing (and leaves what the base has).
+	Ignition []byte
+	// Progress may be nil.
+	Progress progress.Reporter
+}
+
+// kilnNamespace is the name-based UUID namespace of GUIDs kiln derives.
+var kilnNamespace = uuid.MustParse("6f0e5a0c-3b7e-4d49-9a8e-1c2b7d4e9f30")
+
+// DeriveGUID returns the GUID for purpose ("disk", a partition name) from
+// seed: a name-based (SHA-1, version 5) UUID, upper case as in GPT tools.
+func DeriveGUID(seed []byte, purpose string) string {
+	data := append([]byte(purpose+"\x00"), seed...)
+	return uuid.NewSHA1(kilnNamespace, data).String()
+}
+
+// Assemble writes the whole disk into opts.Output and returns its layout.
+// On error the Output file holds garbage; the caller removes it. If ctx is
+// cancelled, the running tool is killed and ctx.Err() returned.
+func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
+	if err := opts.check(); err != nil {
+		return nil, err
+	}
+	disk := opts.Output.Name()
+
+	// 1. Where the image partition goes: after the base's last partition.
+	base, err := readBaseLayout(opts.Base)
+	if err != nil {
+		return nil, err
+	}
+	sector := int64(base.SectorSize)
+	var baseEnd int64 // first byte after the last base partition
+	for _, p := range base.Partitions {
+		baseEnd = max(baseEnd, int64(p.LastLBA+1)*sector)
+	}
+	start := alignUp(baseEnd, MiB)
+
+	// 2. The filesystem first: mksquashfs truncates its output file.
+	fsSize, err := writeSquashfs(ctx, squashfsOptions{
+		Tree: opts.ImageTree, Disk: disk, Offset: start,
+		Compression: opts.Compression, SourceDateEpoch: opts.SourceDateEpoch, Progress: opts.Progress,
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	// 3. Sizes, checked before the long base copy.
+	partSize := alignUp(fsSize+fsSize*int64(opts.Headroom)/100, MiB)
+	if opts.PartitionSize > 0 {
+		if opts.PartitionSize < fsSize {
+			return nil, fmt.Errorf("image partition size %s is too small: the image filesystem needs %s; set imagePartition.size to at least %s or to auto",
+				human(opts.PartitionSize), human(fsSize), human(alignUp(fsSize, MiB)))
+		}
+		partSize = alignUp(opts.PartitionSize, MiB)
+	}
+	gptBackup := 33 * sector // backup partition array + header
+	if sector == 4096 {
+		gptBackup = 5 * sector
+	}
+	need := alignUp(start+partSize+gptBackup, MiB)
+	size := need
+	if opts.DiskSize > 0 {
+		if opts.DiskSize < need {
+			return nil, fmt.Errorf("disk size %s is too small: the base needs %s, the image partition %s, so at least %s; set disk.size to at least %s or to fit",
+				human(opts.DiskSize), human(start), human(partSize), human(need), human(need))
+		}
+		if opts.DiskSize%sector != 0 {
+			return nil, fmt.Errorf("disk size %d bytes is not a multiple of the %d-byte sector size; use a size in MiB or GiB", opts.DiskSize, sector)
+		}
+		size = opts.DiskSize
+	}
+
+	// 4. The base partitions, byte for byte, before the image partition.
+	if err := copyBase(ctx, opts, baseEnd); err != nil {
+		return nil, err
+	}
+	if err := opts.Output.Truncate(size); err != nil {
+		return nil, fmt.Errorf("grow disk to %s: %w", human(size), err)
+	}
+
+	// 5. The new partition table.
+	if err := writeTable(opts.Output, base, size, start, partSize, opts.GUIDSeed); err != nil {
+		return nil, err
+	}
+
+	// 6. Ignition into the boot partition (found by name or label).
+	l, err := Inspect(disk)
+	if err != nil {
+		return nil, fmt.Errorf("check the new disk: %w", err)
+	}
+	boot, err := bootPartition(l)
+	if err != nil {
+		return nil, fmt.Errorf("base image %s: %w", opts.Base, err)
+	}
+	if opts.Ignition != nil {
+		if err := writeIgnition(disk, boot.Offset, opts.Ignition, opts.SourceDateEpoch); err != nil {
+			return nil, err
+		}
+	}
+	if err := opts.Output.Sync(); err != nil {
+		return nil, fmt.Errorf("sync disk: %w", err)
+	}
+	return l, nil
+}
+
+func (o *AssembleOptions) check() error {
+	switch {
+	case o.Output == nil:
+		return errors.New("assemble: no output file")
+	case o.Base == "":
+		return errors.New("assemble: no base image")
+	case o.ImageTree == "":
+		return errors.New("assemble: no image partition tree")
+	case len(o.GUIDSeed) == 0:
+		return errors.New("assemble: empty GUID seed (needed for reproducible disk GUIDs)")
+	case o.Headroom < 0:
+		return fmt.Errorf("image partition headroom %d%% is negative", o.Headroom)
+	case o.DiskSize < 0 || o.PartitionSize < 0:
+		return errors.New("assemble: negative size")
+	}
+	return nil
+}
+
+// readBaseLayout reads the base's partition table from its first MiB.
+func readBaseLayout(path string) (*Layout, error) {
+	b, err := OpenBase(path, "")
+	if err != nil {
+		return nil, err
+	}
+	defer b.Close()
+	head := make([]byte, MiB)
+	n, err := io.ReadFull(b, head)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil, err
+	}
+	l, _, err := readLayout(bytes.NewReader(head[:n]), "base image "+path)
+	if err != nil {
+		return nil, err
+	}
+	if len(l.Partitions) == 0 {
+		return nil, fmt.Errorf("base image %s has an empty partition table", path)
+	}
+	return l, nil
+}
+
+// copyBase writes the base's first n bytes into the output, leaving holes
+// where the base is zero, and reads the rest of the base so its digest is
+// checked.
+func copyBase(ctx context.Context, opts AssembleOptions, n int64) (err error) {
+	b, err := OpenBase(opts.Base, opts.BaseDigest)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	task := progressOf(opts.Progress).Task("copy base partitions", n)
+	defer func() { task.Done(err) }()
+
+	const chunk = 64 << 10
+	buf := make([]byte, MiB)
+	zero := make([]byte, chunk)
+	var off int64
+	for off < n {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		m, err := io.ReadFull(b, buf[:min(int64(len(buf)), n-off)])
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				return fmt.Errorf("base image %s ends at %s, before the end of its last partition at %s: it is truncated", opts.Base, human(off+int64(m)), human(n))
+			}
+			return err
+		}
+		for i := 0; i < m; i += chunk {
+			c := buf[i:min(i+chunk, m)]
+			if !bytes.Equal(c, zero[:len(c)]) {
+				if _, err := opts.Output.WriteAt(c, off+int64(i)); err != nil {
+					return fmt.Errorf("write disk: %w", err)
+				}
+			}
+		}
+		off += int64(m)
+		task.Write(buf[:m])
+	}
+	if _, err := io.Copy(io.Discard, b); err != nil {
+		return err
+	}
+	return nil
+}
+
+// writeTable writes protective MBR, primary and backup GPT: the base's
+// partitions unchanged plus the image partition.
+func writeTable(f *os.File, base *Layout, size, start, partSize int64, seed []byte) error {
+	sector := int64(base.SectorSize)
+	t := &gpt.Table{
+		LogicalSectorSize:  base.SectorSize,
+		PhysicalSectorSize: base.SectorSize,
+		ProtectiveMBR:      true,
+		GUID:               DeriveGUID(seed, "disk"),
+	}
+	last := 0
+	for _, p := range base.Partitions {
+		t.Partitions = append(t.Partitions, &gpt.Partition{
+			Index: p.Number, Start: p.FirstLBA, End: p.LastLBA,
+			Type: gpt.Type(p.Type), Name: p.Name, GUID: p.GUID, Attributes: p.Attributes,
+		})
+		last = max(last, p.Number)
+	}
+	t.Partitions = append(t.Partitions, &gpt.Partition{
+		Index: last + 1,
+		Start: uint64(start / sector),
+		End:   uint64((start+partSize)/sector - 1),
+		Type:  gpt.Type(imagefs.PartitionType),
+		Name:  imagefs.PartitionName,
+		GUID:  DeriveGUID(seed, imagefs.PartitionName),
+	})
+	if err := t.Write(f, size); err != nil {
+		return fmt.Errorf("write partition table: %w", err)
+	}
+	return nil
+}
+
+func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }
+
+// human prints a byte count the way sizes are written in recipes.
+func human(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= MiB && n%MiB == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= MiB:
+		return fmt.Sprintf("%.2f MiB", float64(n)/MiB)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}

@@ -1,0 +1,127 @@
+package partitions
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// IgnitionPath is where coreos-installer puts the Ignition config in the boot
+// partition, and where Ignition's "metal" platform looks for it.
+const IgnitionPath = "ignition/config.ign"
+
+// BootPartition is the GPT name (or filesystem label) of the partition that
+// receives the Ignition config.
+const BootPartition = "boot"
+
+// writeIgnition writes config as /ignition/config.ign into the ext4
+// filesystem at offset in disk, replacing any file already there, without
+// mounting: debugfs opens the filesystem inside the disk file through the
+// unix I/O manager's "?offset=" option. E2FSPROGS_FAKE_TIME makes every
+// timestamp debugfs writes (inodes, superblock) SOURCE_DATE_EPOCH, so the
+// result is reproducible.
+func writeIgnition(disk string, offset int64, config []byte, epoch int64) error {
+	dir, err := os.MkdirTemp("", "kiln-ignition-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	src := filepath.Join(dir, "config.ign")
+	if err := os.WriteFile(src, config, 0o644); err != nil {
+		return err
+	}
+	// debugfs keeps going after a failed command and exits 0, so rm and mkdir
+	// may fail harmlessly (no old file, directory exists); the read-back
+	// below is what decides success.
+	script := strings.Join([]string{
+		"mkdir /ignition",
+		"cd /ignition",
+		"rm config.ign",
+		"write " + src + " config.ign",
+		"sif /" + IgnitionPath + " mode 0100644",
+		"sif /" + IgnitionPath + " uid 0",
+		"sif /" + IgnitionPath + " gid 0",
+		"",
+	}, "\n")
+	cmds := filepath.Join(dir, "cmds")
+	if err := os.WriteFile(cmds, []byte(script), 0o600); err != nil {
+		return err
+	}
+	cmd := exec.Command("debugfs", "-w", "-f", cmds, fsSpec(disk, offset))
+	cmd.Env = append(envWithout("E2FSPROGS_FAKE_TIME"), "E2FSPROGS_FAKE_TIME="+strconv.FormatInt(epoch, 10))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("write Ignition config with debugfs: %w: %s", err, bytes.TrimSpace(out))
+	}
+	got, err := readIgnition(disk, offset)
+	if err != nil || !bytes.Equal(got, config) {
+		return fmt.Errorf("write Ignition config into the %s partition failed (is /ignition a directory? is the filesystem full?); debugfs said: %s", BootPartition, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// fsSpec names a filesystem inside a disk file for e2fsprogs.
+func fsSpec(disk string, offset int64) string {
+	return disk + "?offset=" + strconv.FormatInt(offset, 10)
+}
+
+func readIgnition(disk string, offset int64) ([]byte, error) {
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command("debugfs", "-R", "cat /"+IgnitionPath, fsSpec(disk, offset))
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("debugfs cat /%s: %w: %s", IgnitionPath, err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	// debugfs prints its banner on stderr and a lookup error there too.
+	if msg := debugfsError(stderr.Bytes()); msg != "" {
+		return nil, fmt.Errorf("read /%s from the %s partition: %s", IgnitionPath, BootPartition, msg)
+	}
+	return stdout.Bytes(), nil
+}
+
+// debugfsError returns debugfs's error lines (everything but its banner).
+func debugfsError(stderr []byte) string {
+	var msgs []string
+	for _, line := range strings.Split(string(stderr), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "debugfs ") {
+			continue
+		}
+		msgs = append(msgs, line)
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// ReadIgnition returns the Ignition config in the boot partition of the disk
+// image at path. It needs only read access.
+func ReadIgnition(path string) ([]byte, error) {
+	l, err := Inspect(path)
+	if err != nil {
+		return nil, err
+	}
+	p, err := bootPartition(l)
+	if err != nil {
+		return nil, fmt.Errorf("disk %s: %w", path, err)
+	}
+	return readIgnition(path, p.Offset)
+}
+
+// bootPartition finds the partition the Ignition config goes into.
+func bootPartition(l *Layout) (*Partition, error) {
+	p, ok := l.Find(BootPartition)
+	if !ok {
+		return nil, fmt.Errorf("no partition named or labelled %q (partitions: %s); kiln writes the Ignition config there, as coreos-installer does: use a CoreOS-like base image", BootPartition, l.names())
+	}
+	if p.Filesystem != FSExt4 {
+		fsName := p.Filesystem
+		if fsName == "" {
+			fsName = "an unknown filesystem"
+		}
+		return nil, fmt.Errorf("partition %d %q holds %s; kiln can write the Ignition config only into ext4", p.Number, p.Name, fsName)
+	}
+	return p, nil
+}

@@ -1,0 +1,228 @@
+package partitions
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/diskfs/go-diskfs/partition/gpt"
+)
+
+// MiB is the alignment of partitions kiln adds.
+const MiB = 1 << 20
+
+// Filesystems detected by Inspect from a partition's first bytes.
+const (
+	FSSquashfs = "squashfs"
+	FSExt4     = "ext4" // also ext2/ext3: one magic
+	FSVfat     = "vfat"
+)
+
+// Layout is a disk's partition table, as `kiln inspect` shows it.
+type Layout struct {
+	Size       int64       `json:"size"`       // disk size, bytes
+	SectorSize int         `json:"sectorSize"` // logical sector size, bytes
+	GUID       string      `json:"guid"`       // disk GUID
+	Partitions []Partition `json:"partitions"` // by number
+}
+
+// Partition is one GPT partition.
+type Partition struct {
+	Number     int    `json:"number"`
+	Name       string `json:"name"` // GPT partition name
+	Type       string `json:"type"` // type GUID, upper case
+	GUID       string `json:"guid"` // unique partition GUID, upper case
+	FirstLBA   uint64 `json:"firstLBA"`
+	LastLBA    uint64 `json:"lastLBA"`
+	Offset     int64  `json:"offset"` // bytes from the start of the disk
+	Size       int64  `json:"size"`   // bytes
+	Filesystem string `json:"filesystem,omitempty"`
+	Label      string `json:"label,omitempty"` // filesystem label
+
+	Attributes uint64 `json:"attributes,omitempty"` // GPT attribute bits
+}
+
+// Find returns the partition with GPT name or filesystem label name.
+// The GPT name wins when both match different partitions.
+func (l *Layout) Find(name string) (*Partition, bool) {
+	for i := range l.Partitions {
+		if l.Partitions[i].Name == name {
+			return &l.Partitions[i], true
+		}
+	}
+	for i := range l.Partitions {
+		if l.Partitions[i].Label == name {
+			return &l.Partitions[i], true
+		}
+	}
+	return nil, false
+}
+
+// names lists the partitions for error messages: "1 EFI-SYSTEM, 2 root".
+func (l *Layout) names() string {
+	var s []string
+	for _, p := range l.Partitions {
+		n := fmt.Sprintf("%d %q", p.Number, p.Name)
+		if p.Label != "" && p.Label != p.Name {
+			n += fmt.Sprintf(" (filesystem label %q)", p.Label)
+		}
+		s = append(s, n)
+	}
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, ", ")
+}
+
+// Inspect reads the partition table of the disk image at path and checks it:
+// primary and backup GPT present, partitions inside the usable area and not
+// overlapping. It needs only read access.
+func Inspect(path string) (*Layout, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("inspect disk: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("inspect disk: %w", err)
+	}
+	l, t, err := readLayout(f, path)
+	if err != nil {
+		return nil, err
+	}
+	l.Size = st.Size()
+	if err := checkBackup(f, l, t); err != nil {
+		return nil, fmt.Errorf("disk %s: %w", path, err)
+	}
+	if err := l.check(t); err != nil {
+		return nil, fmt.Errorf("disk %s: %w", path, err)
+	}
+	return l, nil
+}
+
+// readLayout reads the primary GPT of r, which holds at least the first MiB of
+// a disk, and detects the filesystem of each partition whose start r holds.
+func readLayout(r io.ReaderAt, name string) (*Layout, *gpt.Table, error) {
+	sector, err := sectorSize(r)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", name, err)
+	}
+	t, err := gpt.Read(readerFile{r}, sector, sector)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: read partition table: %w", name, err)
+	}
+	l := &Layout{SectorSize: sector, GUID: strings.ToUpper(t.GUID)}
+	for _, p := range t.Partitions {
+		if p.Type == gpt.Unused {
+			continue
+		}
+		part := Partition{
+			Number:   p.Index,
+			Name:     p.Name,
+			Type:     strings.ToUpper(string(p.Type)),
+			GUID:     strings.ToUpper(p.GUID),
+			FirstLBA: p.Start,
+			LastLBA:  p.End,
+			Offset:   int64(p.Start) * int64(sector),
+			Size:     int64(p.End-p.Start+1) * int64(sector),
+
+			Attributes: p.Attributes,
+		}
+		part.Filesystem, part.Label = detectFS(io.NewSectionReader(r, part.Offset, part.Size))
+		l.Partitions = append(l.Partitions, part)
+	}
+	sort.Slice(l.Partitions, func(i, j int) bool { return l.Partitions[i].Number < l.Partitions[j].Number })
+	return l, t, nil
+}
+
+// sectorSize finds the GPT header: at 512 on most disks, at 4096 on 4Kn ones.
+func sectorSize(r io.ReaderAt) (int, error) {
+	for _, s := range []int{512, 4096} {
+		b := make([]byte, 8)
+		if _, err := r.ReadAt(b, int64(s)); err == nil && string(b) == "EFI PART" {
+			return s, nil
+		}
+	}
+	return 0, errors.New("no GPT partition table (no \"EFI PART\" header at byte 512 or 4096); the base must be a GPT disk image such as a CoreOS metal image")
+}
+
+// check validates the partitions against the usable area and each other.
+func (l *Layout) check(t *gpt.Table) error {
+	last := t.LastDataSector()
+	ps := append([]Partition(nil), l.Partitions...)
+	sort.Slice(ps, func(i, j int) bool { return ps[i].FirstLBA < ps[j].FirstLBA })
+	for i, p := range ps {
+		if p.LastLBA < p.FirstLBA || p.LastLBA > last {
+			return fmt.Errorf("partition %d %q (LBA %d-%d) lies outside the usable area (last usable LBA %d)", p.Number, p.Name, p.FirstLBA, p.LastLBA, last)
+		}
+		if i > 0 && p.FirstLBA <= ps[i-1].LastLBA {
+			return fmt.Errorf("partitions %d %q and %d %q overlap", ps[i-1].Number, ps[i-1].Name, p.Number, p.Name)
+		}
+	}
+	return nil
+}
+
+// checkBackup checks the backup GPT header at the last LBA points back at
+// the primary and at itself.
+func checkBackup(r io.ReaderAt, l *Layout, t *gpt.Table) error {
+	lastLBA := l.Size/int64(l.SectorSize) - 1
+	b := make([]byte, 92)
+	if _, err := r.ReadAt(b, lastLBA*int64(l.SectorSize)); err != nil {
+		return fmt.Errorf("read backup GPT header: %w", err)
+	}
+	if string(b[:8]) != "EFI PART" || binary.LittleEndian.Uint64(b[24:32]) != uint64(lastLBA) || binary.LittleEndian.Uint64(b[32:40]) != 1 {
+		return fmt.Errorf("no valid backup GPT header at the last sector (LBA %d); the disk image is truncated or was resized without fixing the GPT (sgdisk -e)", lastLBA)
+	}
+	return nil
+}
+
+// detectFS names the filesystem at the start of r and its label.
+func detectFS(r io.ReaderAt) (fsType, label string) {
+	b := make([]byte, 2048)
+	n, _ := r.ReadAt(b, 0)
+	b = b[:n]
+	switch {
+	case len(b) >= 4 && string(b[:4]) == "hsqs":
+		return FSSquashfs, ""
+	case len(b) >= 1024+136 && binary.LittleEndian.Uint16(b[1024+56:]) == 0xEF53:
+		return FSExt4, cstr(b[1024+120 : 1024+136])
+	case len(b) >= 512 && b[510] == 0x55 && b[511] == 0xAA && string(b[82:87]) == "FAT32":
+		return FSVfat, fatLabel(b[71:82])
+	case len(b) >= 512 && b[510] == 0x55 && b[511] == 0xAA && string(b[54:57]) == "FAT":
+		return FSVfat, fatLabel(b[43:54])
+	}
+	return "", ""
+}
+
+func cstr(b []byte) string {
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	return string(b)
+}
+
+func fatLabel(b []byte) string {
+	l := strings.TrimRight(string(b), " ")
+	if l == "NO NAME" {
+		return ""
+	}
+	return l
+}
+
+// readerFile adapts an io.ReaderAt to the file interface go-diskfs reads
+// partition tables from. Only ReadAt is used for a good primary GPT.
+type readerFile struct{ io.ReaderAt }
+
+func (readerFile) Stat() (fs.FileInfo, error) { return nil, errors.New("no stat") }
+func (readerFile) Read([]byte) (int, error)   { return 0, errors.New("no sequential read") }
+func (readerFile) Close() error               { return nil }
+func (readerFile) Seek(int64, int) (int64, error) {
+	return 0, errors.New("no seek: primary GPT is corrupt and the backup cannot be read from a stream")
+}

@@ -1,0 +1,180 @@
+package partitions
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kiln-appliance/kiln/builder/progress"
+)
+
+// Compression values of the image filesystem (recipes.ImagePartition.Compression).
+var compressionFlags = map[string][]string{
+	"":     {"-noI", "-noD", "-noF", "-noX", "-no-fragments"},
+	"none": {"-noI", "-noD", "-noF", "-noX", "-no-fragments"},
+	"gzip": {"-comp", "gzip"},
+	"xz":   {"-comp", "xz"},
+	"zstd": {"-comp", "zstd"},
+	"lz4":  {"-comp", "lz4"},
+}
+
+// squashfsOptions is one mksquashfs run.
+type squashfsOptions struct {
+	Tree            string // directory to pack
+	Disk            string // file to write into
+	Offset          int64  // byte offset in Disk
+	Compression     string
+	SourceDateEpoch int64
+	Progress        progress.Reporter
+}
+
+// writeSquashfs packs the tree into the disk file at offset with mksquashfs
+// and returns the filesystem size in bytes (a multiple of 4 KiB).
+//
+// Why mksquashfs: it is the fastest writer measured (docs/FILESYSTEM.md),
+// keeps everything overlay layers need, and is reproducible with
+// SOURCE_DATE_EPOCH. Beware: with -noappend, mksquashfs 4.5.1 truncates a
+// regular destination file to zero first, so callers write anything that
+// goes before Offset only after this returns.
+func writeSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
+	flags, ok := compressionFlags[o.Compression]
+	if !ok {
+		return 0, fmt.Errorf("image partition compression %q is not supported; use none, zstd, gzip, xz or lz4", o.Compression)
+	}
+	st, err := os.Stat(o.Tree)
+	if err != nil {
+		return 0, fmt.Errorf("image partition tree: %w", err)
+	}
+	if !st.IsDir() {
+		return 0, fmt.Errorf("image partition tree %s is not a directory", o.Tree)
+	}
+	total, err := treeSize(o.Tree)
+	if err != nil {
+		return 0, err
+	}
+	args := []string{o.Tree, o.Disk, "-offset", strconv.FormatInt(o.Offset, 10),
+		"-noappend", "-no-duplicates", "-b", "1M", "-no-progress", "-quiet"}
+	args = append(args, flags...)
+	cmd := exec.CommandContext(ctx, "mksquashfs", args...)
+	cmd.Env = append(envWithout("SOURCE_DATE_EPOCH"), "SOURCE_DATE_EPOCH="+strconv.FormatInt(o.SourceDateEpoch, 10))
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+
+	task := progressOf(o.Progress).Task("write image filesystem", total)
+	stop := watchSize(o.Disk, o.Offset, task)
+	err = cmd.Run()
+	stop()
+	if ctx.Err() != nil {
+		task.Done(ctx.Err())
+		return 0, ctx.Err()
+	}
+	if err != nil {
+		err = fmt.Errorf("mksquashfs %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(out.String()))
+		task.Done(err)
+		return 0, err
+	}
+	size, err := squashfsSize(o.Disk, o.Offset)
+	task.Done(err)
+	return size, err
+}
+
+// squashfsSize reads bytes_used from the superblock and rounds it up to the
+// 4 KiB padding mksquashfs writes.
+func squashfsSize(disk string, offset int64) (int64, error) {
+	f, err := os.Open(disk)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sb := make([]byte, 96)
+	if _, err := f.ReadAt(sb, offset); err != nil {
+		return 0, fmt.Errorf("read squashfs superblock: %w", err)
+	}
+	if string(sb[:4]) != "hsqs" {
+		return 0, fmt.Errorf("no squashfs superblock at offset %d of %s", offset, disk)
+	}
+	used := int64(binary.LittleEndian.Uint64(sb[40:48]))
+	return (used + 4095) &^ 4095, nil
+}
+
+func treeSize(root string) (int64, error) {
+	var total int64
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			total += info.Size()
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("image partition tree: %w", err)
+	}
+	return total, nil
+}
+
+// watchSize reports the growth of the file past offset until stopped:
+// mksquashfs has no machine-readable progress.
+func watchSize(path string, offset int64, task progress.Task) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		var last int64
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				if st, err := os.Stat(path); err == nil && st.Size()-offset > last {
+					n := st.Size() - offset - last
+					last += n
+					countBytes(task, n)
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
+}
+
+// countBytes adds n to a task without allocating n bytes.
+func countBytes(task progress.Task, n int64) {
+	var buf [64 << 10]byte
+	for n > 0 {
+		c := min(n, int64(len(buf)))
+		task.Write(buf[:c])
+		n -= c
+	}
+}
+
+func progressOf(r progress.Reporter) progress.Reporter {
+	if r == nil {
+		return progress.Discard()
+	}
+	return r
+}
+
+func envWithout(name string) []string {
+	var env []string
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, name+"=") {
+			env = append(env, e)
+		}
+	}
+	return env
+}
