@@ -1,0 +1,221 @@
+// Package systemd renders the on-node side of kiln: the systemd units that
+// mount the image partition, serve it as a local registry, gate the runtime's
+// mirror entry on that registry serving this content, and stop it all once
+// first boot is done; plus the files that go with them (CRI-O pins, a
+// tmpfiles.d cleanup). The programs those units run live in sub-packages
+// (registry, gate, pins, firstboot) and behind `kiln agent`.
+package systemd
+
+import (
+	"bytes"
+	"embed"
+	"fmt"
+	"net"
+	"path"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"text/template"
+	"time"
+
+	"github.com/kiln-appliance/kiln/partitions/imagefs"
+	"github.com/kiln-appliance/kiln/systemd/gate"
+	"github.com/kiln-appliance/kiln/systemd/pins"
+)
+
+// Where things live on the node.
+const (
+	MountPoint = "/var/lib/kiln/images"
+	MountUnit  = "var-lib-kiln-images.mount" // must match MountPoint (systemd-escape --path)
+	Agent      = MountPoint + "/" + imagefs.AgentBinary
+	Marker     = "/var/lib/kiln/firstboot.done"
+	// Target is what to start to get the registry and its mirror entry,
+	// e.g. during an upgrade reboot: systemctl start kiln-registry.target.
+	Target = "kiln-registry.target"
+
+	TmpfilesPath   = "/etc/tmpfiles.d/kiln-mirror.conf"
+	DefaultListen  = "127.0.0.1:5050"
+	defaultDevWait = 90 * time.Second
+	defaultGate    = 2 * time.Minute
+	defaultWait    = time.Hour
+)
+
+// Unit is a systemd unit to install; Enabled units are enabled by Ignition.
+// Same fields as ignition.Unit, so ignition.Unit(u) converts it.
+type Unit struct {
+	Name     string
+	Contents string
+	Enabled  bool
+}
+
+// File is a file to write on the node. Same fields as ignition.File.
+type File struct {
+	Path     string
+	Mode     int
+	Contents []byte
+}
+
+// Params is what the units depend on. Build it with ParamsFrom.
+type Params struct {
+	// PartitionGUID is the image partition's unique partition GUID (not its
+	// type GUID): the mount names the device by it.
+	PartitionGUID string
+	// Listen is the registry's loopback address; DefaultListen when empty.
+	Listen string
+	// AlwaysOn keeps the registry and mirror running on every boot instead
+	// of stopping them once first boot has every image in local storage.
+	AlwaysOn bool
+	// Images are pinned for CRI-O (by digest and by name).
+	Images []pins.Image
+
+	// Timeouts; zero means the default (90s, 2m, 1h).
+	DeviceTimeout time.Duration // wait for the partition's device
+	GateTimeout   time.Duration // wait for the registry to serve this content
+	WaitTimeout   time.Duration // first boot: wait for every image in local storage
+}
+
+// ParamsFrom builds Params from the partition's kiln.json and the
+// partition's unique GUID.
+func ParamsFrom(c *imagefs.Contents, partitionGUID string) Params {
+	p := Params{PartitionGUID: partitionGUID, Listen: c.Registry.Listen, AlwaysOn: c.Registry.AlwaysOn}
+	for _, im := range c.Images {
+		p.Images = append(p.Images, pins.Image{Name: im.Name, Digest: im.Digest})
+	}
+	return p
+}
+
+//go:embed units/*
+var unitFS embed.FS
+
+var guidRE = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+
+// Render returns kiln's units and files for the node, sorted by name/path.
+func Render(p Params) ([]Unit, []File, error) {
+	v, err := p.values()
+	if err != nil {
+		return nil, nil, err
+	}
+	names := []string{MountUnit, "kiln-images-failed.service", "kiln-registry.service",
+		"kiln-mirror.service", Target}
+	enabled := map[string]bool{Target: p.AlwaysOn, "kiln-firstboot.service": true}
+	if !p.AlwaysOn {
+		names = append(names, "kiln-firstboot.service")
+	}
+	sort.Strings(names)
+	var units []Unit
+	for _, name := range names {
+		text, err := renderUnit(name, v)
+		if err != nil {
+			return nil, nil, err
+		}
+		units = append(units, Unit{Name: name, Contents: text, Enabled: enabled[name]})
+	}
+
+	pinConf, err := pins.Render(p.Images)
+	if err != nil {
+		return nil, nil, err
+	}
+	files := []File{
+		{Path: pins.DefaultPath, Mode: 0o644, Contents: pinConf},
+		// A drop-in left behind by a crash would point the runtime at a
+		// registry that is not running: remove it at every boot, before
+		// anything pulls; the gate writes it again once the registry serves.
+		{Path: TmpfilesPath, Mode: 0o644, Contents: []byte(
+			"# Rendered by kiln: the mirror drop-in only exists while kiln-mirror.service runs.\n" +
+				"r " + gate.DefaultDropIn + "\n")},
+	}
+	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
+	return units, files, nil
+}
+
+// values are the template's inputs, derived and checked.
+type values struct {
+	PartitionGUID, Device, MountPoint, MountUnit, Agent, Marker, DropIn, Listen string
+	AlwaysOn                                                                    bool
+	DeviceTimeout, GateTimeout, GateUnitTimeout, WaitTimeout, WaitUnitTimeout   string
+	FailureMessage                                                              string
+}
+
+func (p Params) values() (values, error) {
+	if !guidRE.MatchString(p.PartitionGUID) {
+		return values{}, fmt.Errorf("render units: image partition GUID %q is not a GUID (want xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)", p.PartitionGUID)
+	}
+	listen := p.Listen
+	if listen == "" {
+		listen = DefaultListen
+	}
+	if err := checkListen(listen); err != nil {
+		return values{}, err
+	}
+	guid := strings.ToLower(p.PartitionGUID) // udev's by-partuuid names are lower case
+	dev := orDefault(p.DeviceTimeout, defaultDevWait)
+	gt := orDefault(p.GateTimeout, defaultGate)
+	wt := orDefault(p.WaitTimeout, defaultWait)
+	v := values{
+		PartitionGUID:   guid,
+		Device:          "/dev/disk/by-partuuid/" + guid,
+		MountPoint:      MountPoint,
+		MountUnit:       MountUnit,
+		Agent:           Agent,
+		Marker:          Marker,
+		DropIn:          gate.DefaultDropIn,
+		Listen:          listen,
+		AlwaysOn:        p.AlwaysOn,
+		DeviceTimeout:   seconds(dev),
+		GateTimeout:     seconds(gt),
+		GateUnitTimeout: seconds(gt + 30*time.Second),
+		WaitTimeout:     seconds(wt),
+		WaitUnitTimeout: seconds(wt + time.Minute),
+	}
+	// Plain words only: the message goes through systemd's command-line
+	// parsing, so no quotes, $, % or backslashes.
+	v.FailureMessage = fmt.Sprintf("kiln: the image partition (partition GUID %s) was not mounted at %s within %s. "+
+		"The appliance's container images are on it, so they cannot be served. "+
+		"Check that this is the disk the appliance was built for (a replaced disk must be reflashed with the kiln recovery image). "+
+		"ls -l /dev/disk/by-partuuid lists the partitions present, journalctl -b -u %s shows why the mount failed.",
+		guid, MountPoint, v.DeviceTimeout, MountUnit)
+	return v, nil
+}
+
+// checkListen insists on a loopback IP and an unprivileged port: the unit
+// allows only localhost traffic and gives the registry no capabilities.
+func checkListen(listen string) error {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return fmt.Errorf("registry listen address %q: %v (want IP:PORT, e.g. %s)", listen, err, DefaultListen)
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("registry listen address %q: must be a loopback IP such as 127.0.0.1 (the local registry is never exposed to the network)", listen)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1024 || n > 65535 {
+		return fmt.Errorf("registry listen address %q: port must be 1024-65535 (the registry runs without privileges)", listen)
+	}
+	return nil
+}
+
+func renderUnit(name string, v values) (string, error) {
+	t, err := template.New(name).Option("missingkey=error").ParseFS(unitFS, path.Join("units", name))
+	if err != nil {
+		return "", fmt.Errorf("unit template %s: %w", name, err)
+	}
+	var b bytes.Buffer
+	if err := t.Execute(&b, v); err != nil {
+		return "", fmt.Errorf("render unit %s: %w", name, err)
+	}
+	return b.String(), nil
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
+}
+
+// seconds spells a duration the way both systemd and Go's flag parsing read it.
+func seconds(d time.Duration) string {
+	return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10) + "s"
+}

@@ -1,0 +1,168 @@
+package systemd
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kiln-appliance/kiln/partitions/imagefs"
+	"github.com/kiln-appliance/kiln/systemd/pins"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden")
+
+const testGUID = "0F3C1A2B-1111-4222-8333-444455556666"
+
+var testImages = []pins.Image{
+	{Name: "quay.io/acme/app:1.2", Digest: "sha256:" + strings.Repeat("a", 64)},
+	{Name: "nginx", Digest: "sha256:" + strings.Repeat("b", 64)},
+}
+
+func TestRenderGolden(t *testing.T) {
+	tests := []struct {
+		name string
+		p    Params
+	}{
+		{"firstboot", Params{PartitionGUID: testGUID, Images: testImages}},
+		{"alwayson", Params{PartitionGUID: testGUID, AlwaysOn: true, Images: testImages}},
+		{"custom", Params{PartitionGUID: testGUID, Listen: "127.0.0.1:6000", Images: testImages,
+			DeviceTimeout: 30 * time.Second, GateTimeout: 45 * time.Second, WaitTimeout: 10 * time.Minute}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			units, files, err := Render(tt.p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			verify(t, units)
+			var b bytes.Buffer
+			for _, u := range units {
+				fmt.Fprintf(&b, "### unit %s enabled=%v\n%s\n", u.Name, u.Enabled, u.Contents)
+			}
+			for _, f := range files {
+				fmt.Fprintf(&b, "### file %s mode=%#o\n%s\n", f.Path, f.Mode, f.Contents)
+			}
+			golden(t, filepath.Join("testdata", tt.name+".golden"), b.Bytes())
+		})
+	}
+}
+
+// The alwaysOn switch decides what runs at boot: the target itself, or the
+// first-boot service that stops the registry once it is no longer needed.
+func TestRenderAlwaysOn(t *testing.T) {
+	for _, alwaysOn := range []bool{false, true} {
+		units, _, err := Render(Params{PartitionGUID: testGUID, AlwaysOn: alwaysOn, Images: testImages})
+		if err != nil {
+			t.Fatal(err)
+		}
+		enabled := map[string]bool{}
+		for _, u := range units {
+			if u.Enabled {
+				enabled[u.Name] = true
+			}
+		}
+		want := map[string]bool{"kiln-firstboot.service": true}
+		if alwaysOn {
+			want = map[string]bool{Target: true}
+		}
+		if fmt.Sprint(enabled) != fmt.Sprint(want) {
+			t.Errorf("alwaysOn=%v: enabled units %v, want %v", alwaysOn, enabled, want)
+		}
+	}
+}
+
+func TestParamsFrom(t *testing.T) {
+	c := &imagefs.Contents{
+		Registry: imagefs.Registry{Listen: "127.0.0.1:5051", AlwaysOn: true},
+		Images:   []imagefs.Image{{Name: "quay.io/acme/app:1.2", Digest: testImages[0].Digest}},
+	}
+	p := ParamsFrom(c, testGUID)
+	if p.Listen != "127.0.0.1:5051" || !p.AlwaysOn || len(p.Images) != 1 || p.Images[0] != testImages[0] || p.PartitionGUID != testGUID {
+		t.Fatalf("ParamsFrom = %+v", p)
+	}
+}
+
+func TestRenderErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		p    Params
+		want string
+	}{
+		{"no guid", Params{}, "is not a GUID"},
+		{"label not guid", Params{PartitionGUID: "kiln-images"}, "is not a GUID"},
+		{"public listen", Params{PartitionGUID: testGUID, Listen: "0.0.0.0:5050"}, "loopback"},
+		{"hostname listen", Params{PartitionGUID: testGUID, Listen: "localhost:5050"}, "loopback"},
+		{"privileged port", Params{PartitionGUID: testGUID, Listen: "127.0.0.1:443"}, "1024-65535"},
+		{"no port", Params{PartitionGUID: testGUID, Listen: "127.0.0.1"}, "IP:PORT"},
+		{"bad image", Params{PartitionGUID: testGUID, Images: []pins.Image{{Name: "Quay.io/UPPER:x", Digest: testImages[0].Digest}}}, "not a valid image reference"},
+		{"bad digest", Params{PartitionGUID: testGUID, Images: []pins.Image{{Name: "quay.io/a:1", Digest: "sha256:123"}}}, "digest"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := Render(tt.p)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Render error = %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// verify runs systemd-analyze verify on the units inside a throwaway root
+// that holds the host's system units, the commands the units run, and a
+// stand-in for the agent binary at its path on the image partition. Any
+// output is a failure: systemd-analyze exits 0 on unknown keys and bad values.
+func verify(t *testing.T, units []Unit) {
+	t.Helper()
+	root := t.TempDir()
+	unitDir := filepath.Join(root, "etc/systemd/system")
+	mustRun(t, "mkdir", "-p", unitDir, filepath.Join(root, "usr/lib/systemd"), filepath.Join(root, "usr/bin"),
+		filepath.Dir(filepath.Join(root, Agent)))
+	mustRun(t, "cp", "-r", "/usr/lib/systemd/system", filepath.Join(root, "usr/lib/systemd/"))
+	for _, bin := range []string{"/usr/bin/echo", "/usr/bin/rm", "/usr/bin/systemctl"} {
+		mustRun(t, "cp", bin, filepath.Join(root, bin))
+	}
+	mustRun(t, "cp", "/usr/bin/true", filepath.Join(root, Agent))
+	var paths []string
+	for _, u := range units {
+		p := filepath.Join(unitDir, u.Name)
+		if err := os.WriteFile(p, []byte(u.Contents), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		paths = append(paths, p)
+	}
+	cmd := exec.Command("systemd-analyze", append([]string{"verify", "--root=" + root}, paths...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil || len(bytes.TrimSpace(out)) > 0 {
+		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
+
+func mustRun(t *testing.T, name string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+	}
+}
+
+func golden(t *testing.T, path string, got []byte) {
+	t.Helper()
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from the rendered output (run go test -update if the change is intended):\n%s", path, got)
+	}
+}
