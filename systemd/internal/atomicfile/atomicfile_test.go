@@ -1,0 +1,73 @@
+package atomicfile
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// A reader polling the file while it is rewritten must only ever see a whole
+// version: old or new, never a prefix.
+func TestNoPartialFileVisible(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "sub", "f.conf")
+	versions := [][]byte{bytes.Repeat([]byte("a"), 1<<20), bytes.Repeat([]byte("b"), 3<<20)}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var reads, bad atomic.Int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for !stop.Load() {
+			data, err := os.ReadFile(path)
+			if os.IsNotExist(err) {
+				continue
+			}
+			reads.Add(1)
+			if err != nil || !(bytes.Equal(data, versions[0]) || bytes.Equal(data, versions[1])) {
+				bad.Add(1)
+			}
+		}
+	}()
+	for i := 0; i < 40; i++ {
+		if err := WriteFile(path, versions[i%2], 0o640); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	if bad.Load() > 0 || reads.Load() == 0 {
+		t.Fatalf("%d of %d reads saw a partial file", bad.Load(), reads.Load())
+	}
+	entries, _ := os.ReadDir(filepath.Dir(path))
+	if len(entries) != 1 {
+		t.Errorf("temp files left behind: %v", entries)
+	}
+	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o640 {
+		t.Errorf("mode %v, want 0640", fi.Mode())
+	}
+	if err := Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := Remove(path); err != nil {
+		t.Fatalf("removing a missing file: %v", err)
+	}
+}
+
+func TestWriteFileError(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "is-a-dir")
+	if err := os.Mkdir(target, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteFile(target, []byte("x"), 0o644); err == nil {
+		t.Fatal("replacing a directory succeeded")
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Errorf("temp file left behind after failure: %v", entries)
+	}
+}
