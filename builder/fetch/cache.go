@@ -1,0 +1,177 @@
+package fetch
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"golang.org/x/sync/singleflight"
+)
+
+// Cache is a content-addressed store of blobs, shared by every build on the
+// host: blobs/sha256/<hex>, the same shape as an OCI layout's blobs. A file
+// appears under its digest only once its bytes have been checked, so a blob
+// that is present is trusted (Verify re-checks one on demand).
+type Cache struct {
+	dir    string
+	flight singleflight.Group // one download per blob within this process
+}
+
+// DefaultDir is $XDG_CACHE_HOME/kiln, or ~/.cache/kiln.
+func DefaultDir() string {
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "kiln")
+	}
+	return filepath.Join(os.TempDir(), "kiln-cache")
+}
+
+// Open opens (creating it if needed) the cache at dir.
+func Open(dir string) (*Cache, error) {
+	if err := os.MkdirAll(filepath.Join(dir, "blobs", "sha256"), 0o755); err != nil {
+		return nil, fmt.Errorf("open blob cache: %w (set XDG_CACHE_HOME or --cache to a writable directory)", err)
+	}
+	return &Cache{dir: dir}, nil
+}
+
+// Dir is the cache's root directory.
+func (c *Cache) Dir() string { return c.dir }
+
+// Path is where blob h lives (or would live) in the cache.
+func (c *Cache) Path(h v1.Hash) string {
+	return filepath.Join(c.dir, "blobs", h.Algorithm, h.Hex)
+}
+
+// Has reports whether blob d is in the cache with the right size.
+func (c *Cache) Has(d v1.Descriptor) bool {
+	fi, err := os.Stat(c.Path(d.Digest))
+	return err == nil && fi.Mode().IsRegular() && fi.Size() == d.Size
+}
+
+// Verify re-hashes the cached blob h.
+func (c *Cache) Verify(h v1.Hash) error {
+	f, err := os.Open(c.Path(h))
+	if err != nil {
+		return fmt.Errorf("cached blob %s: %w", h, err)
+	}
+	defer f.Close()
+	got, n, err := v1.SHA256(f)
+	if err != nil {
+		return fmt.Errorf("cached blob %s: %w", h, err)
+	}
+	if got != h {
+		return fmt.Errorf("%w: cached blob %s (%s) hashes to %s (%d bytes); delete it and fetch again", ErrCorrupt, h, c.Path(h), got, n)
+	}
+	return nil
+}
+
+// put stores blob d, read from open, unless it is already cached. The bytes
+// stream through a hash into a temp file beside the final name, which is
+// renamed into place only if size and digest match: a failed, corrupt or
+// cancelled fetch leaves nothing behind, and concurrent writers of the same
+// blob (other builds on the host) each rename a complete file. what names
+// the image for errors; progress (may be nil) counts bytes.
+func (c *Cache) put(ctx context.Context, d v1.Descriptor, what string, open func() (io.ReadCloser, error), progress io.Writer) error {
+	if d.Digest.Algorithm != "sha256" {
+		return fmt.Errorf("%w: %s: blob %s: only sha256 digests are supported", ErrBadSource, what, d.Digest)
+	}
+	_, err, _ := c.flight.Do(d.Digest.Hex, func() (any, error) {
+		if c.Has(d) {
+			return nil, nil
+		}
+		return nil, c.write(ctx, d, what, open, progress)
+	})
+	return err
+}
+
+func (c *Cache) write(ctx context.Context, d v1.Descriptor, what string, open func() (io.ReadCloser, error), progress io.Writer) (err error) {
+	if progress == nil {
+		progress = io.Discard
+	}
+	rc, err := open()
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+
+	tmp, err := os.CreateTemp(filepath.Dir(c.Path(d.Digest)), tempPrefix+d.Digest.Hex[:12]+"-")
+	if err != nil {
+		return fmt.Errorf("blob cache: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+
+	h := sha256.New()
+	// Read one byte past the expected size, so an oversized blob is caught
+	// without reading all of it.
+	n, err := io.Copy(io.MultiWriter(tmp, h, progress), ctxReader{ctx, io.LimitReader(rc, d.Size+1)})
+	got := v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(h.Sum(nil))}
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("%s: fetch blob %s: %w", what, d.Digest, ctx.Err())
+	case err != nil && !strings.Contains(err.Error(), "error verifying"):
+		// (go-containerregistry's remote reader reports a bad digest or size
+		// itself, at the end of the blob; those fall through to our check.)
+		return fmt.Errorf("%s: fetch blob %s: %w", what, d.Digest, err)
+	case n != d.Size || got != d.Digest:
+		return fmt.Errorf("%w: %s: blob %s: expected %s (%d bytes), got %s (%d bytes); the source is damaged or changed after locking — copy it again, or run `kiln lock` if the change is intended; nothing was cached",
+			ErrCorrupt, what, d.Digest, d.Digest, d.Size, got, n)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fmt.Errorf("blob cache: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("blob cache: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), c.Path(d.Digest)); err != nil {
+		return fmt.Errorf("blob cache: %w", err)
+	}
+	return nil
+}
+
+// tempPrefix starts the names of blobs being written.
+const tempPrefix = ".tmp-"
+
+// ctxReader stops a copy once ctx is done.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (r ctxReader) Read(p []byte) (int, error) {
+	if err := r.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return r.r.Read(p)
+}
+
+// readCached reads a small cached blob (a manifest) and checks its digest.
+func (c *Cache) readCached(h v1.Hash, src source) ([]byte, bool, error) {
+	f, err := os.Open(c.Path(h))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("blob cache: %w", err)
+	}
+	defer f.Close()
+	raw, err := readSmall(f, src, h)
+	if err != nil {
+		return nil, false, err
+	}
+	if got, _, _ := v1.SHA256(bytes.NewReader(raw)); got != h {
+		return nil, false, nil // damaged cache entry: fetch it again
+	}
+	return raw, true, nil
+}

@@ -1,0 +1,189 @@
+package fetch
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"sync"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/kiln-appliance/kiln/builder/progress"
+)
+
+// Image is a fetched image: every blob it names is in the cache.
+type Image struct {
+	Source     string
+	Descriptor v1.Descriptor // the platform-specific manifest
+	Manifest   []byte        // its exact bytes (sha256 = Descriptor.Digest)
+	Config     v1.Descriptor
+	Layers     []v1.Descriptor
+}
+
+// Blobs lists the config and layers, in manifest order.
+func (img *Image) Blobs() []v1.Descriptor {
+	return append([]v1.Descriptor{img.Config}, img.Layers...)
+}
+
+// Fetch makes sure the manifest digest (as locked) of source, its config and
+// every layer are in the cache, fetching only what is missing: a rebuild
+// with a warm cache does not touch the source at all. If digest names an
+// index, the manifest for platform is taken from it. Bytes fetched are
+// reported to reporter as one task named after the source.
+func (c *Cache) Fetch(ctx context.Context, source, baseDir, digest string, platform v1.Platform, reporter progress.Reporter, opts ...Option) (*Image, error) {
+	src, err := parseSource(source, baseDir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadSource, err)
+	}
+	h, err := v1.NewHash(digest)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: locked digest %q: %v; run `kiln lock` again", ErrBadSource, source, digest, err)
+	}
+	if reporter == nil {
+		reporter = progress.Discard()
+	}
+	b := &lazyBackend{src: src, o: makeOptions(opts)}
+
+	raw, err := c.manifest(ctx, b, h)
+	if err != nil {
+		return nil, err
+	}
+	k, err := kindOf(raw, src, h)
+	if err != nil {
+		return nil, err
+	}
+	if k.isIndex() {
+		d, err := pickPlatform(raw, src, platform)
+		if err != nil {
+			return nil, err
+		}
+		h = d.Digest
+		if raw, err = c.manifest(ctx, b, h); err != nil {
+			return nil, err
+		}
+		if k, err = kindOf(raw, src, h); err != nil {
+			return nil, err
+		}
+		if k.isIndex() {
+			return nil, fmt.Errorf("%w: %s: nested index %s; kiln reads one level", ErrBadSource, src, h)
+		}
+	}
+	m, err := v1.ParseManifest(bytes.NewReader(raw))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: parse manifest %s: %v", ErrBadSource, src, h, err)
+	}
+	img := &Image{
+		Source:     source,
+		Descriptor: v1.Descriptor{MediaType: m.MediaType, Digest: h, Size: int64(len(raw))},
+		Manifest:   raw,
+		Config:     m.Config,
+		Layers:     m.Layers,
+	}
+	if img.Descriptor.MediaType == "" {
+		img.Descriptor.MediaType = "application/vnd.oci.image.manifest.v1+json"
+	}
+
+	var missing []v1.Descriptor
+	var total int64
+	for _, d := range img.Blobs() {
+		if !c.Has(d) {
+			missing = append(missing, d)
+			total += d.Size
+		}
+	}
+	if len(missing) == 0 {
+		return img, nil
+	}
+	task := reporter.Task(source, total)
+	for _, d := range missing {
+		d := d
+		open := func() (io.ReadCloser, error) { return b.blob(ctx, d) }
+		if err := c.put(ctx, d, source, open, task); err != nil {
+			task.Done(err)
+			return nil, err
+		}
+	}
+	task.Done(nil)
+	return img, nil
+}
+
+// manifest returns manifest h from the cache, or fetches, checks and caches it.
+func (c *Cache) manifest(ctx context.Context, b *lazyBackend, h v1.Hash) ([]byte, error) {
+	raw, ok, err := c.readCached(h, b.src)
+	if err != nil || ok {
+		return raw, err
+	}
+	if raw, err = b.manifest(ctx, h); err != nil {
+		return nil, err
+	}
+	if err := checkManifest(raw, h, b.src); err != nil {
+		return nil, err
+	}
+	d := v1.Descriptor{Digest: h, Size: int64(len(raw))}
+	open := func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(raw)), nil }
+	if err := c.put(ctx, d, b.src.String(), open, nil); err != nil {
+		return nil, err
+	}
+	return raw, nil
+}
+
+// Request is one image for FetchAll.
+type Request struct {
+	Source   string
+	BaseDir  string
+	Digest   string
+	Platform v1.Platform
+}
+
+// FetchAll fetches several images, a few at a time (WithJobs, default 4).
+// Blobs shared between them are fetched once. The result is in request
+// order; the first error cancels the rest.
+func (c *Cache) FetchAll(ctx context.Context, reqs []Request, reporter progress.Reporter, opts ...Option) ([]*Image, error) {
+	out := make([]*Image, len(reqs))
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(makeOptions(opts).jobs)
+	for i, r := range reqs {
+		g.Go(func() error {
+			img, err := c.Fetch(ctx, r.Source, r.BaseDir, r.Digest, r.Platform, reporter, opts...)
+			out[i] = img
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// lazyBackend opens the source on first use, so a fetch served entirely from
+// the cache needs neither the network nor the source files.
+type lazyBackend struct {
+	src  source
+	o    *options
+	once sync.Once
+	b    backend
+	err  error
+}
+
+func (l *lazyBackend) get() (backend, error) {
+	l.once.Do(func() { l.b, l.err = openBackend(l.src, l.o) })
+	return l.b, l.err
+}
+
+func (l *lazyBackend) manifest(ctx context.Context, h v1.Hash) ([]byte, error) {
+	b, err := l.get()
+	if err != nil {
+		return nil, err
+	}
+	return b.manifest(ctx, h)
+}
+
+func (l *lazyBackend) blob(ctx context.Context, d v1.Descriptor) (io.ReadCloser, error) {
+	b, err := l.get()
+	if err != nil {
+		return nil, err
+	}
+	return b.blob(ctx, d)
+}
