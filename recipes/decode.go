@@ -53,7 +53,7 @@ func (d *document) lookup(field string) position {
 			return p
 		}
 		if field == "" {
-			return position{1, 1}
+			return position{} // nothing decoded (a lock built in code): no position
 		}
 		field = parentField(field)
 	}
@@ -166,11 +166,11 @@ var unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
 // decode fills v (addressable) from n. A null leaves v as it is, so that
 // "field:" with no value means "use the default".
 func (d *document) decode(n *yaml.Node, v reflect.Value, field string) {
+	d.pos[field] = position{n.Line, n.Column}
 	if n.Kind == yaml.AliasNode {
 		d.errorAt(n, field, "YAML aliases (*%s) are not supported here; write the value out in full", n.Value)
 		return
 	}
-	d.pos[field] = position{n.Line, n.Column}
 	if isNull(n) {
 		return
 	}

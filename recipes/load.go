@@ -194,7 +194,7 @@ func (r *Recipe) validateImages(v validator) {
 		if v.required(field+".name", img.Name, "add the reference workloads use, e.g. \"name: quay.io/acme/app:1.2\"") {
 			ref, err := parseImageName(img.Name)
 			if err != nil {
-				v.errorf(field+".name", "%q is not a full image reference: %v (write REGISTRY/REPOSITORY:TAG or @sha256:…, e.g. quay.io/acme/app:1.2 or docker.io/library/nginx:1.27)", img.Name, err)
+				v.errorf(field+".name", "%q %v", img.Name, err)
 			} else if prev, dup := first[ref.Name()]; dup {
 				v.errorf(field+".name", "%q is listed twice (also at %s, line %d); keep one entry", img.Name, prev, v.d.lookup(prev).line)
 			} else {
@@ -212,14 +212,41 @@ func (r *Recipe) validateImages(v validator) {
 	}
 }
 
-// parseImageName parses a recipe image name strictly (explicit registry,
-// full repository path, tag or digest). It calls NewTag or NewDigest itself
-// because ParseReference's error says only "could not parse reference".
+// parseImageName parses a recipe image name strictly: registry, full
+// repository path and a tag or digest all written out, since the node's
+// registry serves and CRI-O pins images by exactly that name. Its errors
+// read after the quoted name: "nginx" has no tag or digest….
 func parseImageName(s string) (name.Reference, error) {
-	if strings.Contains(s, "@") {
-		return name.NewDigest(s, name.StrictValidation)
+	weak, err := name.ParseReference(s)
+	if err != nil {
+		// ParseReference only says "could not parse reference"; ask the
+		// parser that applies for the reason.
+		if strings.Contains(s, "@") {
+			_, err = name.NewDigest(s)
+		} else {
+			_, err = name.NewTag(s)
+		}
+		return nil, fmt.Errorf("is not a valid image reference: %v", err)
 	}
-	return name.NewTag(s, name.StrictValidation)
+	if ref, err := name.ParseReference(s, name.StrictValidation); err == nil {
+		return ref, nil
+	}
+	repo := weak.Context()
+	registry := repo.RegistryStr()
+	if registry == name.DefaultRegistry {
+		registry = "docker.io"
+	}
+	full := registry + "/" + repo.RepositoryStr()
+	lastPart := s[strings.LastIndex(s, "/")+1:]
+	if !strings.ContainsAny(lastPart, ":@") {
+		return nil, fmt.Errorf("has no tag or digest (kiln never assumes :latest); write it in full, e.g. %s:TAG", full)
+	}
+	if d, ok := weak.(name.Digest); ok {
+		full += "@" + d.DigestStr()
+	} else {
+		full += ":" + weak.Identifier()
+	}
+	return nil, fmt.Errorf("is short for %s; write it in full, as workloads will pull it", full)
 }
 
 // validator adds checks with consistent wording to a document.
@@ -228,8 +255,11 @@ type validator struct{ d *document }
 // ok reports whether field has no problem recorded yet, so a wrong-type
 // error is not followed by a second, confusing one for the same field.
 func (v validator) ok(field string) bool {
+	within := func(inner, outer string) bool {
+		return inner == outer || strings.HasPrefix(inner, outer+".") || strings.HasPrefix(inner, outer+"[")
+	}
 	for _, e := range v.d.errs {
-		if e.Field == field || strings.HasPrefix(e.Field, field+".") || strings.HasPrefix(e.Field, field+"[") {
+		if within(e.Field, field) || (e.Field != "" && within(field, e.Field)) {
 			return false
 		}
 	}

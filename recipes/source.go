@@ -39,7 +39,7 @@ var ociRefName = regexp.MustCompile(`^(?:[A-Za-z0-9]+(?:(?:[-._:@+]|--)[A-Za-z0-
 // first colon, so a path cannot contain one.
 func ParseSource(s string) (Source, error) {
 	transport, rest, ok := strings.Cut(s, ":")
-	if !ok || strings.Contains(transport, "/") {
+	if !ok || strings.ContainsAny(transport, "./") { // "quay.io/…", "quay.io:5000/…": a bare reference
 		return Source{}, fmt.Errorf("source %q has no transport; write docker://%s for a registry, oci:DIR[:TAG] for an OCI layout directory or docker-archive:FILE[:REF] for a docker save archive", s, s)
 	}
 	switch transport {
@@ -48,8 +48,8 @@ func ParseSource(s string) (Source, error) {
 		if !ok || ref == "" {
 			return Source{}, fmt.Errorf("source %q: a registry source is written docker://REGISTRY/REPOSITORY:TAG", s)
 		}
-		if _, err := name.ParseReference(ref, name.StrictValidation); err != nil {
-			return Source{}, fmt.Errorf("source %q: %v (write the full reference, e.g. docker://quay.io/acme/app:1.2)", s, err)
+		if _, err := parseImageName(ref); err != nil {
+			return Source{}, fmt.Errorf("source %q: %q %v", s, ref, err)
 		}
 		return Source{Transport: TransportDocker, Ref: ref}, nil
 	case TransportOCI:
