@@ -1,0 +1,373 @@
+package partitions
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kiln-appliance/kiln/partitions/imagefs"
+	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
+)
+
+const epoch = 1700000000
+
+var (
+	baseOnce sync.Once
+	baseDir  string
+	baseErr  error
+)
+
+// bases writes the fixture base disks once per test binary: raw, its
+// compressed forms, and one without a boot partition.
+func bases(t *testing.T) string {
+	t.Helper()
+	baseOnce.Do(func() {
+		baseDir, baseErr = os.MkdirTemp("", "kiln-partitions-test-")
+		if baseErr != nil {
+			return
+		}
+		raw := filepath.Join(baseDir, "base.raw")
+		if baseErr = basedisk.Write(raw); baseErr != nil {
+			return
+		}
+		for _, c := range []struct{ format, name string }{{"gzip", "base.raw.gz"}, {"xz", "base.raw.xz"}, {"zstd", "base.raw.zst"}} {
+			if baseErr = basedisk.Compress(raw, filepath.Join(baseDir, c.name), c.format); baseErr != nil {
+				return
+			}
+		}
+		baseErr = basedisk.Write(filepath.Join(baseDir, "noboot.raw"), basedisk.WithoutBoot())
+	})
+	if baseErr != nil {
+		t.Fatal(baseErr)
+	}
+	return baseDir
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if baseDir != "" {
+		os.RemoveAll(baseDir)
+	}
+	os.Exit(code)
+}
+
+// stageTree writes a tree with everything overlay layers need.
+func stageTree(t *testing.T) string {
+	t.Helper()
+	root := filepath.Join(t.TempDir(), "tree")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(root, "oci/blobs/sha256"), 0o755))
+	must(os.MkdirAll(filepath.Join(root, "storage/overlay/l1/diff/etc"), 0o755))
+	must(os.WriteFile(filepath.Join(root, "kiln.json"), []byte(`{"schemaVersion":1}`+"\n"), 0o644))
+	for i := 0; i < 50; i++ {
+		must(os.WriteFile(filepath.Join(root, fmt.Sprintf("oci/blobs/sha256/%064x", i)), bytes.Repeat([]byte{byte(i)}, i*1000+1), 0o644))
+	}
+	big := make([]byte, 3*MiB+17) // more than one squashfs block
+	for i := range big {
+		big[i] = byte(i * 31)
+	}
+	must(os.WriteFile(filepath.Join(root, "oci/blobs/sha256/big"), big, 0o644))
+	diff := filepath.Join(root, "storage/overlay/l1/diff")
+	must(os.WriteFile(filepath.Join(diff, "etc/passwd"), []byte("root:x:0:0::/root:/bin/sh\n"), 0o600))
+	must(os.Link(filepath.Join(diff, "etc/passwd"), filepath.Join(diff, "etc/passwd-hardlink")))
+	must(os.Symlink("../etc/passwd", filepath.Join(diff, "etc/link")))
+	must(unix.Mknod(filepath.Join(diff, "whiteout"), unix.S_IFCHR|0o000, 0))
+	must(os.WriteFile(filepath.Join(diff, "ping"), []byte("#!/bin/sh\n"), 0o755))
+	// security.capability v2: cap_net_raw (bit 13) permitted+effective.
+	capv2 := []byte{0x01, 0x00, 0x00, 0x02, 0x00, 0x20, 0x00, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+	must(unix.Setxattr(filepath.Join(diff, "ping"), "security.capability", capv2, 0))
+	must(unix.Setxattr(filepath.Join(diff, "etc"), "trusted.overlay.opaque", []byte("y"), 0))
+	must(unix.Setxattr(filepath.Join(diff, "etc/passwd"), "user.kiln", []byte("x"), 0))
+	must(os.Chown(filepath.Join(diff, "ping"), 1000, 1001))
+	must(os.Chmod(filepath.Join(diff, "ping"), 0o4755))
+	must(os.Mkdir(filepath.Join(diff, "tmp"), 0o1777))
+	must(os.Chmod(filepath.Join(diff, "tmp"), 0o1777))
+	return root
+}
+
+func assemble(t *testing.T, opts AssembleOptions) (string, *Layout) {
+	t.Helper()
+	out, err := os.CreateTemp(t.TempDir(), "disk-*.raw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	opts.Output = out
+	l, err := Assemble(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.Name(), l
+}
+
+func defaultOpts(t *testing.T, tree string) AssembleOptions {
+	return AssembleOptions{
+		Base: filepath.Join(bases(t), "base.raw"), ImageTree: tree, Headroom: 10,
+		SourceDateEpoch: epoch, GUIDSeed: []byte("acme-edge 1.4.0"),
+		Ignition: []byte(`{"ignition":{"version":"3.3.0"}}` + "\n"),
+	}
+}
+
+func TestAssemble(t *testing.T) {
+	tree := stageTree(t)
+	opts := defaultOpts(t, tree)
+	disk, l := assemble(t, opts)
+
+	out, err := exec.Command("sgdisk", "-v", disk).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "No problems found") {
+		t.Fatalf("sgdisk -v: %v\n%s", err, out)
+	}
+	again, err := Inspect(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(again) != fmt.Sprint(l) {
+		t.Errorf("Inspect differs from Assemble's layout:\n%+v\n%+v", again, l)
+	}
+	base, err := Inspect(opts.Base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Partitions) != len(base.Partitions)+1 {
+		t.Fatalf("want %d partitions, got %+v", len(base.Partitions)+1, l.Partitions)
+	}
+	if want := strings.ToUpper(DeriveGUID(opts.GUIDSeed, "disk")); l.GUID != want {
+		t.Errorf("disk GUID %s, want %s", l.GUID, want)
+	}
+	for i, bp := range base.Partitions {
+		p := l.Partitions[i]
+		if p.Number != bp.Number || p.Name != bp.Name || p.Type != bp.Type || p.GUID != bp.GUID || p.FirstLBA != bp.FirstLBA || p.LastLBA != bp.LastLBA {
+			t.Errorf("base partition changed: %+v -> %+v", bp, p)
+		}
+		if p.Name == BootPartition {
+			continue // holds the Ignition config now; TestReproducible checks it without
+		}
+		if a, b := hashRange(t, opts.Base, bp.Offset, bp.Size), hashRange(t, disk, p.Offset, p.Size); a != b {
+			t.Errorf("partition %d %s: bytes differ from the base", p.Number, p.Name)
+		}
+	}
+	img := l.Partitions[len(l.Partitions)-1]
+	last := base.Partitions[len(base.Partitions)-1]
+	switch {
+	case img.Name != imagefs.PartitionName, img.Type != imagefs.PartitionType, img.Filesystem != FSSquashfs:
+		t.Errorf("image partition: %+v", img)
+	case img.GUID != strings.ToUpper(DeriveGUID(opts.GUIDSeed, imagefs.PartitionName)):
+		t.Errorf("image partition GUID %s not derived from the seed", img.GUID)
+	case img.Offset%MiB != 0 || img.Size%MiB != 0 || img.Offset < last.Offset+last.Size || img.Offset >= last.Offset+last.Size+MiB:
+		t.Errorf("image partition not 1 MiB aligned right after the base: %+v", img)
+	}
+	fsSize, err := squashfsSize(disk, img.Offset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := alignUp(fsSize*110/100, MiB); img.Size != want {
+		t.Errorf("image partition size %d, want %d (fs %d + 10%%)", img.Size, want, fsSize)
+	}
+	fit := alignUp(img.Offset+img.Size+33*512, MiB)
+	if l.Size != fit {
+		t.Errorf("disk size %d, want fit %d", l.Size, fit)
+	}
+
+	// Base filesystems still clean.
+	for _, p := range l.Partitions {
+		switch p.Filesystem {
+		case FSExt4:
+			if out, err := exec.Command("e2fsck", "-fn", fsSpec(disk, p.Offset)).CombinedOutput(); err != nil {
+				t.Errorf("e2fsck %s: %v\n%s", p.Name, err, out)
+			}
+		case FSVfat:
+			part := filepath.Join(t.TempDir(), "vfat")
+			copyRange(t, disk, p.Offset, p.Size, part)
+			if out, err := exec.Command("fsck.vfat", "-n", part).CombinedOutput(); err != nil {
+				t.Errorf("fsck.vfat %s: %v\n%s", p.Name, err, out)
+			}
+		}
+	}
+	got, err := ReadIgnition(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, opts.Ignition) {
+		t.Errorf("Ignition read back %q, wrote %q", got, opts.Ignition)
+	}
+
+	// The kernel mounts the image partition and sees the staged tree.
+	mnt := loopMount(t, disk, img)
+	compareTrees(t, tree, mnt)
+	overlayOnTop(t, mnt)
+}
+
+// loopMount attaches partition p of the disk read-only (a loop device over
+// its byte range: containers have no udev for -P partition nodes) and mounts
+// it read-only.
+func loopMount(t *testing.T, disk string, p Partition) string {
+	t.Helper()
+	out, err := exec.Command("losetup", "-r", "-f", "--show", "-o", fmt.Sprint(p.Offset), "--sizelimit", fmt.Sprint(p.Size), disk).Output()
+	if err != nil {
+		t.Fatalf("losetup: %v", err)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "squashfs", "-o", "ro", dev, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mount %s: %v\n%s", dev, err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", mnt).Run() })
+	return mnt
+}
+
+// overlayOnTop mounts an overlay with the image partition as lower layer
+// (as containers/storage does) and checks the opaque dir and whiteout work.
+func overlayOnTop(t *testing.T, lower string) {
+	t.Helper()
+	d := t.TempDir()
+	upper, work, merged := filepath.Join(d, "u"), filepath.Join(d, "w"), filepath.Join(d, "m")
+	for _, p := range []string{upper, work, merged} {
+		if err := os.Mkdir(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := filepath.Join(lower, "storage/overlay/l1/diff")
+	opt := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", l, upper, work)
+	if out, err := exec.Command("mount", "-t", "overlay", "overlay", "-o", opt, merged).CombinedOutput(); err != nil {
+		t.Fatalf("overlay mount: %v\n%s", err, out)
+	}
+	defer exec.Command("umount", merged).Run()
+	if _, err := os.Lstat(filepath.Join(merged, "whiteout")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("whiteout (char 0:0) not hidden by overlay: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(merged, "etc/passwd")); err != nil || !bytes.HasPrefix(b, []byte("root:")) {
+		t.Errorf("read through overlay: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(merged, "etc/new"), []byte("x"), 0o644); err != nil {
+		t.Errorf("write through overlay: %v", err)
+	}
+}
+
+// compareTrees checks type, mode, owner, size, content, link target,
+// device number, link count and xattrs of every entry.
+func compareTrees(t *testing.T, want, got string) {
+	t.Helper()
+	// Every time on disk is SOURCE_DATE_EPOCH (staged times are not).
+	filepath.Walk(got, func(p string, info os.FileInfo, err error) error {
+		if err == nil && info.ModTime().Unix() != epoch {
+			t.Errorf("%s: mtime %d, want SOURCE_DATE_EPOCH %d", p, info.ModTime().Unix(), epoch)
+		}
+		return err
+	})
+	w, g := describeTree(t, want), describeTree(t, got)
+	if len(w) != len(g) {
+		t.Errorf("tree has %d entries, staged %d", len(g), len(w))
+	}
+	for p, d := range w {
+		if g[p] != d {
+			t.Errorf("%s:\n staged  %s\n on disk %s", p, d, g[p])
+		}
+	}
+}
+
+func describeTree(t *testing.T, root string) map[string]string {
+	t.Helper()
+	m := map[string]string{}
+	err := filepath.Walk(root, func(p string, info os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		st := info.Sys().(*syscall.Stat_t)
+		d := fmt.Sprintf("mode=%o uid=%d gid=%d", st.Mode, st.Uid, st.Gid)
+		switch {
+		case info.Mode().IsRegular():
+			d += fmt.Sprintf(" size=%d nlink=%d sha=%s", st.Size, st.Nlink, hashRange(t, p, 0, st.Size))
+		case info.Mode()&fs.ModeSymlink != 0:
+			target, _ := os.Readlink(p)
+			d += " -> " + target
+		case info.Mode()&fs.ModeCharDevice != 0:
+			d += fmt.Sprintf(" dev=%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+		}
+		if rel != "." {
+			d += " xattrs=" + xattrs(t, p)
+		}
+		m[rel] = d
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func xattrs(t *testing.T, p string) string {
+	buf := make([]byte, 4096)
+	n, err := unix.Llistxattr(p, buf)
+	if err != nil {
+		t.Fatalf("listxattr %s: %v", p, err)
+	}
+	var names []string
+	for _, name := range strings.Split(string(buf[:n]), "\x00") {
+		if name != "" {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	var s []string
+	for _, name := range names {
+		v := make([]byte, 256)
+		vn, err := unix.Lgetxattr(p, name, v)
+		if err != nil {
+			t.Fatalf("getxattr %s %s: %v", p, name, err)
+		}
+		s = append(s, fmt.Sprintf("%s=%x", name, v[:vn]))
+	}
+	return strings.Join(s, ",")
+}
+
+func hashRange(t *testing.T, path string, off, size int64) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, io.NewSectionReader(f, off, size)); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%x", h.Sum(nil))
+}
+
+func copyRange(t *testing.T, path string, off, size int64, dst string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	if _, err := io.Copy(out, io.NewSectionReader(f, off, size)); err != nil {
+		t.Fatal(err)
+	}
+}
