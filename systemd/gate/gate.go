@@ -11,7 +11,6 @@ package gate
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -186,9 +185,9 @@ func (g *Gate) Wait(ctx context.Context) error {
 	}
 }
 
-// reason prefers the last real answer over the context's own error.
+// reason prefers the last real answer over the attempt the deadline cut short.
 func reason(err error, last string) string {
-	if (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) && last != "" {
+	if last != "" {
 		return last
 	}
 	return err.Error()
