@@ -36,18 +36,6 @@ func fixtures(t testing.TB, dir string) ([]Image, []layers.Written) {
 	return imgs, w
 }
 
-func TestProto(t *testing.T) {
-	dir := "/tmp/h5/proto"
-	os.RemoveAll(dir)
-	os.MkdirAll(dir, 0o755)
-	imgs, _ := fixtures(t, dir)
-	res, err := Build(context.Background(), filepath.Join(dir, "store"), imgs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%+v", res)
-}
-
 // TestReproducible builds the same store twice, at different paths and
 // times, and compares the trees entry by entry (content, modes, owners,
 // xattrs, mtimes, link targets, hard links).

@@ -72,6 +72,11 @@ func treeListing(t testing.TB, root string) []string {
 }
 
 func xattrs(t testing.TB, p string) string {
+	return "xattrs[" + strings.Join(xattrList(t, p), ",") + "]"
+}
+
+// xattrList lists p's xattrs as sorted name="value" strings.
+func xattrList(t testing.TB, p string) []string {
 	buf := make([]byte, 64<<10)
 	n, err := unix.Llistxattr(p, buf)
 	if err != nil {
@@ -93,7 +98,7 @@ func xattrs(t testing.TB, p string) string {
 		}
 		kv = append(kv, fmt.Sprintf("%s=%q", name, val[:m]))
 	}
-	return "xattrs[" + strings.Join(kv, ",") + "]"
+	return kv
 }
 
 func fileHash(t testing.TB, p string) string {
