@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -268,6 +269,17 @@ func newArchiveBackend(src source) (*archiveBackend, error) {
 	img, err := tarball.ImageFromPath(src.Path, tag)
 	if err == nil {
 		_, err = img.RawManifest() // reads manifest.json and the config
+	}
+	if err != nil && tag != nil {
+		if m, merr := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(src.Path) }); merr == nil {
+			var tags []string
+			for _, d := range m {
+				tags = append(tags, d.RepoTags...)
+			}
+			if !slices.Contains(tags, tag.Name()) && !slices.Contains(tags, src.Tag) {
+				return nil, fmt.Errorf("%w: %s: no image tagged %s in %s; it has %s", ErrNotFound, src, src.Tag, src.Path, strings.Join(tags, ", "))
+			}
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: not a readable docker archive (as made by `docker save` or `skopeo copy … docker-archive:FILE`): %v", ErrBadSource, src, err)

@@ -32,8 +32,8 @@ func (s source) String() string { return s.raw }
 func parseSource(s, baseDir string) (source, error) {
 	src := source{raw: s}
 	transport, rest, ok := strings.Cut(s, ":")
-	if !ok || rest == "" {
-		return src, fmt.Errorf("image source %q: want docker://REF, oci:DIR[:TAG] or docker-archive:FILE[:REF]", s)
+	if !ok || rest == "" || strings.ContainsAny(transport, "./") { // "quay.io/app:1", "host:5000/app"
+		return src, fmt.Errorf("image source %q has no transport; write docker://REF for a registry, oci:DIR[:TAG] for an OCI layout or docker-archive:FILE[:REF] for a `docker save` archive", s)
 	}
 	src.Transport = transport
 	switch transport {
