@@ -35,7 +35,8 @@ test: deps build vet
 	$(GO) test $(GOFLAGS) -count=1 -timeout 30m ./...
 
 demo: deps build
-	$(BIN) demo-fixtures out/demo
+	$(GO) run $(GOFLAGS) ./test/demo out/demo
+	$(BIN) lock recipes/demo.yaml
 	$(BIN) build recipes/demo.yaml -o out/demo.raw
 	$(BIN) inspect out/demo.raw
 

@@ -1,0 +1,139 @@
+package builder
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"path"
+	"sort"
+	"strings"
+
+	"github.com/kiln-appliance/kiln/builder/progress"
+	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/imagefs"
+)
+
+// Report is what `kiln inspect` shows of a disk image.
+type Report struct {
+	Disk     string             `json:"disk"`
+	Layout   *partitions.Layout `json:"layout"`
+	Contents *imagefs.Contents  `json:"contents,omitempty"`
+	// Sizes of the image partition's parts (oci, storage, bin), bytes,
+	// hard-linked files counted once per path as kiln.json lists them.
+	Sizes map[string]int64 `json:"sizes,omitempty"`
+}
+
+// Inspect reads a disk image's partition table and its image partition's
+// kiln.json, without mounting anything.
+func Inspect(disk string) (*Report, error) {
+	layout, err := partitions.Inspect(disk)
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{Disk: disk, Layout: layout}
+	if _, ok := layout.Find(imagefs.PartitionName); !ok {
+		return rep, nil // a plain base image: nothing of kiln's on it
+	}
+	fsys, closer, err := partitions.OpenImagePartition(disk)
+	if err != nil {
+		return nil, err
+	}
+	defer closer.Close()
+	f, err := fsys.Open(imagefs.ContentsFile)
+	if err != nil {
+		return nil, fmt.Errorf("%s: image partition has no %s: %w (not built by kiln, or damaged: reflash)", disk, imagefs.ContentsFile, err)
+	}
+	defer f.Close()
+	rep.Contents, err = imagefs.Decode(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", disk, err)
+	}
+	rep.Sizes = map[string]int64{}
+	for _, file := range rep.Contents.Files {
+		top, _, _ := strings.Cut(file.Path, "/")
+		rep.Sizes[top] += file.Size
+	}
+	return rep, nil
+}
+
+// Verify checks a disk image end to end: the GPT (both copies), and every
+// file of the image partition against kiln.json, re-hashing every byte. It
+// returns every problem found, not just the first.
+func Verify(ctx context.Context, disk string, p progress.Reporter) (*Report, error) {
+	rep, err := Inspect(disk)
+	if err != nil {
+		return nil, err
+	}
+	if rep.Contents == nil {
+		return rep, fmt.Errorf("%s has no %s partition: nothing to verify", disk, imagefs.PartitionName)
+	}
+	fsys, closer, err := partitions.OpenImagePartition(disk)
+	if err != nil {
+		return nil, err
+	}
+	defer closer.Close()
+
+	var total int64
+	listed := map[string]bool{imagefs.ContentsFile: true}
+	for _, f := range rep.Contents.Files {
+		total += f.Size
+		listed[f.Path] = true
+	}
+	task := p.Task("verify "+disk, total)
+	var problems []error
+	for _, f := range rep.Contents.Files {
+		if err := ctx.Err(); err != nil {
+			task.Done(err)
+			return nil, err
+		}
+		if err := verifyFile(fsys, f, task); err != nil {
+			problems = append(problems, err)
+		}
+	}
+	// Nothing may be on the partition that kiln.json does not account for.
+	err = fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() && !listed[p] {
+			problems = append(problems, fmt.Errorf("%s: not listed in %s", p, imagefs.ContentsFile))
+		}
+		return nil
+	})
+	if err != nil {
+		problems = append(problems, fmt.Errorf("walk image partition: %w", err))
+	}
+	if len(problems) > 0 {
+		sort.Slice(problems, func(i, j int) bool { return problems[i].Error() < problems[j].Error() })
+		err := fmt.Errorf("%s failed verification (%d problems); the disk is damaged or was modified: rebuild or reflash it:\n  %w",
+			disk, len(problems), errors.Join(problems...))
+		task.Done(err)
+		return rep, err
+	}
+	task.Done(nil)
+	return rep, nil
+}
+
+func verifyFile(fsys fs.FS, f imagefs.File, w io.Writer) error {
+	r, err := fsys.Open(path.Clean(f.Path))
+	if err != nil {
+		return fmt.Errorf("%s: missing: %w", f.Path, err)
+	}
+	defer r.Close()
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(h, w), r)
+	if err != nil {
+		return fmt.Errorf("%s: unreadable: %w", f.Path, err)
+	}
+	if n != f.Size {
+		return fmt.Errorf("%s: size %d, kiln.json says %d", f.Path, n, f.Size)
+	}
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != f.Digest {
+		return fmt.Errorf("%s: digest %s, kiln.json says %s", f.Path, got, f.Digest)
+	}
+	return nil
+}

@@ -1,0 +1,111 @@
+// Package builder is kiln's factory pipeline: resolve the recipe's images to
+// digests (the lock), fetch and verify them into the blob cache, stage the
+// image partition, and assemble the disk image.
+package builder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/kiln-appliance/kiln/builder/fetch"
+	"github.com/kiln-appliance/kiln/recipes"
+)
+
+// platform is the recipe's platform in go-containerregistry's terms.
+func platform(r *recipes.Recipe) v1.Platform {
+	return v1.Platform{OS: "linux", Architecture: r.Arch}
+}
+
+// Resolve resolves every image of the recipe to a digest for its platform.
+func Resolve(ctx context.Context, r *recipes.Recipe, log io.Writer, opts ...fetch.Option) (*recipes.Lock, error) {
+	lock := &recipes.Lock{
+		APIVersion: recipes.APIVersion,
+		Kind:       recipes.KindLock,
+		Inputs:     r.LockInputs(),
+		Platform:   r.Platform(),
+	}
+	for _, img := range r.Images {
+		src := img.EffectiveSource()
+		res, err := fetch.Resolve(ctx, src, r.Dir, platform(r), opts...)
+		if err != nil {
+			return nil, fmt.Errorf("resolve %s: %w", img.Name, err)
+		}
+		// A name pinned by digest must resolve to that digest, whatever the source.
+		if ref, err := name.NewDigest(img.Name); err == nil && ref.DigestStr() != res.Digest && ref.DigestStr() != res.IndexDigest {
+			return nil, fmt.Errorf("resolve %s: source %s has digest %s, but the name pins %s; fix the name or the source", img.Name, src, res.Digest, ref.DigestStr())
+		}
+		fmt.Fprintf(log, "locked %s -> %s\n", img.Name, res.Digest)
+		lock.Images = append(lock.Images, recipes.LockedImage{
+			Name:        img.Name,
+			Source:      src,
+			Digest:      res.Digest,
+			IndexDigest: res.IndexDigest,
+			MediaType:   res.MediaType,
+			Size:        res.Size,
+		})
+	}
+	return lock, nil
+}
+
+// LockOptions say how the build gets its lock.
+type LockOptions struct {
+	Refresh bool // re-resolve even when the lock is fresh, and replace it
+	Fetch   []fetch.Option
+}
+
+// EnsureLock returns the recipe's lock: the lock file when it is fresh; a new
+// one (written beside the recipe) when there is none or Refresh is set. A
+// stale lock is an error unless Refresh is set, so a build never silently
+// ships other images than the ones the lock names.
+func EnsureLock(ctx context.Context, r *recipes.Recipe, o LockOptions, log io.Writer) (*recipes.Lock, error) {
+	path := recipes.LockPath(r.Path)
+	lock, err := recipes.ReadLock(path)
+	switch {
+	case err == nil && !o.Refresh:
+		if err := lock.Check(r); err != nil {
+			return nil, fmt.Errorf("%s is stale: %w (or build with --refresh-lock)", path, err)
+		}
+		return lock, nil
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return nil, err
+	case err != nil:
+		fmt.Fprintf(log, "no lock file %s: resolving the recipe's images\n", path)
+	}
+	lock, err = Resolve(ctx, r, log, o.Fetch...)
+	if err != nil {
+		return nil, err
+	}
+	if err := lock.WriteFile(path); err != nil {
+		return nil, fmt.Errorf("write lock file: %w", err)
+	}
+	fmt.Fprintf(log, "wrote %s (%d images)\n", path, len(lock.Images))
+	return lock, nil
+}
+
+// upstreamHost is the registry host of an image name, spelled the way
+// registries.conf spells it (docker.io, not index.docker.io).
+func upstreamHost(imageName string) (string, error) {
+	ref, err := name.ParseReference(imageName)
+	if err != nil {
+		return "", err
+	}
+	host := ref.Context().RegistryStr()
+	if host == name.DefaultRegistry {
+		host = "docker.io"
+	}
+	return strings.ToLower(host), nil
+}
+
+// fileExists reports whether p exists (any type).
+func fileExists(p string) bool {
+	_, err := os.Lstat(p)
+	return err == nil
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/kiln-appliance/kiln/builder"
+	"github.com/kiln-appliance/kiln/builder/fetch"
+	"github.com/kiln-appliance/kiln/builder/progress"
+	"github.com/kiln-appliance/kiln/recipes"
+)
+
+func init() { subcommands = append(subcommands, newBuildCommand, newLockCommand) }
+
+// fetchFlags are the flags every command that talks to registries shares.
+type fetchFlags struct {
+	insecure bool
+}
+
+func (f *fetchFlags) register(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&f.insecure, "insecure-registries", false, "allow plain-HTTP registries (test setups only)")
+}
+
+func (f *fetchFlags) options() []fetch.Option {
+	var o []fetch.Option
+	if f.insecure {
+		o = append(o, fetch.WithInsecure())
+	}
+	return o
+}
+
+func newBuildCommand() *cobra.Command {
+	var (
+		o     builder.Options
+		fetch fetchFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "build RECIPE -o DISK",
+		Short: "Build an appliance disk image from a recipe",
+		Long: `Build resolves the recipe's images (using RECIPE's lock file when it is fresh, writing one when
+there is none), fetches and verifies them into the blob cache, stages the image partition and writes
+the disk image. The output appears only when the build succeeded; an existing file is replaced then,
+and left untouched by a failed or interrupted build.`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.Fetch = fetch.options()
+			o.Log = cmd.ErrOrStderr()
+			o.Progress = newProgress()
+			res, err := builder.Build(cmd.Context(), args[0], o)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%s, %d images)\n", res.Output, progress.Bytes(res.Layout.Size), len(res.Contents.Images))
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&o.Output, "output", "o", "", "disk image to write (required)")
+	cmd.Flags().StringVar(&o.CacheDir, "cache", "", "blob cache directory (default $XDG_CACHE_HOME/kiln)")
+	cmd.Flags().BoolVar(&o.RefreshLock, "refresh-lock", false, "re-resolve the recipe's tags and rewrite its lock file")
+	cmd.Flags().StringVar(&o.Agent, "agent", "", "kiln binary for the node's arch (default: this binary, when the arches match)")
+	cmd.MarkFlagRequired("output")
+	fetch.register(cmd)
+	return cmd
+}
+
+func newLockCommand() *cobra.Command {
+	var fetch fetchFlags
+	cmd := &cobra.Command{
+		Use:   "lock RECIPE",
+		Short: "Resolve every image of a recipe to a digest and write the lock file beside it",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := recipes.Load(args[0])
+			if err != nil {
+				return err
+			}
+			lock, err := builder.Resolve(cmd.Context(), r, cmd.ErrOrStderr(), fetch.options()...)
+			if err != nil {
+				return err
+			}
+			path := recipes.LockPath(r.Path)
+			if err := lock.WriteFile(path); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%d images)\n", path, len(lock.Images))
+			return nil
+		},
+	}
+	fetch.register(cmd)
+	return cmd
+}
+
+// newProgress shows a live bar on a terminal and plain lines otherwise.
+func newProgress() progress.Reporter {
+	return progress.New(os.Stderr, term.IsTerminal(int(os.Stderr.Fd())))
+}
+
+// exactArgs is cobra.ExactArgs with kiln's usage exit code.
+func exactArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := cobra.ExactArgs(n)(cmd, args); err != nil {
+			return usageError{fmt.Errorf("%w (usage: kiln %s)", err, cmd.Use)}
+		}
+		return nil
+	}
+}

@@ -1,0 +1,483 @@
+package main
+
+// Black-box tests of the kiln binary: each runs the real command on inputs
+// generated here (base disk, OCI layouts), then checks the output with the
+// real tools (sgdisk, the kernel's squashfs, e2fsck, skopeo,
+// ignition-validate).
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kiln-appliance/kiln/builder"
+	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/imagefs"
+	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
+	"github.com/kiln-appliance/kiln/test/fixtures/images"
+)
+
+var kilnBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "kiln-cli-test-")
+	if err != nil {
+		panic(err)
+	}
+	kilnBin = filepath.Join(dir, "kiln")
+	build := exec.Command("go", "build", "-tags", "containers_image_openpgp,exclude_graphdriver_btrfs", "-o", kilnBin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build kiln: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// fixture is a recipe directory with a base disk and an OCI layout.
+type fixture struct {
+	dir    string
+	cache  string
+	recipe string
+}
+
+const (
+	servedRef    = "quay.io/acme/app:1.2"
+	preloadedRef = "registry.example.com/acme/tool:0.1"
+)
+
+// shared inputs, made once: a base disk and a layout with two images.
+var inputs struct {
+	dir     string
+	digests map[string]string
+}
+
+func makeInputs(t *testing.T) {
+	t.Helper()
+	if inputs.dir != "" {
+		return
+	}
+	dir, err := os.MkdirTemp("", "kiln-cli-inputs-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := basedisk.Write(filepath.Join(dir, "base.raw")); err != nil {
+		t.Fatal(err)
+	}
+	if err := basedisk.Write(filepath.Join(dir, "noboot.raw"), basedisk.WithoutBoot()); err != nil {
+		t.Fatal(err)
+	}
+	inputs.digests = map[string]string{}
+	for _, ref := range []string{servedRef, preloadedRef} {
+		d, err := images.HelloImage(filepath.Join(dir, "oci"), ref, "amd64", "arm64")
+		if err != nil {
+			t.Fatal(err)
+		}
+		inputs.digests[ref] = d
+	}
+	if _, err := images.HelloImage(filepath.Join(dir, "oci-arm"), "quay.io/acme/armonly:1", "arm64"); err != nil {
+		t.Fatal(err)
+	}
+	inputs.dir = dir
+}
+
+const recipeTemplate = `apiVersion: kiln.dev/v1alpha1
+kind: Appliance
+name: test
+version: 1.0.0
+arch: amd64
+base:
+  path: %s
+disk:
+  size: %s
+images:
+  - name: quay.io/acme/app:1.2
+    source: oci:%s/oci:quay.io/acme/app:1.2
+  - name: registry.example.com/acme/tool:0.1
+    source: oci:%s/oci:registry.example.com/acme/tool:0.1
+%s`
+
+func newFixture(t *testing.T, base, diskSize, preload string) *fixture {
+	t.Helper()
+	makeInputs(t)
+	dir := t.TempDir()
+	f := &fixture{dir: dir, cache: filepath.Join(dir, "cache"), recipe: filepath.Join(dir, "appliance.yaml")}
+	second := "" // served (the default)
+	if preload == "true" {
+		second = "    serve: false\n    preload: true\n"
+	}
+	recipe := fmt.Sprintf(recipeTemplate, filepath.Join(inputs.dir, base), diskSize, inputs.dir, inputs.dir, second)
+	if err := os.WriteFile(f.recipe, []byte(recipe), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// kiln runs the kiln binary and returns stdout+stderr and the exit code.
+func kiln(t *testing.T, f *fixture, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(kilnBin, args...)
+	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+f.cache)
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), code
+}
+
+func mustKiln(t *testing.T, f *fixture, args ...string) string {
+	t.Helper()
+	out, code := kiln(t, f, args...)
+	if code != 0 {
+		t.Fatalf("kiln %s: exit %d\n%s", strings.Join(args, " "), code, out)
+	}
+	return out
+}
+
+func run(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func sha256File(t *testing.T, p string) string {
+	t.Helper()
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	io.Copy(h, f)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// mountImagePartition loop-mounts the disk's image partition read-only with
+// the kernel's own squashfs driver.
+func mountImagePartition(t *testing.T, disk string) string {
+	t.Helper()
+	layout, err := partitions.Inspect(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, ok := layout.Find(imagefs.PartitionName)
+	if !ok {
+		t.Fatalf("no %s partition", imagefs.PartitionName)
+	}
+	loop := strings.TrimSpace(run(t, "losetup", "--find", "--show", "--read-only",
+		"--offset", fmt.Sprint(p.Offset), "--sizelimit", fmt.Sprint(p.Size), disk))
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "squashfs", "-o", "ro", loop, mnt).CombinedOutput(); err != nil {
+		exec.Command("losetup", "-d", loop).Run()
+		t.Fatalf("mount image partition: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v\n%s", mnt, err, out)
+		}
+		exec.Command("losetup", "-d", loop).Run()
+	})
+	return mnt
+}
+
+func TestBuildDiskIsRealAndReadable(t *testing.T) {
+	f := newFixture(t, "base.raw", "fit", "true")
+	disk := filepath.Join(f.dir, "out.raw")
+	out := mustKiln(t, f, "build", f.recipe, "-o", disk)
+	if !strings.Contains(out, "wrote "+disk) {
+		t.Errorf("build output does not say what it wrote:\n%s", out)
+	}
+
+	run(t, "sgdisk", "-v", disk)
+
+	// The lock pins the platform's manifest, not the multi-arch index.
+	lockOut := mustKiln(t, f, "inspect", "-o", "json", disk)
+	var rep builder.Report
+	if err := json.Unmarshal([]byte(lockOut), &rep); err != nil {
+		t.Fatalf("inspect -o json: %v\n%s", err, lockOut)
+	}
+	if len(rep.Contents.Images) != 2 {
+		t.Fatalf("kiln.json lists %d images, want 2", len(rep.Contents.Images))
+	}
+	for _, img := range rep.Contents.Images {
+		if img.Digest == inputs.digests[img.Name] {
+			t.Errorf("%s: locked the index digest %s, want the amd64 manifest", img.Name, img.Digest)
+		}
+	}
+
+	// The kernel mounts the partition; skopeo reads every served image from
+	// it by name, with the lock's digest.
+	mnt := mountImagePartition(t, disk)
+	for _, img := range rep.Contents.Images {
+		if !img.Served {
+			if _, err := os.Stat(filepath.Join(mnt, imagefs.StorageDir)); err != nil {
+				t.Errorf("preloaded %s but no store on the partition: %v", img.Name, err)
+			}
+			continue
+		}
+		raw := run(t, "skopeo", "inspect", "--raw", "oci:"+filepath.Join(mnt, imagefs.OCIDir)+":"+img.Name)
+		sum := sha256.Sum256([]byte(raw))
+		if got := "sha256:" + hex.EncodeToString(sum[:]); got != img.Digest {
+			t.Errorf("%s: skopeo read manifest %s, lock says %s", img.Name, got, img.Digest)
+		}
+		run(t, "skopeo", "copy", "--quiet", "oci:"+filepath.Join(mnt, imagefs.OCIDir)+":"+img.Name, "dir:"+t.TempDir())
+	}
+	if _, err := os.Stat(filepath.Join(mnt, imagefs.AgentBinary)); err != nil {
+		t.Errorf("agent binary missing: %v", err)
+	}
+
+	// The Ignition config in the boot partition is valid for the real validator.
+	ign, err := partitions.ReadIgnition(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ignPath := filepath.Join(f.dir, "config.ign")
+	os.WriteFile(ignPath, ign, 0o644)
+	run(t, "ignition-validate", ignPath)
+	if !strings.Contains(string(ign), "kiln-registry.service") {
+		t.Errorf("ignition config has no kiln units")
+	}
+
+	mustKiln(t, f, "verify", disk)
+	text := mustKiln(t, f, "inspect", disk)
+	for _, want := range []string{"kiln-images", servedRef, preloadedRef, "oci/", "storage/"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("inspect output lacks %q:\n%s", want, text)
+		}
+	}
+}
+
+func TestBuildIsReproducible(t *testing.T) {
+	f := newFixture(t, "base.raw", "fit", "true")
+	a, b := filepath.Join(f.dir, "a.raw"), filepath.Join(f.dir, "b.raw")
+	mustKiln(t, f, "build", f.recipe, "-o", a)
+	// A second build from a cold cache (fetching again) gives the same bytes.
+	os.RemoveAll(f.cache)
+	mustKiln(t, f, "build", f.recipe, "-o", b)
+	if ha, hb := sha256File(t, a), sha256File(t, b); ha != hb {
+		t.Fatalf("two builds differ: %s vs %s", ha, hb)
+	}
+}
+
+func TestVerifyFindsTampering(t *testing.T) {
+	f := newFixture(t, "base.raw", "fit", "false")
+	disk := filepath.Join(f.dir, "out.raw")
+	mustKiln(t, f, "build", f.recipe, "-o", disk)
+	layout, err := partitions.Inspect(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := layout.Find(imagefs.PartitionName)
+	// Flip one byte in the middle of the image partition (file data).
+	fd, err := os.OpenFile(disk, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	off := p.Offset + 4096*3
+	buf := make([]byte, 1)
+	fd.ReadAt(buf, off)
+	buf[0] ^= 0xff
+	fd.WriteAt(buf, off)
+	fd.Close()
+	out, code := kiln(t, f, "verify", disk)
+	if code == 0 || !strings.Contains(out, "failed verification") {
+		t.Fatalf("verify of a tampered disk: exit %d\n%s", code, out)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	tests := []struct {
+		name     string
+		base     string
+		diskSize string
+		edit     func(t *testing.T, f *fixture)
+		args     func(f *fixture) []string
+		want     []string
+	}{
+		{
+			name: "malformed yaml",
+			edit: func(t *testing.T, f *fixture) { appendFile(t, f.recipe, "images: [\n") },
+			want: []string{"appliance.yaml:"},
+		},
+		{
+			name: "unknown field",
+			edit: func(t *testing.T, f *fixture) { appendFile(t, f.recipe, "colour: blue\n") },
+			want: []string{"appliance.yaml:15:1", "colour"},
+		},
+		{
+			name: "missing base",
+			base: "nonexistent.raw",
+			want: []string{"nonexistent.raw"},
+		},
+		{
+			name: "base without boot partition",
+			base: "noboot.raw",
+			want: []string{"boot"},
+		},
+		{
+			name: "image not found",
+			edit: func(t *testing.T, f *fixture) {
+				replaceInFile(t, f.recipe, "oci:quay.io/acme/app:1.2", "oci:quay.io/acme/nope:9")
+			},
+			want: []string{"quay.io/acme/nope:9"},
+		},
+		{
+			name: "image without the platform",
+			edit: func(t *testing.T, f *fixture) {
+				replaceInFile(t, f.recipe, inputs.dir+"/oci:quay.io/acme/app:1.2", inputs.dir+"/oci-arm:quay.io/acme/armonly:1")
+			},
+			want: []string{"amd64", "arm64"},
+		},
+		{
+			name:     "disk too small",
+			diskSize: "64MiB",
+			want:     []string{"too small", "at least"},
+		},
+		{
+			name: "output directory not writable",
+			args: func(f *fixture) []string {
+				return []string{"build", f.recipe, "-o", filepath.Join(f.dir, "no", "such", "dir", "out.raw")}
+			},
+			want: []string{"cannot write the output"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			base, size := tt.base, tt.diskSize
+			if base == "" {
+				base = "base.raw"
+			}
+			if size == "" {
+				size = "fit"
+			}
+			f := newFixture(t, base, size, "false")
+			if tt.edit != nil {
+				tt.edit(t, f)
+			}
+			out := filepath.Join(f.dir, "out.raw")
+			os.WriteFile(out, []byte("previous disk"), 0o644)
+			args := []string{"build", f.recipe, "-o", out}
+			if tt.args != nil {
+				args = tt.args(f)
+			}
+			msg, code := kiln(t, f, args...)
+			if code == 0 {
+				t.Fatalf("build succeeded, want failure:\n%s", msg)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error message lacks %q:\n%s", w, msg)
+				}
+			}
+			assertUntouched(t, f.dir, out)
+		})
+	}
+}
+
+func TestCorruptBlobIsRefused(t *testing.T) {
+	f := newFixture(t, "base.raw", "fit", "false")
+	// A private copy of the layout whose layer bytes no longer match.
+	layoutDir := filepath.Join(f.dir, "oci")
+	run(t, "cp", "-a", filepath.Join(inputs.dir, "oci"), layoutDir)
+	replaceInFile(t, f.recipe, inputs.dir+"/oci:", layoutDir+":")
+	mustKiln(t, f, "lock", f.recipe)
+	_, _, layers, err := images.Blobs(layoutDir, servedRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := images.CorruptBlob(layoutDir, layers[0]); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(f.dir, "out.raw")
+	msg, code := kiln(t, f, "build", f.recipe, "-o", out)
+	if code == 0 || !strings.Contains(msg, layers[0]) {
+		t.Fatalf("build with a corrupt blob: exit %d, want an error naming %s:\n%s", code, layers[0], msg)
+	}
+	assertUntouched(t, f.dir, out)
+}
+
+func TestStaleLockIsRefused(t *testing.T) {
+	f := newFixture(t, "base.raw", "fit", "false")
+	mustKiln(t, f, "lock", f.recipe)
+	replaceInFile(t, f.recipe, "registry.example.com/acme/tool:0.1\n    source", "registry.example.com/acme/tool:0.2\n    source")
+	out := filepath.Join(f.dir, "out.raw")
+	msg, code := kiln(t, f, "build", f.recipe, "-o", out)
+	if code == 0 || !strings.Contains(msg, "stale") || !strings.Contains(msg, "kiln lock") {
+		t.Fatalf("build with a stale lock: exit %d\n%s", code, msg)
+	}
+	mustKiln(t, f, "build", "--refresh-lock", f.recipe, "-o", out)
+}
+
+func TestInterruptLeavesNothing(t *testing.T) {
+	f := newFixture(t, "base.raw", "fit", "true")
+	out := filepath.Join(f.dir, "out.raw")
+	os.WriteFile(out, []byte("previous disk"), 0o644)
+	for _, delay := range []time.Duration{50 * time.Millisecond, 300 * time.Millisecond, 1 * time.Second} {
+		cmd := exec.Command(kilnBin, "build", f.recipe, "-o", out)
+		cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+f.cache)
+		var buf bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &buf, &buf
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(delay)
+		cmd.Process.Signal(syscall.SIGINT)
+		err := cmd.Wait()
+		if err == nil {
+			continue // finished before the signal: nothing to check at this delay
+		}
+		if code := cmd.ProcessState.ExitCode(); code != 130 {
+			t.Errorf("after SIGINT at %v: exit %d, want 130\n%s", delay, code, buf.String())
+		}
+		assertUntouched(t, f.dir, out)
+		leftovers, _ := filepath.Glob(filepath.Join(f.cache, "kiln", "build-*"))
+		if len(leftovers) > 0 {
+			t.Errorf("after SIGINT at %v: staging left behind: %v", delay, leftovers)
+		}
+	}
+}
+
+// assertUntouched checks the previous output is as it was and no temp file is left.
+func assertUntouched(t *testing.T, dir, out string) {
+	t.Helper()
+	if b, err := os.ReadFile(out); err == nil && string(b) != "previous disk" {
+		t.Errorf("failed build replaced %s", out)
+	}
+	tmps, _ := filepath.Glob(filepath.Join(dir, ".*kiln-tmp-*"))
+	if len(tmps) > 0 {
+		t.Errorf("temp files left behind: %v", tmps)
+	}
+}
+
+func appendFile(t *testing.T, p, s string) {
+	t.Helper()
+	b, _ := os.ReadFile(p)
+	os.WriteFile(p, append(b, s...), 0o644)
+}
+
+func replaceInFile(t *testing.T, p, old, new string) {
+	t.Helper()
+	b, _ := os.ReadFile(p)
+	if !bytes.Contains(b, []byte(old)) {
+		t.Fatalf("%s does not contain %q", p, old)
+	}
+	os.WriteFile(p, bytes.Replace(b, []byte(old), []byte(new), 1), 0o644)
+}

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kiln-appliance/kiln/builder"
+	"github.com/kiln-appliance/kiln/builder/progress"
+)
+
+func init() { subcommands = append(subcommands, newInspectCommand, newVerifyCommand) }
+
+func newInspectCommand() *cobra.Command {
+	var format string
+	cmd := &cobra.Command{
+		Use:   "inspect DISK",
+		Short: "Show a disk image's partitions and the images on its image partition",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if format != "text" && format != "json" {
+				return usageError{fmt.Errorf("--output %q: want text or json", format)}
+			}
+			rep, err := builder.Inspect(args[0])
+			if err != nil {
+				return err
+			}
+			if format == "json" {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(rep)
+			}
+			printReport(cmd.OutOrStdout(), rep)
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&format, "output", "o", "text", "output format: text or json")
+	return cmd
+}
+
+func newVerifyCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "verify DISK",
+		Short: "Check a disk image: GPT, and every file of the image partition re-hashed against kiln.json",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			rep, err := builder.Verify(cmd.Context(), args[0], newProgress())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: OK (GPT sane, %d files, %d images verified)\n", args[0], len(rep.Contents.Files), len(rep.Contents.Images))
+			return nil
+		},
+	}
+}
+
+func printReport(w io.Writer, rep *builder.Report) {
+	l := rep.Layout
+	fmt.Fprintf(w, "Disk %s: %s, GPT, disk GUID %s\n\n", rep.Disk, progress.Bytes(l.Size), l.GUID)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "#\tNAME\tSIZE\tFS\tLABEL\tPARTITION GUID")
+	for _, p := range l.Partitions {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", p.Number, p.Name, progress.Bytes(p.Size), p.Filesystem, p.Label, p.GUID)
+	}
+	tw.Flush()
+	c := rep.Contents
+	if c == nil {
+		fmt.Fprintln(w, "\nNo kiln image partition.")
+		return
+	}
+	fmt.Fprintf(w, "\nAppliance %s %s (%s), lock %s\n", c.Recipe, c.Version, c.Arch, short(c.LockDigest))
+	var parts []string
+	for k := range rep.Sizes {
+		parts = append(parts, k)
+	}
+	sort.Strings(parts)
+	for _, k := range parts {
+		fmt.Fprintf(w, "  %-8s %s\n", k+"/", progress.Bytes(rep.Sizes[k]))
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "IMAGE\tDIGEST\tSIZE\tSERVED\tPRELOADED")
+	for _, img := range c.Images {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", img.Name, short(img.Digest), progress.Bytes(img.Size), yesNo(img.Served), yesNo(img.Preloaded))
+	}
+	tw.Flush()
+}
+
+func short(d string) string {
+	if hex, ok := strings.CutPrefix(d, "sha256:"); ok && len(hex) > 12 {
+		return "sha256:" + hex[:12]
+	}
+	return d
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "-"
+}
