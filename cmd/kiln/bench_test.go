@@ -1,0 +1,143 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
+	"github.com/kiln-appliance/kiln/test/fixtures/images"
+)
+
+// BenchmarkBuild builds a disk from synthetic images (random, incompressible
+// layers, some shared) and compares it with `cp` of the same bytes on the same
+// disk, measured in the same run: the ratio is what means something on a
+// noisy machine. KILN_BENCH_SIZES (MiB, comma-separated) overrides the sizes.
+//
+//	make bench   # or: go test -tags … -run '^$' -bench BenchmarkBuild -benchtime 1x ./cmd/kiln
+func BenchmarkBuild(b *testing.B) {
+	sizes := []int64{1024, 4096}
+	if s := os.Getenv("KILN_BENCH_SIZES"); s != "" {
+		sizes = nil
+		for _, f := range splitComma(s) {
+			n, err := strconv.ParseInt(f, 10, 64)
+			if err != nil {
+				b.Fatalf("KILN_BENCH_SIZES: %v", err)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	for _, mib := range sizes {
+		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) { benchBuild(b, mib<<20) })
+	}
+}
+
+func benchBuild(b *testing.B, total int64) {
+	dir, err := os.MkdirTemp("/var/tmp", "kiln-bench-") // a real disk, not tmpfs
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	const n = 24
+	imgs, err := images.RandomImages(filepath.Join(dir, "oci"), n, total, 0.3, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := basedisk.Write(filepath.Join(dir, "base.raw")); err != nil {
+		b.Fatal(err)
+	}
+	recipe := filepath.Join(dir, "bench.yaml")
+	text := "apiVersion: kiln.dev/v1alpha1\nkind: Appliance\nname: bench\nversion: 1.0.0\nbase:\n  path: base.raw\nimages:\n"
+	for _, img := range imgs {
+		text += fmt.Sprintf("  - name: %s\n    source: oci:oci:%s\n", img.Ref, img.Ref)
+	}
+	if err := os.WriteFile(recipe, []byte(text), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	env := append(os.Environ(), "XDG_CACHE_HOME="+filepath.Join(dir, "cache"))
+	if out, err := command(env, kilnBin, "lock", recipe).CombinedOutput(); err != nil {
+		b.Fatalf("lock: %v\n%s", err, out)
+	}
+	blobs := filepath.Join(dir, "oci", "blobs")
+	bytes := duBytes(b, blobs)
+
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		// Baseline: cp of the same blobs to the same disk, flushed.
+		os.RemoveAll(filepath.Join(dir, "cp"))
+		tCP := timed(b, env, "sh", "-c", "cp -r "+blobs+" "+filepath.Join(dir, "cp")+" && sync")
+
+		// Cold: empty cache, every blob fetched (read, hashed, written) and staged.
+		os.RemoveAll(filepath.Join(dir, "cache"))
+		disk := filepath.Join(dir, "disk.raw")
+		cold, coldRSS := timedRSS(b, env, kilnBin, "build", recipe, "-o", disk)
+		// Warm: a rebuild, cache full: nothing fetched.
+		warm, warmRSS := timedRSS(b, env, kilnBin, "build", recipe, "-o", disk)
+
+		mb := float64(bytes) / (1 << 20)
+		b.ReportMetric(mb, "MiB")
+		b.ReportMetric(tCP.Seconds()/cold.Seconds(), "cold/cp")
+		b.ReportMetric(tCP.Seconds()/warm.Seconds(), "warm/cp")
+		b.ReportMetric(float64(max(coldRSS, warmRSS))/(1<<20), "peakRSS-MiB")
+		b.Logf("%.0f MiB in %d images: cp %.2fs (%.0f MiB/s); build cold %.2fs (%.2f of cp), warm %.2fs (%.2f of cp); peak RSS %d MiB",
+			mb, n, tCP.Seconds(), mb/tCP.Seconds(), cold.Seconds(), tCP.Seconds()/cold.Seconds(),
+			warm.Seconds(), tCP.Seconds()/warm.Seconds(), max(coldRSS, warmRSS)>>20)
+	}
+}
+
+func command(env []string, name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(name, args...)
+	cmd.Env = env
+	return cmd
+}
+
+func timed(b *testing.B, env []string, name string, args ...string) time.Duration {
+	d, _ := timedRSS(b, env, name, args...)
+	return d
+}
+
+// timedRSS runs a command after a sync and returns its wall time, including a
+// final sync so written data is on disk, and its peak resident memory.
+func timedRSS(b *testing.B, env []string, name string, args ...string) (time.Duration, int64) {
+	b.Helper()
+	syscall.Sync()
+	start := time.Now()
+	cmd := command(env, name, args...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		b.Fatalf("%s: %v\n%s", name, err, out)
+	}
+	syscall.Sync()
+	rss := cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss * 1024
+	return time.Since(start), rss
+}
+
+func duBytes(b *testing.B, dir string) int64 {
+	var n int64
+	filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n
+}
+
+func splitComma(s string) []string {
+	var out []string
+	start := 0
+	for i := 0; i <= len(s); i++ {
+		if i == len(s) || s[i] == ',' {
+			if i > start {
+				out = append(out, s[start:i])
+			}
+			start = i + 1
+		}
+	}
+	return out
+}
