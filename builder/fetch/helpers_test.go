@@ -60,7 +60,7 @@ func newRegistry(t *testing.T) *testRegistry {
 }
 
 // push writes an image or index to the registry as repo:tag.
-func (reg *testRegistry) push(t *testing.T, repoTag string, x any, opts ...remote.Option) {
+func (reg *testRegistry) push(t testing.TB, repoTag string, x any, opts ...remote.Option) {
 	t.Helper()
 	ref, err := name.ParseReference(reg.host + "/" + repoTag)
 	if err != nil {
@@ -180,7 +180,7 @@ func tempFiles(t *testing.T, c *Cache) []string {
 
 // pushLayout pushes every image named in an OCI layout to the registry under
 // its ref's repository path (host replaced).
-func pushLayout(t *testing.T, reg *testRegistry, dir string, refs []string) {
+func pushLayout(t testing.TB, reg *testRegistry, dir string, refs []string) {
 	t.Helper()
 	p, err := layout.FromPath(dir)
 	if err != nil {
