@@ -161,6 +161,27 @@ func isNull(n *yaml.Node) bool {
 	return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
 }
 
+// field returns the value node of a key in mapping n, or nil.
+func field(n *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if k := n.Content[i]; k.Kind == yaml.ScalarNode && k.Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}
+
+// wrongKind reports a file of another kind (a lock given as a recipe, or
+// the reverse) as that one problem, instead of a list of unknown fields.
+func (d *document) wrongKind(top *yaml.Node, other, msg string) bool {
+	k := field(top, "kind")
+	if k == nil || k.Kind != yaml.ScalarNode || k.Value != other {
+		return false
+	}
+	d.errorAt(k, "kind", "%s", msg)
+	return true
+}
+
 var unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
 
 // decode fills v (addressable) from n. A null leaves v as it is, so that

@@ -28,6 +28,9 @@ func FuzzLoad(f *testing.F) {
 		"--- !!map\n!!str apiVersion: !!binary aGVsbG8=\n",
 		"kind: Lock\nimages: [{size: 99999999999999999999999}]\n",
 		"disk: {size: 9223372036854775807}\nimagePartition: {headroom: -9223372036854775808}\n",
+		// Inputs that once crashed yaml.v3 (go-yaml/yaml #323, #560, #665, #666, #744, #833).
+		"\"\\0\\\r\n", "  0: [\n] 0", "? ? \"\n\" 0", "    - {\n000}0", " \ufeff\n", "? \ufeff: \ufeff\n",
+		"a:\n.\n-\n", "#\n-\n-\n0", "0: [:!00 \xef", "#\n - - QI\xd7", "! !00 \xf6", "{{},<<}",
 	} {
 		f.Add([]byte(s))
 	}

@@ -18,9 +18,9 @@ import (
 	"golang.org/x/crypto/ssh"
 )
 
-// maxFileSize bounds what Load reads: recipes and locks are small, and the
-// bound turns "kiln build disk.raw" into a clear error instead of a long read.
 const (
+	// maxFileSize bounds what Load reads: recipes and locks are small, and the
+	// bound turns "kiln build disk.raw" into a clear error, not a long read.
 	maxFileSize = 1 << 20
 	maxHeadroom = 1000 // percent
 )
@@ -69,7 +69,7 @@ func Parse(path string, data []byte) (*Recipe, error) {
 		r.Dir = abs
 	}
 	top := d.parse(data, `a recipe starts with "apiVersion: `+APIVersion+`"`)
-	if top != nil {
+	if top != nil && !d.wrongKind(top, KindLock, "this is a lock file, not a recipe; give kiln the recipe (.yaml) it belongs to") {
 		d.decode(top, reflect.ValueOf(r).Elem(), "")
 		r.pos = d.pos
 		r.applyDefaults()
@@ -130,11 +130,7 @@ func (r *Recipe) validate(d *document) {
 		v.errorf("apiVersion", "%q is not a version this kiln reads; use %q", r.APIVersion, APIVersion)
 	}
 	if v.required("kind", r.Kind, `add "kind: `+KindRecipe+`"`) && r.Kind != KindRecipe {
-		if r.Kind == KindLock {
-			v.errorf("kind", "this is a lock file, not a recipe; give kiln the recipe (.yaml) it belongs to")
-		} else {
-			v.errorf("kind", "%q: a recipe has \"kind: %s\"", r.Kind, KindRecipe)
-		}
+		v.errorf("kind", "%q: a recipe has \"kind: %s\"", r.Kind, KindRecipe)
 	}
 	if v.required("name", r.Name, `add a name such as "name: acme-edge"`) && !safeName.MatchString(r.Name) {
 		v.errorf("name", "%q cannot be used in file names; use 1-63 lower-case letters, digits, '.', '_' or '-', starting with a letter or digit (e.g. acme-edge)", r.Name)
@@ -183,9 +179,7 @@ func (r *Recipe) validate(d *document) {
 
 func (r *Recipe) validateImages(v validator) {
 	if len(r.Images) == 0 {
-		if !v.d.has("images") || v.ok("images") {
-			v.errorf("images", "no images; list at least one, e.g. \"images:\\n  - name: quay.io/acme/app:1.2\"")
-		}
+		v.errorf("images", "no images; list at least one, e.g. \"images:\\n  - name: quay.io/acme/app:1.2\"")
 		return
 	}
 	first := map[string]string{} // normalized name → field of its first use

@@ -110,7 +110,8 @@ func ReadLock(path string) (*Lock, error) {
 func ParseLock(path string, data []byte) (*Lock, error) {
 	d := newDocument(path)
 	l := &Lock{Path: path}
-	if top := d.parse(data, "a lock file is written by `kiln lock RECIPE`"); top != nil {
+	top := d.parse(data, "a lock file is written by `kiln lock RECIPE`")
+	if top != nil && !d.wrongKind(top, KindRecipe, "this is a recipe, not a lock file; a lock file is written by `kiln lock RECIPE`") {
 		d.decode(top, reflect.ValueOf(l).Elem(), "")
 		l.validate(d)
 	}
@@ -126,11 +127,7 @@ func (l *Lock) validate(d *document) {
 		v.errorf("apiVersion", "%q is not a version this kiln reads; run `kiln lock RECIPE` to rewrite the lock", l.APIVersion)
 	}
 	if v.required("kind", l.Kind, `add "kind: `+KindLock+`"`) && l.Kind != KindLock {
-		if l.Kind == KindRecipe {
-			v.errorf("kind", "this is a recipe, not a lock file")
-		} else {
-			v.errorf("kind", "%q: a lock file has \"kind: %s\"", l.Kind, KindLock)
-		}
+		v.errorf("kind", "%q: a lock file has \"kind: %s\"", l.Kind, KindLock)
 	}
 	if v.required("inputs", l.Inputs, "run `kiln lock RECIPE` to rewrite the lock") {
 		v.digest("inputs", l.Inputs)

@@ -103,6 +103,11 @@ images:
 	if err := back.Check(r); err != nil {
 		t.Errorf("fresh lock: %v", err)
 	}
+	// A lock given where a recipe belongs is one clear error, not a list of
+	// unknown fields.
+	if _, err := Parse("demo.lock", data); err == nil || err.Error() != "demo.lock:3:7: kind: this is a lock file, not a recipe; give kiln the recipe (.yaml) it belongs to" {
+		t.Errorf("lock as recipe: %v", err)
+	}
 	if img, ok := back.Image("quay.io/acme/db:3"); !ok || img.Digest != digestB {
 		t.Errorf("Image(db) = %+v, %v", img, ok)
 	}
@@ -199,7 +204,8 @@ images:
 		t.Fatalf("good lock: %v", err)
 	}
 	for _, c := range []struct{ name, old, new, want string }{
-		{"kind recipe", "kind: Lock", "kind: Appliance", `l.lock:2:7: kind: this is a recipe, not a lock file`},
+		{"kind recipe", "kind: Lock", "kind: Appliance", "l.lock:2:7: kind: this is a recipe, not a lock file; a lock file is written by `kiln lock RECIPE`"},
+		{"kind other", "kind: Lock", "kind: Locked", `l.lock:2:7: kind: "Locked": a lock file has "kind: Lock"`},
 		{"apiVersion", "v1alpha1", "v2", "l.lock:1:13: apiVersion: \"kiln.dev/v2\" is not a version this kiln reads; run `kiln lock RECIPE` to rewrite the lock"},
 		{"inputs", "inputs: " + digestA, "inputs: sha256:abc", `l.lock:3:9: inputs: "sha256:abc" is not a sha256 digest; write sha256: followed by 64 lower-case hex digits (as sha256sum prints them)`},
 		{"platform", "linux/amd64", "linux/s390x", `l.lock:4:11: platform: "linux/s390x" is not supported; use one of linux/amd64, linux/arm64`},
