@@ -1,0 +1,183 @@
+package firstboot
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"go.podman.io/image/v5/copy"
+	ocilayout "go.podman.io/image/v5/oci/layout"
+	"go.podman.io/image/v5/signature"
+	istorage "go.podman.io/image/v5/storage"
+	"go.podman.io/storage"
+	stypes "go.podman.io/storage/types"
+
+	"github.com/kiln-appliance/kiln/partitions/imagefs"
+)
+
+// fixture writes an OCI layout with one random image tagged "app" and
+// returns its directory and the image as kiln.json would list it.
+func fixture(t *testing.T) (string, Image) {
+	t.Helper()
+	dir := t.TempDir()
+	img, err := random.Image(4096, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": "app"})); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := img.Digest()
+	cfg, _ := img.ConfigName()
+	return dir, Image{Name: "quay.io/acme/app:1.2", Digest: d.String(), ImageID: cfg.Hex}
+}
+
+// openStore opens a real containers/storage store (vfs driver: no mounts
+// needed; the lookup code is the same for overlay) with optional additional
+// image stores.
+func openStore(t *testing.T, root string, additional ...string) storage.Store {
+	t.Helper()
+	opts := stypes.StoreOptions{
+		GraphRoot:       filepath.Join(root, "graph"),
+		RunRoot:         filepath.Join(root, "run"),
+		GraphDriverName: "vfs",
+	}
+	for _, a := range additional {
+		opts.GraphDriverOptions = append(opts.GraphDriverOptions, "imagestore="+a)
+	}
+	s, err := storage.GetStore(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(true) })
+	return s
+}
+
+// copyIn copies the layout's image into the store under name, with c/image,
+// as a pull by CRI-O or podman would.
+func copyIn(t *testing.T, store storage.Store, layoutDir, name string) {
+	t.Helper()
+	src, err := ocilayout.ParseReference(layoutDir + ":app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := istorage.Transport.ParseStoreReference(store, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := signature.NewPolicyContext(&signature.Policy{Default: []signature.PolicyRequirement{signature.NewPRInsecureAcceptAnything()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Destroy()
+	if _, err := copy.Image(context.Background(), pc, dst, src, &copy.Options{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPresentInMainStore(t *testing.T) {
+	dir, im := fixture(t)
+	store := openStore(t, t.TempDir())
+	copyIn(t, store, dir, im.Name)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var log bytes.Buffer
+	if err := Wait(ctx, store, []Image{im}, 100*time.Millisecond, &log); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(log.String(), "all 1 image(s) are in local storage") {
+		t.Errorf("log: %s", log.String())
+	}
+	// Found by ID alone too (a manifest rewritten on the way in keeps its config).
+	byID := Image{Name: im.Name, Digest: "sha256:" + strings.Repeat("1", 64), ImageID: im.ImageID}
+	if m, err := Missing(store, []Image{byID}); err != nil || len(m) != 0 {
+		t.Errorf("by image ID: missing %v, %v", m, err)
+	}
+}
+
+// The preloaded store is an additional, read-only image store of the main one.
+func TestPresentInAdditionalStore(t *testing.T) {
+	dir, im := fixture(t)
+	preRoot := t.TempDir()
+	pre := openStore(t, preRoot)
+	copyIn(t, pre, dir, im.Name)
+	pre.Shutdown(true)
+	// Copy it elsewhere, as the builder puts it on the partition: this
+	// process still caches the original's locks as read-write.
+	onPartition := filepath.Join(t.TempDir(), "storage")
+	if out, err := exec.Command("cp", "-a", filepath.Join(preRoot, "graph"), onPartition).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v\n%s", err, out)
+	}
+
+	main := openStore(t, t.TempDir(), onPartition)
+	if m, err := Missing(main, []Image{im}); err != nil || len(m) != 0 {
+		t.Fatalf("image in the additional store: missing %v, %v", m, err)
+	}
+}
+
+func TestAbsentTimesOut(t *testing.T) {
+	dir, im := fixture(t)
+	store := openStore(t, t.TempDir())
+	copyIn(t, store, dir, im.Name)
+	// Another image under a name that is present must not count: only the
+	// digest (or ID) does.
+	absent := Image{Name: im.Name, Digest: "sha256:" + strings.Repeat("2", 64)}
+	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := Wait(ctx, store, []Image{im, absent}, 100*time.Millisecond, nil)
+	if err == nil || !strings.Contains(err.Error(), "1 of 2 image(s) are still not in local storage: quay.io/acme/app:1.2@sha256:2222") {
+		t.Fatalf("Wait error = %v", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("not bounded: %s", d)
+	}
+}
+
+// An image that arrives while waiting (a pull through the mirror) ends the wait.
+func TestArrivesWhileWaiting(t *testing.T) {
+	dir, im := fixture(t)
+	root := t.TempDir()
+	store := openStore(t, root)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- Wait(ctx, store, []Image{im}, 100*time.Millisecond, nil) }()
+	time.Sleep(500 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("Wait returned before the image arrived: %v", err)
+	default:
+	}
+	copyIn(t, store, dir, im.Name)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestImagesFromAndMarker(t *testing.T) {
+	c := &imagefs.Contents{Images: []imagefs.Image{{Name: "a", Digest: "sha256:x", ImageID: "sha256:abc"}}}
+	got := ImagesFrom(c)
+	if len(got) != 1 || got[0].ImageID != "abc" {
+		t.Fatalf("ImagesFrom = %+v", got)
+	}
+	marker := filepath.Join(t.TempDir(), "kiln", "firstboot.done")
+	if err := MarkDone(marker, got); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(marker); err != nil {
+		t.Fatal(err)
+	}
+}
