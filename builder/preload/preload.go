@@ -272,6 +272,13 @@ func (s source) check(o options) (source, error) {
 		}
 		return fail("manifest %s is for platform %s/%s, the appliance is %s; lock the image for %s", s.digest, cfg.OS, cfg.Architecture, want, want)
 	}
+	var layers []types.BlobInfo
+	for _, l := range m.LayerInfos() {
+		layers = append(layers, l.BlobInfo)
+	}
+	if err := s.scanLayers(layers); err != nil {
+		return source{}, err
+	}
 	return s, nil
 }
 
@@ -343,14 +350,20 @@ func copyOne(ctx context.Context, store storage.Store, policy *signature.PolicyC
 		task.Done(err)
 		return Stored{}, err
 	}
+	events := make(chan types.ProgressProperties)
+	forwarded := make(chan struct{})
+	go forwardProgress(events, task, forwarded)
 	_, err = copy.Image(ctx, policy, dest, s.ref, &copy.Options{
-		SourceCtx:       s.sys,
-		DestinationCtx:  &types.SystemContext{},
-		PreserveDigests: true, // fail rather than convert: the lock's digests must hold
-		ReportWriter:    io.Discard,
+		SourceCtx:        s.sys,
+		DestinationCtx:   &types.SystemContext{},
+		PreserveDigests:  true, // fail rather than convert: the lock's digests must hold
+		ReportWriter:     io.Discard,
+		Progress:         events,
+		ProgressInterval: 500 * time.Millisecond,
 	})
+	close(events)
+	<-forwarded
 	if err != nil {
-		err = layerError(s, err)
 		task.Done(err)
 		return Stored{}, err
 	}
@@ -370,12 +383,32 @@ func copyOne(ctx context.Context, store storage.Store, policy *signature.PolicyC
 		task.Done(err)
 		return Stored{}, err
 	}
-	task.Write(make([]byte, 0)) //nolint:errcheck // progress only
 	task.Done(nil)
 	return Stored{Name: s.img.Name, Digest: s.digest.String(), ImageID: s.configID.String(), MediaType: s.mediaType, Size: s.size}, nil
 }
 
-// layerError names the layer a copy error is about, when c/image did not.
-func layerError(s source, err error) error {
-	return err
+// forwardProgress turns c/image's blob progress events into byte counts on
+// task (a progress.Task counts bytes written, not their content).
+func forwardProgress(events <-chan types.ProgressProperties, task progress.Task, done chan<- struct{}) {
+	defer close(done)
+	var zeros [32 << 10]byte
+	counted := map[digest.Digest]int64{}
+	for ev := range events {
+		n := int64(0)
+		switch ev.Event {
+		case types.ProgressEventRead:
+			n = int64(ev.OffsetUpdate)
+		case types.ProgressEventDone:
+			// Small blobs finish between two read events.
+			n = max(int64(ev.Offset), ev.Artifact.Size) - counted[ev.Artifact.Digest]
+		case types.ProgressEventSkipped:
+			n = ev.Artifact.Size
+		}
+		counted[ev.Artifact.Digest] += n
+		for n > 0 {
+			k := min(n, int64(len(zeros)))
+			task.Write(zeros[:k]) //nolint:errcheck // progress only
+			n -= k
+		}
+	}
 }

@@ -3,6 +3,7 @@ package preload
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,6 +24,10 @@ func CheckPrivileges(dir string) error {
 	var missing []string
 	probe := func(what string, f func() error) {
 		if err := f(); err != nil {
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err // the scratch path says nothing useful
+			}
 			missing = append(missing, fmt.Sprintf("%s (%v)", what, err))
 		}
 	}
@@ -30,6 +35,7 @@ func CheckPrivileges(dir string) error {
 	if err := os.WriteFile(file, nil, 0o644); err != nil {
 		return fmt.Errorf("preload: cannot write in %s: %w", dir, err)
 	}
+	// Linux >= 5.8 lets anyone create a 0:0 whiteout; older kernels need CAP_MKNOD.
 	probe("mknod of whiteout devices (CAP_MKNOD)", func() error {
 		return unix.Mknod(filepath.Join(tmp, "wh"), unix.S_IFCHR, 0)
 	})
