@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.podman.io/storage"
+	stypes "go.podman.io/storage/types"
+
+	"github.com/kiln-appliance/kiln/partitions/imagefs"
+	"github.com/kiln-appliance/kiln/systemd"
+	"github.com/kiln-appliance/kiln/systemd/firstboot"
+	"github.com/kiln-appliance/kiln/systemd/gate"
+	"github.com/kiln-appliance/kiln/systemd/pins"
+)
+
+func init() { subcommands = append(subcommands, newAgentCommand) }
+
+// newAgentCommand groups the programs kiln's units run on the node. Each
+// reads the image partition's kiln.json; none needs the recipe.
+func newAgentCommand() *cobra.Command {
+	agent := &cobra.Command{
+		Use:   "agent",
+		Short: "On-node programs run by kiln's systemd units",
+	}
+	agent.AddCommand(newMirrorGateCommand(), newWaitImagesCommand(), newWritePinsCommand())
+	return agent
+}
+
+// partitionArg takes the one PARTITION argument (a mounted image partition).
+func partitionArg(cmd *cobra.Command, args []string) error {
+	if len(args) != 1 {
+		return usageError{fmt.Errorf("%s: want one argument, the mounted image partition (e.g. %s), got %d", cmd.CommandPath(), systemd.MountPoint, len(args))}
+	}
+	return nil
+}
+
+func newMirrorGateCommand() *cobra.Command {
+	var (
+		timeout time.Duration
+		dropIn  string
+		remove  bool
+	)
+	cmd := &cobra.Command{
+		Use:   "mirror-gate PARTITION",
+		Short: "Point the container runtime at the local registry once it serves this partition's images",
+		Long: "Waits until the local registry answers GET /v2/ and serves every image of PARTITION/kiln.json\n" +
+			"by digest, then writes the registries.conf drop-in that mirrors their hosts to it.\n" +
+			"With --remove, removes the drop-in instead.",
+		Args: partitionArg,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := imagefs.Read(args[0])
+			if err != nil {
+				return err
+			}
+			g, err := gate.New(c)
+			if err != nil {
+				return err
+			}
+			g.DropIn, g.Log = dropIn, cmd.OutOrStdout()
+			if remove {
+				return g.Close()
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			return g.Open(ctx)
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "how long to wait for the registry")
+	cmd.Flags().StringVar(&dropIn, "drop-in", gate.DefaultDropIn, "registries.conf drop-in to write")
+	cmd.Flags().BoolVar(&remove, "remove", false, "remove the drop-in and exit")
+	return cmd
+}
+
+func newWaitImagesCommand() *cobra.Command {
+	var (
+		timeout, interval     time.Duration
+		marker                string
+		root, runRoot, driver string
+		storageOpts           []string
+	)
+	cmd := &cobra.Command{
+		Use:   "wait-images PARTITION",
+		Short: "Wait until every image of the partition is in local containers/storage, then write the first-boot marker",
+		Long: "Polls the node's containers/storage (as configured in /etc/containers/storage.conf, including\n" +
+			"additional image stores) until it holds every image of PARTITION/kiln.json, by digest.\n" +
+			"On success writes --marker (when set); on timeout lists what is missing and fails.",
+		Args: partitionArg,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := imagefs.Read(args[0])
+			if err != nil {
+				return err
+			}
+			opts, err := stypes.DefaultStoreOptions()
+			if err != nil {
+				return fmt.Errorf("read containers/storage configuration: %w", err)
+			}
+			if root != "" {
+				opts.GraphRoot = root
+			}
+			if runRoot != "" {
+				opts.RunRoot = runRoot
+			}
+			if driver != "" {
+				opts.GraphDriverName = driver
+			}
+			opts.GraphDriverOptions = append(opts.GraphDriverOptions, storageOpts...)
+			store, err := storage.GetStore(opts)
+			if err != nil {
+				return fmt.Errorf("open containers/storage at %s: %w", opts.GraphRoot, err)
+			}
+			defer store.Shutdown(false)
+
+			images := firstboot.ImagesFrom(c)
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			if err := firstboot.Wait(ctx, store, images, interval, cmd.OutOrStdout()); err != nil {
+				return err
+			}
+			if marker == "" {
+				return nil
+			}
+			if err := firstboot.MarkDone(marker, images); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: the local registry will not start at the next boot\n", marker)
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", time.Hour, "how long to wait")
+	cmd.Flags().DurationVar(&interval, "interval", 5*time.Second, "how often to look")
+	cmd.Flags().StringVar(&marker, "marker", "", "file to write once every image is present (e.g. "+systemd.Marker+")")
+	cmd.Flags().StringVar(&root, "root", "", "containers/storage graph root (default: from storage.conf)")
+	cmd.Flags().StringVar(&runRoot, "runroot", "", "containers/storage run root (default: from storage.conf)")
+	cmd.Flags().StringVar(&driver, "storage-driver", "", "containers/storage driver (default: from storage.conf)")
+	cmd.Flags().StringArrayVar(&storageOpts, "storage-opt", nil, "extra storage driver option, e.g. imagestore=/path (repeatable)")
+	return cmd
+}
+
+func newWritePinsCommand() *cobra.Command {
+	var path string
+	cmd := &cobra.Command{
+		Use:   "write-pins PARTITION",
+		Short: "Write CRI-O's image pins for every image of the partition",
+		Long: "Atomically replaces --path with a crio.conf.d drop-in pinning every image of PARTITION/kiln.json\n" +
+			"by digest and by name. Reload CRI-O afterwards (systemctl reload crio).",
+		Args: partitionArg,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := imagefs.Read(args[0])
+			if err != nil {
+				return err
+			}
+			var images []pins.Image
+			for _, im := range c.Images {
+				images = append(images, pins.Image{Name: im.Name, Digest: im.Digest})
+			}
+			if err := pins.Write(path, images); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "pinned %d image(s) in %s\n", len(images), path)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&path, "path", pins.DefaultPath, "CRI-O drop-in to write")
+	return cmd
+}
