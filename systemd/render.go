@@ -98,7 +98,7 @@ func Render(p Params) ([]Unit, []File, error) {
 	}
 	names := []string{MountUnit, "kiln-images-failed.service", "kiln-registry.service",
 		"kiln-mirror.service", Target}
-	enabled := map[string]bool{Target: p.AlwaysOn, "kiln-firstboot.service": true}
+	enabled := map[string]bool{MountUnit: true, Target: p.AlwaysOn, "kiln-firstboot.service": true}
 	if !p.AlwaysOn {
 		names = append(names, "kiln-firstboot.service")
 	}

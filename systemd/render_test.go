@@ -67,9 +67,9 @@ func TestRenderAlwaysOn(t *testing.T) {
 				enabled[u.Name] = true
 			}
 		}
-		want := map[string]bool{"kiln-firstboot.service": true}
+		want := map[string]bool{MountUnit: true, "kiln-firstboot.service": true}
 		if alwaysOn {
-			want = map[string]bool{Target: true}
+			want = map[string]bool{MountUnit: true, Target: true}
 		}
 		if fmt.Sprint(enabled) != fmt.Sprint(want) {
 			t.Errorf("alwaysOn=%v: enabled units %v, want %v", alwaysOn, enabled, want)
@@ -164,5 +164,56 @@ func golden(t *testing.T, path string, got []byte) {
 	}
 	if !bytes.Equal(got, want) {
 		t.Errorf("%s differs from the rendered output (run go test -update if the change is intended):\n%s", path, got)
+	}
+}
+
+// The tmpfiles.d line really removes a stale mirror drop-in, as
+// systemd-tmpfiles-setup.service does at boot (--remove --boot).
+func TestTmpfilesRemovesStaleDropIn(t *testing.T) {
+	_, files, err := Render(Params{PartitionGUID: testGUID, Images: testImages})
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	var conf string
+	for _, f := range files {
+		if f.Path == TmpfilesPath {
+			conf = filepath.Join(root, "kiln-mirror.conf")
+			if err := os.WriteFile(conf, f.Contents, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if conf == "" {
+		t.Fatalf("no %s rendered", TmpfilesPath)
+	}
+	stale := filepath.Join(root, "etc/containers/registries.conf.d/50-kiln-mirror.conf")
+	keep := filepath.Join(root, "etc/containers/registries.conf.d/10-admin.conf")
+	for _, p := range []string{stale, keep} {
+		mustRun(t, "mkdir", "-p", filepath.Dir(p))
+		if err := os.WriteFile(p, []byte("# x\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := exec.Command("systemd-tmpfiles", "--root="+root, "--remove", "--boot", conf).CombinedOutput()
+	if err != nil || len(bytes.TrimSpace(out)) > 0 {
+		t.Fatalf("systemd-tmpfiles: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("stale drop-in survived boot cleanup: %v", err)
+	}
+	if _, err := os.Stat(keep); err != nil {
+		t.Errorf("an admin's drop-in was touched: %v", err)
+	}
+}
+
+// The mount unit's name is what systemd derives from its path.
+func TestMountUnitName(t *testing.T) {
+	out, err := exec.Command("systemd-escape", "--path", "--suffix=mount", MountPoint).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(out)); got != MountUnit {
+		t.Fatalf("systemd-escape says %s, MountUnit is %s", got, MountUnit)
 	}
 }
