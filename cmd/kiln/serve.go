@@ -3,10 +3,8 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 
-	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-appliance/kiln/systemd/registry"
@@ -31,26 +29,7 @@ Tells systemd READY=1 once the index is loaded and the listener accepts; stops o
 		},
 		RunE: func(cmd *cobra.Command, dirs []string) error {
 			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-			srv, err := registry.New(dirs, registry.WithLogger(log), registry.WithReady(func(st registry.Stats) {
-				status := fmt.Sprintf("serving %d repositories, %d tags, %d blobs on %s", st.Repositories, st.Tags, st.Blobs, listen)
-				if st.Damaged > 0 {
-					status += fmt.Sprintf("; %d blob files DAMAGED (run kiln verify)", st.Damaged)
-				}
-				log.Info("ready", "status", status)
-				if _, err := daemon.SdNotify(false, daemon.SdNotifyReady+"\nSTATUS="+status); err != nil {
-					log.Warn("sd_notify failed", "error", err)
-				}
-			}))
-			if err != nil {
-				return fmt.Errorf("serve: %w", err)
-			}
-			l, err := net.Listen("tcp", listen)
-			if err != nil {
-				return fmt.Errorf("serve: listen on %s (is another registry running? change --listen): %w", listen, err)
-			}
-			err = srv.Serve(cmd.Context(), l)
-			daemon.SdNotify(false, daemon.SdNotifyStopping)
-			if err != nil {
+			if err := registry.Run(cmd.Context(), listen, dirs, registry.WithLogger(log)); err != nil {
 				return fmt.Errorf("serve: %w", err)
 			}
 			return nil

@@ -8,11 +8,14 @@ package registry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/coreos/go-systemd/v22/daemon"
 )
 
 // Server serves OCI layouts read-only. It is an http.Handler.
@@ -91,6 +94,36 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	if e := <-errc; e != nil && !errors.Is(e, http.ErrServerClosed) {
 		return e
 	}
+	return err
+}
+
+// Run is `kiln serve`: it indexes dirs, listens on addr, tells systemd
+// READY=1 (with a STATUS= line of counts) once the index is loaded and the
+// listener accepts, and serves until ctx is cancelled (SIGTERM), then tells
+// systemd STOPPING=1 and drains in-flight requests.
+func Run(ctx context.Context, addr string, dirs []string, opts ...Option) error {
+	var log *slog.Logger
+	opts = append(opts, func(s *Server) { log = s.log })
+	ready := func(st Stats) {
+		status := fmt.Sprintf("serving %d repositories, %d tags, %d blobs on %s", st.Repositories, st.Tags, st.Blobs, addr)
+		if st.Damaged > 0 {
+			status += fmt.Sprintf("; %d blob files DAMAGED, run kiln verify", st.Damaged)
+		}
+		log.Info("ready", "status", status)
+		if _, err := daemon.SdNotify(false, daemon.SdNotifyReady+"\nSTATUS="+status); err != nil {
+			log.Warn("sd_notify failed", "error", err)
+		}
+	}
+	s, err := New(dirs, append(opts, WithReady(ready))...)
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s (is another registry running there? change --listen): %w", addr, err)
+	}
+	err = s.Serve(ctx, l)
+	daemon.SdNotify(false, daemon.SdNotifyStopping)
 	return err
 }
 
