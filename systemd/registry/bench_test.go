@@ -1,0 +1,166 @@
+package registry
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"math/rand"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// The benchmarks compare kiln serve with go-containerregistry's
+// pkg/registry serving the same image from memory, and with reading the
+// files directly (the limit). `make bench` runs them; docs/BENCHMARKS.md has
+// the figures.
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// benchTargets serves the image at dir through kiln and through
+// go-containerregistry's registry, and returns both base URLs.
+func benchTargets(b *testing.B, dir string) (kiln, ggcr string) {
+	b.Helper()
+	kiln = "http://" + serve(b, must(New([]string{dir}, WithLogger(quiet), WithRequestLog(false))))
+	l := must(net.Listen("tcp", "127.0.0.1:0"))
+	hs := &http.Server{Handler: ggcrregistry.New(ggcrregistry.Logger(log.New(io.Discard, "", 0)))}
+	go hs.Serve(l)
+	b.Cleanup(func() { hs.Close() })
+	ggcr = "http://" + l.Addr().String()
+	img := must(must(layout.ImageIndexFromPath(dir)).IndexManifest()).Manifests[0]
+	i := must(must(layout.FromPath(dir)).Image(img.Digest))
+	if err := remote.Write(must(name.ParseReference(l.Addr().String()+"/quay.io/acme/big:1", name.Insecure)), i); err != nil {
+		b.Fatal(err)
+	}
+	return kiln, ggcr
+}
+
+func fetch(b *testing.B, c *http.Client, url string, buf []byte) int64 {
+	resp, err := c.Get(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	n, err := io.CopyBuffer(io.Discard, struct{ io.Reader }{resp.Body}, buf)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 {
+		b.Fatalf("GET %s: %d %v", url, resp.StatusCode, err)
+	}
+	return n
+}
+
+// BenchmarkBlob: throughput of one 256 MiB layer over loopback HTTP.
+func BenchmarkBlob(b *testing.B) {
+	const size = 256 << 20
+	dir, layer := bigImage(b, size)
+	kiln, ggcr := benchTargets(b, dir)
+	path := "/v2/quay.io/acme/big/blobs/" + layer.String()
+	buf := make([]byte, 1<<20)
+	c := &http.Client{Transport: &http.Transport{}}
+	b.Run("direct", func(b *testing.B) {
+		b.SetBytes(size)
+		for i := 0; i < b.N; i++ {
+			f := must(os.Open(filepath.Join(dir, "blobs", "sha256", layer.Hex)))
+			io.CopyBuffer(io.Discard, struct{ io.Reader }{f}, buf)
+			f.Close()
+		}
+	})
+	for _, t := range []struct{ name, base string }{{"kiln", kiln}, {"ggcr", ggcr}} {
+		b.Run(t.name, func(b *testing.B) {
+			b.SetBytes(size)
+			for i := 0; i < b.N; i++ {
+				if n := fetch(b, c, t.base+path, buf); n != size {
+					b.Fatalf("%d bytes", n)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkManifest: latency of one manifest GET by tag (keep-alive).
+func BenchmarkManifest(b *testing.B) {
+	dir, _ := bigImage(b, 1024)
+	kiln, ggcr := benchTargets(b, dir)
+	d := must(must(layout.ImageIndexFromPath(dir)).IndexManifest()).Manifests[0].Digest
+	buf := make([]byte, 32<<10)
+	c := &http.Client{Transport: &http.Transport{}}
+	b.Run("direct", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			must(os.ReadFile(filepath.Join(dir, "blobs", "sha256", d.Hex)))
+		}
+	})
+	for _, t := range []struct{ name, base string }{{"kiln", kiln}, {"ggcr", ggcr}} {
+		b.Run(t.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				fetch(b, c, t.base+"/v2/quay.io/acme/big/manifests/1", buf)
+			}
+		})
+	}
+}
+
+// manyImages writes a layout of n images, 3 small layers each, each with a
+// full ref.name, as a 200-image appliance partition would hold.
+func manyImages(b *testing.B, n int) string {
+	dir := filepath.Join(b.TempDir(), "oci")
+	p := must(layout.Write(dir, empty.Index))
+	rng := rand.New(rand.NewSource(2))
+	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
+	for i := 0; i < n; i++ {
+		img := base
+		for j := 0; j < 3; j++ {
+			data := make([]byte, 512)
+			rng.Read(data)
+			img = must(mutate.AppendLayers(img, static.NewLayer(data, types.OCILayer)))
+		}
+		if err := p.AppendImage(img, refName(fmt.Sprintf("registry.example.com/team%d/app%d:1.%d", i%10, i, i))); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// BenchmarkStartup200: from nothing to a 200 answer on /v2/ with 200 images
+// indexed (kiln), against only reading index.json and every manifest
+// (direct, the least any server must do).
+func BenchmarkStartup200(b *testing.B) {
+	dir := manyImages(b, 200)
+	b.Run("direct", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			idx := must(v1.ParseIndexManifest(must(os.Open(filepath.Join(dir, "index.json")))))
+			for _, m := range idx.Manifests {
+				must(os.ReadFile(filepath.Join(dir, "blobs", "sha256", m.Digest.Hex)))
+			}
+		}
+	})
+	b.Run("kiln", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			ctx, cancel := context.WithCancel(context.Background())
+			ready := make(chan struct{})
+			s := must(New([]string{dir}, WithLogger(quiet), WithRequestLog(false), WithReady(func(Stats) { close(ready) })))
+			l := must(net.Listen("tcp", "127.0.0.1:0"))
+			done := make(chan error, 1)
+			go func() { done <- s.Serve(ctx, l) }()
+			<-ready
+			resp := must(http.Get("http://" + l.Addr().String() + "/v2/"))
+			resp.Body.Close()
+			if st := s.Stats(); resp.StatusCode != 200 || st.Repositories != 200 {
+				b.Fatalf("status %d, %+v", resp.StatusCode, st)
+			}
+			cancel()
+			<-done
+		}
+	})
+}
