@@ -23,7 +23,7 @@ import (
 )
 
 // serve runs a real registry (go-containerregistry's) on addr until the test ends.
-func serve(t *testing.T, addr string, handler http.Handler) string {
+func serve(t testing.TB, addr string, handler http.Handler) string {
 	t.Helper()
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
