@@ -1,13 +1,10 @@
 package preload
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,7 +14,6 @@ import (
 	"time"
 
 	"github.com/kiln-appliance/kiln/test/fixtures/layers"
-	"golang.org/x/sys/unix"
 )
 
 // squashStore packs store into a squashfs the way the image partition is
@@ -227,9 +223,12 @@ func TestPodmanReadsSquashedStore(t *testing.T) {
 					t.Errorf("%s is still mounted", merged)
 				}
 			})
-			got := mergedListing(t, merged)
-			want := flatListing(layers.Flatten(specs[w.Name]))
-			if d := diffListings(want, got); d != "" {
+			got, err := layers.Mounted(merged)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := layers.Listing(layers.Flatten(specs[w.Name]))
+			if d := layers.Diff(want, got); d != "" {
 				t.Errorf("podman image mount %s differs from its layers (- layers, + mounted):\n%s", w.Name, d)
 			}
 		})
@@ -243,115 +242,4 @@ func contains(xs []string, x string) bool {
 		}
 	}
 	return false
-}
-
-// flatListing describes a flattened layer stack in mergedListing's format.
-func flatListing(entries []layers.Entry) []string {
-	byName := map[string]layers.Entry{}
-	for _, e := range entries {
-		byName[e.Header.Name] = e
-	}
-	// Hard-linked paths share an inode, shown as the group's first path.
-	group := func(e layers.Entry) string {
-		if e.Header.Typeflag == tar.TypeLink {
-			return e.Header.Linkname
-		}
-		return e.Header.Name
-	}
-	members := map[string][]string{}
-	for _, e := range entries {
-		members[group(e)] = append(members[group(e)], e.Header.Name)
-	}
-	var out []string
-	for _, e := range entries {
-		h := e.Header
-		link := ""
-		if m := members[group(e)]; len(m) > 1 {
-			sort.Strings(m)
-			link = " hardlink=" + m[0]
-		}
-		if h.Typeflag == tar.TypeLink {
-			h = byName[h.Linkname].Header
-			e.Data = byName[h.Name].Data
-		}
-		kind := map[byte]string{tar.TypeDir: "d", tar.TypeReg: "f", tar.TypeSymlink: "l", tar.TypeFifo: "p"}[h.Typeflag]
-		line := fmt.Sprintf("%s %s %04o %d:%d mtime=%d", e.Header.Name, kind, h.Mode&0o7777, h.Uid, h.Gid, h.ModTime.Unix())
-		if kind == "l" {
-			line = fmt.Sprintf("%s %s %d:%d", e.Header.Name, kind, h.Uid, h.Gid)
-		}
-		line += link
-		var xs []string
-		for k, v := range h.PAXRecords {
-			if name, ok := strings.CutPrefix(k, "SCHILY.xattr."); ok {
-				xs = append(xs, fmt.Sprintf("%s=%q", name, v))
-			}
-		}
-		sort.Strings(xs)
-		line += " xattrs[" + strings.Join(xs, ",") + "]"
-		switch kind {
-		case "f":
-			line += fmt.Sprintf(" sha256:%x", sha256.Sum256([]byte(e.Data)))
-		case "l":
-			line += " -> " + h.Linkname
-		}
-		out = append(out, line)
-	}
-	return out
-}
-
-// mergedListing describes a mounted image root (the root itself excluded);
-// overlay's own trusted.overlay.* xattrs are the store's business, not the
-// image's.
-func mergedListing(t *testing.T, root string) []string {
-	t.Helper()
-	type ino struct{ dev, ino uint64 }
-	first := map[ino]string{}
-	var out []string
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == root {
-			return err
-		}
-		rel, _ := filepath.Rel(root, p)
-		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err != nil {
-			return err
-		}
-		kind := map[uint32]string{unix.S_IFDIR: "d", unix.S_IFREG: "f", unix.S_IFLNK: "l", unix.S_IFIFO: "p", unix.S_IFCHR: "c"}[st.Mode&unix.S_IFMT]
-		line := fmt.Sprintf("%s %s %04o %d:%d mtime=%d", rel, kind, st.Mode&0o7777, st.Uid, st.Gid, st.Mtim.Sec)
-		if kind == "l" {
-			line = fmt.Sprintf("%s %s %d:%d", rel, kind, st.Uid, st.Gid)
-		}
-		if kind != "d" && st.Nlink > 1 {
-			k := ino{st.Dev, st.Ino}
-			if f, ok := first[k]; ok {
-				line += " hardlink=" + f
-			} else {
-				first[k] = rel
-				line += " hardlink=" + rel
-			}
-		}
-		var xs []string
-		for _, x := range xattrList(t, p) {
-			if !strings.HasPrefix(x, "trusted.overlay.") && !strings.HasPrefix(x, "security.selinux") {
-				xs = append(xs, x)
-			}
-		}
-		line += " xattrs[" + strings.Join(xs, ",") + "]"
-		switch kind {
-		case "f":
-			line += " " + fileHash(t, p)
-		case "l":
-			target, err := os.Readlink(p)
-			if err != nil {
-				return err
-			}
-			line += " -> " + target
-		}
-		out = append(out, line)
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }

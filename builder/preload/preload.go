@@ -133,7 +133,9 @@ func Build(ctx context.Context, storeDir string, images []Image, opts ...Option)
 		GraphDriverName: Driver,
 		// nodev matches what CRI-O and podman mount with; the store never
 		// depends on host storage.conf.
-		GraphDriverOptions: []string{"overlay.mountopt=nodev"},
+		// skip_mount_home: no private bind mount of the store over
+		// itself, so nothing stays mounted in the staging tree.
+		GraphDriverOptions: []string{"overlay.mountopt=nodev", "overlay.skip_mount_home=true"},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("preload: open containers/storage store at %s: %w", storeDir, err)

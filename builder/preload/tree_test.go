@@ -1,17 +1,15 @@
 package preload
 
 import (
-	"crypto/sha256"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/kiln-appliance/kiln/test/fixtures/layers"
 	"golang.org/x/sys/unix"
 )
 
@@ -72,68 +70,20 @@ func treeListing(t testing.TB, root string) []string {
 }
 
 func xattrs(t testing.TB, p string) string {
-	return "xattrs[" + strings.Join(xattrList(t, p), ",") + "]"
-}
-
-// xattrList lists p's xattrs as sorted name="value" strings.
-func xattrList(t testing.TB, p string) []string {
-	buf := make([]byte, 64<<10)
-	n, err := unix.Llistxattr(p, buf)
+	kv, err := layers.Xattrs(p)
 	if err != nil {
-		t.Fatalf("list xattrs of %s: %v", p, err)
+		t.Fatal(err)
 	}
-	var names []string
-	for _, name := range strings.Split(string(buf[:n]), "\x00") {
-		if name != "" {
-			names = append(names, name)
-		}
-	}
-	sort.Strings(names)
-	var kv []string
-	for _, name := range names {
-		val := make([]byte, 64<<10)
-		m, err := unix.Lgetxattr(p, name, val)
-		if err != nil {
-			t.Fatalf("get xattr %s of %s: %v", name, p, err)
-		}
-		kv = append(kv, fmt.Sprintf("%s=%q", name, val[:m]))
-	}
-	return kv
+	return "xattrs[" + strings.Join(kv, ",") + "]"
 }
 
 func fileHash(t testing.TB, p string) string {
-	f, err := os.Open(p)
+	h, err := layers.FileHash(p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		t.Fatal(err)
-	}
-	return fmt.Sprintf("sha256:%x", h.Sum(nil))
+	return h
 }
 
 // diffListings reports the lines only in a and only in b.
-func diffListings(a, b []string) string {
-	in := func(xs []string) map[string]bool {
-		m := map[string]bool{}
-		for _, x := range xs {
-			m[x] = true
-		}
-		return m
-	}
-	ma, mb := in(a), in(b)
-	var d []string
-	for _, x := range a {
-		if !mb[x] {
-			d = append(d, "- "+x)
-		}
-	}
-	for _, x := range b {
-		if !ma[x] {
-			d = append(d, "+ "+x)
-		}
-	}
-	return strings.Join(d, "\n")
-}
+func diffListings(a, b []string) string { return layers.Diff(a, b) }
