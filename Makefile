@@ -41,7 +41,17 @@ demo: deps build
 	$(BIN) inspect out/demo.raw
 
 bench: deps build
-	$(GO) test $(GOFLAGS) -run '^$$' -bench . -benchtime 1x -timeout 60m ./builder/... ./systemd/...
+	$(GO) test $(GOFLAGS) -run '^$$' -bench . -benchtime 1x -timeout 60m ./...
+
+# Each fuzz target runs briefly (FUZZTIME); corpora found failing land in testdata/fuzz.
+FUZZTIME ?= 10s
+FUZZ_TARGETS := ./recipes:FuzzLoad ./systemd/registry:FuzzParseName ./systemd/registry:FuzzRoute
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; fn=$${t##*:}; \
+	  echo "fuzz $$pkg $$fn ($(FUZZTIME))"; \
+	  $(GO) test $(GOFLAGS) -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg; \
+	done
 
 e2e: deps-e2e build
 	$(GO) test $(GOFLAGS) -count=1 -timeout 80m -v ./test/e2e/...
