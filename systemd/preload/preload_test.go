@@ -1,0 +1,294 @@
+package preload
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	bpreload "github.com/kiln-appliance/kiln/builder/preload"
+	"github.com/kiln-appliance/kiln/test/fixtures/layers"
+	"go.podman.io/storage/pkg/reexec"
+	"golang.org/x/sys/unix"
+)
+
+func TestMain(m *testing.M) {
+	if reexec.Init() {
+		return
+	}
+	os.Exit(m.Run())
+}
+
+var specs = []layers.Spec{
+	{Name: "quay.io/kiln/special:1.0", Layers: layers.Special()},
+	{Name: "docker.io/library/hello:latest", Layers: layers.Hello()},
+}
+
+// nodeStore builds the preloaded store the way the factory does and
+// mounts it as the node sees it: a read-only loop-mounted squashfs.
+func nodeStore(t *testing.T, extra ...layers.Spec) (string, []layers.Written) {
+	t.Helper()
+	dir := t.TempDir()
+	oci := filepath.Join(dir, "oci")
+	written, err := layers.WriteLayout(oci, append(append([]layers.Spec{}, specs...), extra...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var imgs []bpreload.Image
+	for _, w := range written {
+		imgs = append(imgs, bpreload.Image{Name: w.Name, LayoutDir: oci, Digest: w.Digest.String()})
+	}
+	store := filepath.Join(dir, "store")
+	if _, err := bpreload.Build(context.Background(), store, imgs); err != nil {
+		t.Fatal(err)
+	}
+	img := filepath.Join(dir, "storage.sqfs")
+	run(t, nil, "mksquashfs", store, img, "-noI", "-noD", "-noF", "-noX", "-no-fragments", "-quiet", "-no-progress")
+	mnt := filepath.Join(dir, "mnt")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run(t, nil, "mount", "-o", "loop,ro", img, mnt)
+	t.Cleanup(func() { unmount(t, mnt) })
+	return mnt, written
+}
+
+// scratch is a temp dir with a short path (podman refuses run roots over
+// 50 characters) that is removed only when nothing is mounted under it.
+func scratch(t *testing.T) string {
+	dir, err := os.MkdirTemp("", "kiln-pc-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, m := range mountsUnder(t, dir) {
+			unmount(t, m)
+		}
+		if left := mountsUnder(t, dir); len(left) > 0 {
+			t.Errorf("still mounted under %s: %v; not removing it", dir, left)
+			return
+		}
+		os.RemoveAll(dir)
+	})
+	return dir
+}
+
+func unmount(t *testing.T, p string) {
+	if out, err := exec.Command("umount", p).CombinedOutput(); err != nil {
+		t.Errorf("umount %s: %v: %s", p, err, out)
+	}
+	if contains(mountsUnder(t, filepath.Dir(p)), p) {
+		t.Errorf("%s is still mounted", p)
+	}
+}
+
+// mountsUnder lists the mount points below dir, deepest first.
+func mountsUnder(t *testing.T, dir string) []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			ms = append(ms, f[4])
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(ms)))
+	return ms
+}
+
+func run(t *testing.T, env []string, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, stderr.String())
+	}
+	return string(out)
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+// podman runs podman 4.3 configured only by conf, as on the node.
+func podman(t *testing.T, conf, tmp string, args ...string) string {
+	t.Helper()
+	return run(t, []string{"CONTAINERS_STORAGE_CONF=" + conf}, "podman",
+		append([]string{"--tmpdir", tmp, "--events-backend", "none", "--cgroup-manager", "cgroupfs"}, args...)...)
+}
+
+type listed struct {
+	ID       string `json:"Id"`
+	Digest   string
+	Names    []string
+	ReadOnly bool
+}
+
+func images(t *testing.T, conf, tmp string) map[string]listed {
+	var ls []listed
+	if err := json.Unmarshal([]byte(podman(t, conf, tmp, "images", "--format", "json")), &ls); err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]listed{}
+	for _, l := range ls {
+		m[l.ID] = l
+	}
+	return m
+}
+
+func TestStorageConfDefault(t *testing.T) {
+	got := string(StorageConf(Conf{AdditionalImageStores: []string{StorePath}}))
+	want := `# Written by kiln. A whole storage.conf: containers/storage reads one file
+# and merges nothing, so this replaces /usr/share/containers/storage.conf.
+# additionalimagestores: kiln's preloaded images, read-only, from the image partition.
+[storage]
+  driver = "overlay"
+  runroot = "/run/containers/storage"
+  graphroot = "/var/lib/containers/storage"
+  [storage.options]
+    additionalimagestores = ["/var/lib/kiln/images/storage"]
+    [storage.options.overlay]
+      mountopt = "nodev"
+`
+	if got != want {
+		t.Errorf("StorageConf:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestStorageConfPodman: real podman 4.3, configured only by StorageConf's
+// file, sees every preloaded image read-only with the lock's digests.
+func TestStorageConfPodman(t *testing.T) {
+	mnt, written := nodeStore(t)
+	dir := scratch(t)
+	conf := filepath.Join(dir, "storage.conf")
+	text := StorageConf(Conf{GraphRoot: filepath.Join(dir, "root"), RunRoot: filepath.Join(dir, "run"), AdditionalImageStores: []string{mnt}})
+	if err := os.WriteFile(conf, text, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := images(t, conf, filepath.Join(dir, "tmp"))
+	for _, w := range written {
+		l, ok := got[w.ConfigID.Hex]
+		if !ok || l.Digest != w.Digest.String() || !l.ReadOnly || !contains(l.Names, w.Name) {
+			t.Errorf("podman images: %s is %+v; want ID %s, digest %s, read-only", w.Name, l, w.ConfigID.Hex, w.Digest)
+		}
+	}
+}
+
+// TestCopyToMainStore copies the preloaded images into a throwaway main
+// store, checks podman (with no additional store) sees them with the same
+// IDs and digests and the files the layers describe, and that a second run
+// copies nothing.
+func TestCopyToMainStore(t *testing.T) {
+	mnt, written := nodeStore(t)
+	dir := scratch(t)
+	root, runRoot := filepath.Join(dir, "root"), filepath.Join(dir, "run")
+	var log bytes.Buffer
+	if err := CopyToMainStore(context.Background(), mnt, root, WithRunRoot(runRoot), WithLog(&log)); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("first run:\n%s", log.String())
+	for _, w := range written {
+		if !strings.Contains(log.String(), fmt.Sprintf("preload-copy: %s (%s): copied ", w.Name, w.Digest)) {
+			t.Errorf("log does not say %s was copied:\n%s", w.Name, log.String())
+		}
+	}
+
+	conf := filepath.Join(dir, "storage.conf")
+	if err := os.WriteFile(conf, StorageConf(Conf{GraphRoot: root, RunRoot: runRoot}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(dir, "tmp")
+	got := images(t, conf, tmp)
+	all := map[string][]layers.Layer{}
+	for _, s := range specs {
+		all[s.Name] = s.Layers
+	}
+	for _, w := range written {
+		l, ok := got[w.ConfigID.Hex]
+		if !ok || l.Digest != w.Digest.String() || l.ReadOnly || !contains(l.Names, w.Name) {
+			t.Errorf("podman images: %s is %+v; want ID %s, digest %s, writable", w.Name, l, w.ConfigID.Hex, w.Digest)
+			continue
+		}
+		byDigest := strings.SplitN(w.Name, ":", 2)[0] + "@" + w.Digest.String()
+		podman(t, conf, tmp, "image", "exists", byDigest)
+
+		// A created, never started, container's root is the image's layers.
+		ctr := "kiln-" + w.ConfigID.Hex[:12]
+		podman(t, conf, tmp, "create", "--name", ctr, w.Name)
+		merged := strings.TrimSpace(podman(t, conf, tmp, "mount", ctr))
+		files, err := layers.Mounted(merged)
+		podman(t, conf, tmp, "umount", ctr)
+		podman(t, conf, tmp, "rm", ctr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := layers.Diff(layers.Listing(layers.Flatten(all[w.Name])), files); d != "" {
+			t.Errorf("%s copied into the main store differs from its layers (- layers, + mounted):\n%s", w.Name, d)
+		}
+	}
+
+	log.Reset()
+	if err := CopyToMainStore(context.Background(), mnt, root, WithRunRoot(runRoot), WithLog(&log)); err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("preload-copy: all %d preloaded images are in the main store\n", len(written)); !strings.HasSuffix(log.String(), want) || strings.Contains(log.String(), "copied") {
+		t.Errorf("second run logged:\n%s\nwant no copies and %q", log.String(), want)
+	}
+}
+
+// TestCopyNoSpace: a main store on a filesystem too small for the layers
+// fails before writing anything, saying what is needed.
+func TestCopyNoSpace(t *testing.T) {
+	mnt, _ := nodeStore(t, layers.Spec{Name: "quay.io/acme/big:1", Layers: []layers.Layer{{
+		layers.File("big", 0o644, strings.Repeat("kiln", 2<<20)), // 8 MiB, compresses to little
+	}}})
+	dir := scratch(t)
+	small := filepath.Join(dir, "small")
+	if err := os.Mkdir(small, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run(t, nil, "mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", small)
+	root := filepath.Join(small, "root")
+	err := CopyToMainStore(context.Background(), mnt, root, WithRunRoot(filepath.Join(dir, "run")), WithLog(&bytes.Buffer{}))
+	// Opening the main store takes some of the 4 MiB; what is left is
+	// what the message must report.
+	var st unix.Statfs_t
+	if err := unix.Statfs(small, &st); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(`preload-copy: %s has %d MiB free, copying the preloaded images needs 8 MiB; nothing was copied. Free space there or grow the disk, or build the appliance with preload mode "store", which needs no copy`, root, int64(st.Bavail)*st.Bsize>>20)
+	if err == nil || err.Error() != want {
+		t.Errorf("CopyToMainStore:\n got %v\nwant %s", err, want)
+	}
+	if _, err := os.Stat(filepath.Join(root, "overlay-layers", "layers.json")); err == nil {
+		b, _ := os.ReadFile(filepath.Join(root, "overlay-layers", "layers.json"))
+		if string(b) != "[]" && len(b) > 2 {
+			t.Errorf("layers were written to the main store: %s", b)
+		}
+	}
+}
+
+func TestCopyNotAStore(t *testing.T) {
+	dir := t.TempDir()
+	err := CopyToMainStore(context.Background(), dir, filepath.Join(dir, "root"), WithRunRoot(filepath.Join(dir, "run")))
+	want := fmt.Sprintf("preload-copy: %s is not a preloaded containers/storage store (stat %s/overlay-images/images.json: no such file or directory); is the kiln image partition mounted?", dir, dir)
+	if err == nil || err.Error() != want {
+		t.Errorf("CopyToMainStore:\n got %v\nwant %s", err, want)
+	}
+}
