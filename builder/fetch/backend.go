@@ -77,12 +77,12 @@ type backend interface {
 	blob(ctx context.Context, d v1.Descriptor) (io.ReadCloser, error)
 }
 
-func openBackend(src source, o *options) (backend, error) {
+func openBackend(src source, platform v1.Platform, o *options) (backend, error) {
 	switch src.Transport {
 	case TransportDocker:
 		return newDockerBackend(src, o)
 	case TransportOCI:
-		return newOCIBackend(src)
+		return newOCIBackend(src, platform)
 	case TransportDockerArchive:
 		return newArchiveBackend(src)
 	}
@@ -146,11 +146,12 @@ func (b *dockerBackend) blob(ctx context.Context, d v1.Descriptor) (io.ReadClose
 
 // ociBackend reads an OCI image layout directory.
 type ociBackend struct {
-	src  source
-	path layout.Path
+	src      source
+	path     layout.Path
+	platform v1.Platform
 }
 
-func newOCIBackend(src source) (*ociBackend, error) {
+func newOCIBackend(src source, platform v1.Platform) (*ociBackend, error) {
 	fi, err := os.Stat(src.Path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -165,7 +166,7 @@ func newOCIBackend(src source) (*ociBackend, error) {
 			return nil, fmt.Errorf("%w: %s: %s is not an OCI image layout (no %s); create one with `skopeo copy docker://REF oci:%s:TAG`", ErrBadSource, src, src.Path, f, src.Path)
 		}
 	}
-	return &ociBackend{src: src, path: layout.Path(src.Path)}, nil
+	return &ociBackend{src: src, path: layout.Path(src.Path), platform: platform}, nil
 }
 
 func (b *ociBackend) top(ctx context.Context) (v1.Descriptor, []byte, error) {
@@ -199,6 +200,12 @@ func (b *ociBackend) pick(entries []v1.Descriptor) (v1.Descriptor, error) {
 		}
 	}
 	sort.Strings(names)
+	if len(found) > 1 {
+		var err error
+		if found, err = b.byPlatform(found); err != nil {
+			return v1.Descriptor{}, err
+		}
+	}
 	switch {
 	case len(found) == 1:
 		return found[0], nil
@@ -210,6 +217,24 @@ func (b *ociBackend) pick(entries []v1.Descriptor) (v1.Descriptor, error) {
 		return v1.Descriptor{}, fmt.Errorf("%w: %s: the layout holds %d images (%s); say which with oci:%s:TAG", ErrBadSource, b.src, len(found), strings.Join(names, ", "), b.src.Path)
 	}
 	return v1.Descriptor{}, fmt.Errorf("%w: %s: %d images in %s match %q; use the full name (%s)", ErrBadSource, b.src, len(found), b.src.Path, b.src.Tag, strings.Join(names, ", "))
+}
+
+// byPlatform narrows entries that share a name but each carry a platform
+// (as `crane pull --platform` or layout.WithPlatform write them) to the one
+// for b.platform. Entries without platforms are left for pick to refuse.
+func (b *ociBackend) byPlatform(entries []v1.Descriptor) ([]v1.Descriptor, error) {
+	var have []string
+	for _, d := range entries {
+		if d.Platform == nil {
+			return entries, nil
+		}
+		if d.Platform.Satisfies(b.platform) {
+			return []v1.Descriptor{d}, nil
+		}
+		have = append(have, d.Platform.String())
+	}
+	return nil, fmt.Errorf("%w: %s has no %s image; it has: %s. Pick an image built for %s, or change the recipe's arch",
+		ErrPlatform, b.src, b.platform, strings.Join(have, ", "), b.platform)
 }
 
 // tagPart returns the tag of a reference ("1.2" of "quay.io/acme/app:1.2"),

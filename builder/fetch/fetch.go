@@ -44,7 +44,7 @@ func (c *Cache) Fetch(ctx context.Context, source, baseDir, digest string, platf
 	if reporter == nil {
 		reporter = progress.Discard()
 	}
-	b := &lazyBackend{src: src, o: makeOptions(opts)}
+	b := &lazyBackend{src: src, platform: platform, o: makeOptions(opts)}
 
 	raw, err := c.manifest(ctx, b, h)
 	if err != nil {
@@ -160,15 +160,16 @@ func (c *Cache) FetchAll(ctx context.Context, reqs []Request, reporter progress.
 // lazyBackend opens the source on first use, so a fetch served entirely from
 // the cache needs neither the network nor the source files.
 type lazyBackend struct {
-	src  source
-	o    *options
-	once sync.Once
-	b    backend
-	err  error
+	src      source
+	platform v1.Platform
+	o        *options
+	once     sync.Once
+	b        backend
+	err      error
 }
 
 func (l *lazyBackend) get() (backend, error) {
-	l.once.Do(func() { l.b, l.err = openBackend(l.src, l.o) })
+	l.once.Do(func() { l.b, l.err = openBackend(l.src, l.platform, l.o) })
 	return l.b, l.err
 }
 

@@ -85,7 +85,7 @@ func (reg *testRegistry) resetCounts() {
 // fixture is the hello image in every source form.
 type fixture struct {
 	reg      *testRegistry
-	ociDir   string // quay.io/kiln/hello:1.0 (amd64) and quay.io/kiln/hello:multi
+	ociDir   string // quay.io/kiln/hello:1.0 (amd64), quay.io/kiln/hello:multi, and :split (two entries)
 	archive  string // docker archive, quay.io/kiln/hello:1.0
 	single   string // manifest digest of hello:1.0
 	index    string // index digest of hello:multi
@@ -128,6 +128,21 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	f.amd, f.arm = im.Manifests[0].Digest.String(), im.Manifests[1].Digest.String()
+	// The same name twice, one entry per platform, as `crane pull --platform` writes.
+	p, err := layout.FromPath(f.ociDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range im.Manifests {
+		img, err := helloIdx.Image(d.Digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ann := layout.WithAnnotations(map[string]string{images.RefNameAnnotation: "quay.io/kiln/hello:split"})
+		if err := p.AppendImage(img, ann, layout.WithPlatform(*d.Platform)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	f.reg.push(t, "kiln/hello:1.0", helloImg)
 	f.reg.push(t, "kiln/hello:multi", helloIdx)
 	f.reg.resetCounts()

@@ -34,7 +34,7 @@ func Resolve(ctx context.Context, source, baseDir string, platform v1.Platform, 
 	if err != nil {
 		return Resolved{}, fmt.Errorf("%w: %v", ErrBadSource, err)
 	}
-	b, err := openBackend(src, makeOptions(opts))
+	b, err := openBackend(src, platform, makeOptions(opts))
 	if err != nil {
 		return Resolved{}, err
 	}
