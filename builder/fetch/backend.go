@@ -295,13 +295,17 @@ func newArchiveBackend(src source) (*archiveBackend, error) {
 	if err == nil {
 		_, err = img.RawManifest() // reads manifest.json and the config
 	}
-	if err != nil && tag != nil {
+	if err != nil {
+		// Say which images the archive does hold, if it can be read at all.
 		if m, merr := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(src.Path) }); merr == nil {
 			var tags []string
 			for _, d := range m {
 				tags = append(tags, d.RepoTags...)
 			}
-			if !slices.Contains(tags, tag.Name()) && !slices.Contains(tags, src.Tag) {
+			switch {
+			case tag == nil && len(m) > 1:
+				return nil, fmt.Errorf("%w: %s: the archive holds %d images (%s); say which with docker-archive:%s:REF", ErrBadSource, src, len(m), strings.Join(tags, ", "), src.Path)
+			case tag != nil && !slices.Contains(tags, tag.Name()) && !slices.Contains(tags, src.Tag):
 				return nil, fmt.Errorf("%w: %s: no image tagged %s in %s; it has %s", ErrNotFound, src, src.Tag, src.Path, strings.Join(tags, ", "))
 			}
 		}

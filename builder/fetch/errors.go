@@ -33,6 +33,9 @@ func registryError(what, host string, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("%s: %w", what, err)
 	}
+	if strings.Contains(err.Error(), "does not match requested digest") { // go-containerregistry checked a manifest
+		return fmt.Errorf("%w: %s: registry %s served a manifest that does not match its digest; the registry's copy is damaged: %v", ErrCorrupt, what, host, err)
+	}
 	var te *transport.Error
 	if errors.As(err, &te) {
 		codes := map[transport.ErrorCode]bool{}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -82,6 +83,24 @@ func corruptBlobs(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	w.Write(rec.body.Bytes())
 }
 
+// corruptManifests serves manifests with a space added: valid JSON, wrong
+// digest.
+func corruptManifests(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	if r.Method != http.MethodGet || !strings.Contains(r.URL.Path, "/manifests/") {
+		next.ServeHTTP(w, r)
+		return
+	}
+	rec := &bufferedResponse{header: http.Header{}}
+	next.ServeHTTP(rec, r)
+	body := append(rec.body.Bytes(), ' ')
+	for k, v := range rec.header {
+		w.Header()[k] = v
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(rec.code)
+	w.Write(body)
+}
+
 type bufferedResponse struct {
 	header http.Header
 	code   int
@@ -97,6 +116,10 @@ func TestFetchCorrupt(t *testing.T) {
 	bad := newRegistry(t)
 	bad.push(t, "kiln/hello:1.0", helloImg)
 	bad.wrap = corruptBlobs
+
+	badManifestReg := newRegistry(t)
+	badManifestReg.push(t, "kiln/hello:1.0", helloImg)
+	badManifestReg.wrap = corruptManifests
 
 	_, _, layers, err := images.Blobs(f.ociDir, "quay.io/kiln/hello:1.0")
 	if err != nil {
@@ -122,6 +145,7 @@ func TestFetchCorrupt(t *testing.T) {
 		says         []string
 	}{
 		{"registry serves wrong bytes", "docker://" + bad.host + "/kiln/hello:1.0", []string{bad.host + "/kiln/hello:1.0", "expected sha256:", "got sha256:"}},
+		{"registry serves wrong manifest", "docker://" + badManifestReg.host + "/kiln/hello:1.0", []string{badManifestReg.host, "does not match"}},
 		{"tampered oci layer", "oci:" + tampered + ":1.0", []string{tampered, layers[0], "expected " + layers[0], "got sha256:"}},
 		{"tampered oci manifest", "oci:" + badManifest + ":1.0", []string{badManifest, "manifest " + f.single, "got sha256:"}},
 	} {

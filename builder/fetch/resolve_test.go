@@ -9,7 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/kiln-appliance/kiln/test/fixtures/images"
 )
@@ -102,6 +104,17 @@ func TestResolveErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	two := filepath.Join(t.TempDir(), "two.tar")
+	armImg, err := helloIdx.Image(mustHash(t, f.arm))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tagA, _ := name.NewTag("quay.io/kiln/a:1")
+	tagB, _ := name.NewTag("quay.io/kiln/b:1")
+	if err := tarball.MultiWriteToFile(two, map[name.Tag]v1.Image{tagA: helloImg, tagB: armImg}); err != nil {
+		t.Fatal(err)
+	}
+
 	for _, tc := range []struct {
 		name, source string
 		platform     v1.Platform
@@ -125,6 +138,7 @@ func TestResolveErrors(t *testing.T) {
 		{"oci which image", "oci:" + f.ociDir, amd64, ErrBadSource, []string{"holds 4 images", "oci:" + f.ociDir + ":TAG"}},
 		{"archive missing", "docker-archive:" + filepath.Join(notLayout, "x.tar"), amd64, ErrBadSource, []string{"x.tar"}},
 		{"archive not an archive", "docker-archive:" + file, amd64, ErrBadSource, []string{"docker save"}},
+		{"archive which image", "docker-archive:" + two, amd64, ErrBadSource, []string{"holds 2 images", "quay.io/kiln/a:1", "docker-archive:" + two + ":REF"}},
 		{"archive ref missing", "docker-archive:" + f.archive + ":quay.io/kiln/other:1", amd64, ErrNotFound, []string{"kiln/other", "quay.io/kiln/hello:1.0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
