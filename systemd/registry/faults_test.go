@@ -114,6 +114,42 @@ func TestDamagedBlobs(t *testing.T) {
 	}
 }
 
+// TestCorruptBlob: a blob of the right size but wrong content is caught on
+// its first full read: the client never gets it complete (the connection
+// breaks before the last bytes), and later requests get a 500.
+func TestCorruptBlob(t *testing.T) {
+	for _, size := range []int{100, 8 << 20} { // one read; many reads
+		t.Run(fmt.Sprint(size), func(t *testing.T) {
+			dir, layer := bigImage(t, size)
+			path := filepath.Join(dir, "blobs", "sha256", layer.Hex)
+			f := must(os.OpenFile(path, os.O_WRONLY, 0))
+			f.WriteAt([]byte{'!'}, int64(size-3))
+			f.Close()
+			log, logs := testLogger()
+			base := "http://" + serve(t, must(New([]string{dir}, WithLogger(log)))) + "/v2/quay.io/acme/big/blobs/" + layer.String()
+			// A range read cannot be checked, and is served.
+			if resp, _ := get(t, "GET", base, map[string]string{"Range": "bytes=0-9"}); resp.StatusCode != 206 {
+				t.Errorf("range read: status %d", resp.StatusCode)
+			}
+			// (Go's client may retry the aborted GET and then get the 500.)
+			resp, err := http.Get(base)
+			if err == nil {
+				n, rerr := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if rerr == nil && resp.StatusCode == 200 {
+					t.Fatalf("corrupt blob served completely: status %d, %d bytes", resp.StatusCode, n)
+				}
+			}
+			if !strings.Contains(logs.String(), "does not match its digest") || !strings.Contains(logs.String(), path) {
+				t.Errorf("corruption not logged with the file name:\n%s", logs)
+			}
+			if resp, body := get(t, "GET", base, nil); resp.StatusCode != 500 || !strings.Contains(string(body), "kiln verify") {
+				t.Errorf("after detection: %d %s, want 500", resp.StatusCode, body)
+			}
+		})
+	}
+}
+
 // TestTruncatedMidStream: a blob file that shrinks while it is being sent
 // must break the connection, never end as a short body with a clean EOF.
 func TestTruncatedMidStream(t *testing.T) {

@@ -2,8 +2,11 @@ package registry
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"hash"
 	"io"
 	"net/http"
 	"net/url"
@@ -42,10 +45,10 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, repo *reposito
 }
 
 // blob streams a blob from its file: Range, HEAD and conditional requests
-// via http.ServeContent, which keeps sendfile(2). Nothing is hashed per
-// request: the size check against the descriptor catches a truncated or
-// replaced file before any byte is sent, and a file that shrinks while
-// being sent aborts the connection.
+// via http.ServeContent, which keeps sendfile(2). The size check against
+// the descriptor catches a truncated or grown file before any byte is sent;
+// a file that shrinks while being sent aborts the connection; the first
+// full read of each blob is hashed (verifyingReader), later ones are not.
 func (s *Server) blob(w http.ResponseWriter, r *http.Request, repo *repository, rt route) {
 	if !repo.blobs[rt.ref] {
 		newError(http.StatusNotFound, codeBlobUnknown, fmt.Sprintf("blob %s is not in repository %s on this node", rt.ref, rt.name)).write(w)
@@ -67,8 +70,61 @@ func (s *Server) blob(w http.ResponseWriter, r *http.Request, repo *repository, 
 		s.damaged(w, rt.ref, bf, fmt.Sprintf("file is %d bytes, descriptor says %d", fi.Size(), bf.size))
 		return
 	}
+	var content io.ReadSeeker = f
+	switch v, _ := s.verified.Load(rt.ref); v {
+	case false:
+		s.damaged(w, rt.ref, bf, "content does not match its digest (found on an earlier read)")
+		return
+	case nil:
+		// First full read: hash it on the way (sendfile from the next read on).
+		if r.Method == http.MethodGet && r.Header.Get("Range") == "" {
+			content = &verifyingReader{f: f, s: s, digest: rt.ref, bf: bf, h: sha256.New()}
+		}
+	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	s.serveContent(w, r, rt.ref, f)
+	s.serveContent(w, r, rt.ref, content)
+}
+
+// verifyingReader hashes a blob as it is sent in full for the first time.
+// The check runs before the last bytes are handed on: a blob that does not
+// match its digest never reaches the client complete; the connection is
+// aborted instead, and the blob is marked damaged for later requests.
+//
+// It hides the *os.File (no embedding) so net/http cannot sendfile past it.
+type verifyingReader struct {
+	f      *os.File
+	s      *Server
+	digest string
+	bf     blobFile
+	h      hash.Hash
+	pos    int64
+}
+
+func (v *verifyingReader) Seek(off int64, whence int) (int64, error) {
+	pos, err := v.f.Seek(off, whence)
+	v.pos = pos
+	if pos == 0 {
+		v.h.Reset()
+	}
+	return pos, err
+}
+
+func (v *verifyingReader) Read(p []byte) (int, error) {
+	start := v.pos
+	n, err := v.f.Read(p)
+	v.h.Write(p[:n])
+	v.pos += int64(n)
+	if start < v.bf.size && v.pos == v.bf.size {
+		got := "sha256:" + hex.EncodeToString(v.h.Sum(nil))
+		if got != v.digest {
+			v.s.verified.Store(v.digest, false)
+			v.s.log.Error("blob file damaged: content does not match its digest; verify the image partition with `kiln verify` or reflash it",
+				"file", v.bf.path, "digest", v.digest, "got", got)
+			panic(http.ErrAbortHandler)
+		}
+		v.s.verified.Store(v.digest, true)
+	}
+	return n, err
 }
 
 // damaged reports a blob the index knows but whose file is wrong: 500 to

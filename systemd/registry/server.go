@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
@@ -25,6 +26,7 @@ type Server struct {
 	logRequests     bool
 	shutdownTimeout time.Duration
 	ready           func(Stats)
+	verified        sync.Map // blob digest → true (matches) or false (damaged), after a first full read
 }
 
 // Option configures a Server.
