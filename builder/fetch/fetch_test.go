@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -348,4 +349,30 @@ func (t countTask) Done(error) {
 	t.r.mu.Lock()
 	defer t.r.mu.Unlock()
 	t.r.done++
+}
+
+// TestFetchStreams: fetching 64 MiB of layers allocates a small fraction of
+// that; blobs are never held in memory.
+func TestFetchStreams(t *testing.T) {
+	dir := t.TempDir()
+	imgs, err := images.RandomImages(dir, 1, 64<<20, 0, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	if _, err := c.Fetch(context.Background(), "oci:"+dir, "", imgs[0].Digest, amd64, nil); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+	if n := after.TotalAlloc - before.TotalAlloc; n > 8<<20 {
+		t.Errorf("fetching 64 MiB allocated %d MiB", n>>20)
+	} else {
+		t.Logf("fetching 64 MiB allocated %d KiB", n>>10)
+	}
 }
