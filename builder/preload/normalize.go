@@ -25,14 +25,17 @@ import (
 //   - *.lock: containers/storage writes a random "last writer" token into
 //     lock files; an empty lock file is the valid initial state.
 //   - overlay-layers/layers.json "created": the wall clock; set to created.
+//   - overlay-images/images.json "created": the image config's, or the wall
+//     clock when the config has none; the latter is set to created.
 //   - mtimes: metadata files and directories the build creates carry the
 //     wall clock, as do whiteout devices and directories the layer tar does
 //     not list; every mtime newer than the build's start is clamped to
 //     created (the SOURCE_DATE_EPOCH rule). Timestamps from the layers are
 //     kept.
 //
-// Image "created" comes from the image config and is already stable; layer
-// IDs are chain IDs; tar-split files are gzip without a header timestamp.
+// Layer IDs are chain IDs and image IDs config digests; tar-split files are
+// gzip without a header timestamp; JSON metadata is written in a fixed
+// order.
 func normalize(dir string, start, created time.Time) error {
 	ov := filepath.Join(dir, Driver)
 	if err := relink(ov); err != nil {
@@ -48,7 +51,12 @@ func normalize(dir string, start, created time.Time) error {
 			return err
 		}
 	}
-	if err := rewriteCreated(filepath.Join(dir, Driver+"-layers", "layers.json"), created); err != nil {
+	if err := rewriteCreated(filepath.Join(dir, Driver+"-layers", "layers.json"), created, time.Time{}); err != nil {
+		return err
+	}
+	// An image's "created" is its config's, unless the config has none:
+	// then c/image records the wall clock.
+	if err := rewriteCreated(filepath.Join(dir, Driver+"-images", "images.json"), created, start.Add(-time.Second)); err != nil {
 		return err
 	}
 	return clampTimes(dir, start, created)
@@ -120,9 +128,10 @@ func relink(ov string) error {
 	return nil
 }
 
-// rewriteCreated sets the "created" field of every record in a
-// containers/storage JSON array file, keeping every other field as written.
-func rewriteCreated(path string, created time.Time) error {
+// rewriteCreated sets the "created" field of the records in a
+// containers/storage JSON array file to created, where it is after
+// (zero: every record), keeping every other field as written.
+func rewriteCreated(path string, created, after time.Time) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return err
@@ -133,7 +142,15 @@ func rewriteCreated(path string, created time.Time) error {
 	}
 	ts, _ := json.Marshal(created.UTC())
 	for _, r := range recs {
-		if _, ok := r["created"]; ok {
+		raw, ok := r["created"]
+		if !ok {
+			continue
+		}
+		var t time.Time
+		if err := json.Unmarshal(raw, &t); err != nil {
+			return fmt.Errorf("parse %s: created: %w", path, err)
+		}
+		if after.IsZero() || t.After(after) {
 			r["created"] = ts
 		}
 	}

@@ -55,7 +55,7 @@ func mounted(t *testing.T, p string) bool {
 }
 
 // mountsUnder lists the mount points below dir, deepest first.
-func mountsUnder(t *testing.T, dir string) []string {
+func mountsUnder(t testing.TB, dir string) []string {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
@@ -176,6 +176,7 @@ func TestPodmanReadsSquashedStore(t *testing.T) {
 	specs := map[string][]layers.Layer{
 		"quay.io/kiln/special:1.0":       layers.Special(),
 		"docker.io/library/hello:latest": layers.Hello(),
+		"quay.io/kiln/undated:1":         layers.Hello(),
 	}
 	for _, w := range written {
 		t.Run(w.Name, func(t *testing.T) {

@@ -27,6 +27,7 @@ func fixtures(t testing.TB, dir string) ([]Image, []layers.Written) {
 	w, err := layers.WriteLayout(oci,
 		layers.Spec{Name: "quay.io/kiln/special:1.0", Layers: layers.Special()},
 		layers.Spec{Name: "docker.io/library/hello:latest", Layers: layers.Hello()},
+		layers.Spec{Name: "quay.io/kiln/undated:1", Layers: layers.Hello(), NoCreated: true},
 	)
 	if err != nil {
 		t.Fatal(err)
