@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sync/singleflight"
@@ -35,10 +36,32 @@ func DefaultDir() string {
 
 // Open opens (creating it if needed) the cache at dir.
 func Open(dir string) (*Cache, error) {
-	if err := os.MkdirAll(filepath.Join(dir, "blobs", "sha256"), 0o755); err != nil {
+	blobs := filepath.Join(dir, "blobs", "sha256")
+	if err := os.MkdirAll(blobs, 0o755); err != nil {
 		return nil, fmt.Errorf("open blob cache: %w (set XDG_CACHE_HOME or --cache to a writable directory)", err)
 	}
+	removeStaleTemps(blobs)
 	return &Cache{dir: dir}, nil
+}
+
+// staleAfter is how long a temp file goes unwritten before it is taken for
+// the leftover of a killed kiln. (A live fetch writes to its file all the
+// time, so its modification time stays fresh.)
+const staleAfter = time.Hour
+
+func removeStaleTemps(dir string) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), tempPrefix) {
+			continue
+		}
+		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > staleAfter {
+			os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
 }
 
 // Dir is the cache's root directory.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 func TestDefaultDir(t *testing.T) {
@@ -63,5 +64,35 @@ func TestCacheDamaged(t *testing.T) {
 	}
 	if err := c.Verify(layer.Digest); err != nil {
 		t.Errorf("after refetch: %v", err)
+	}
+}
+
+// TestOpenRemovesStaleTemps: temp files a killed kiln left behind go once
+// stale; fresh ones (another build writing now) stay.
+func TestOpenRemovesStaleTemps(t *testing.T) {
+	dir := t.TempDir()
+	c, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blobs := filepath.Join(dir, "blobs", "sha256")
+	stale, fresh := filepath.Join(blobs, tempPrefix+"stale"), filepath.Join(blobs, tempPrefix+"fresh")
+	for _, p := range []string{stale, fresh} {
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := time.Now().Add(-2 * staleAfter)
+	if err := os.Chtimes(stale, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(c.Dir()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); err == nil {
+		t.Error("stale temp file kept")
+	}
+	if _, err := os.Stat(fresh); err != nil {
+		t.Errorf("fresh temp file removed: %v", err)
 	}
 }
