@@ -87,8 +87,10 @@ func (c *Cache) Fetch(ctx context.Context, source, baseDir, digest string, platf
 
 	var missing []v1.Descriptor
 	var total int64
+	seen := map[v1.Hash]bool{} // an image may repeat a layer
 	for _, d := range img.Blobs() {
-		if !c.Has(d) {
+		if !seen[d.Digest] && !c.Has(d) {
+			seen[d.Digest] = true
 			missing = append(missing, d)
 			total += d.Size
 		}
