@@ -171,7 +171,7 @@ func TestTruncatedMidStream(t *testing.T) {
 	if err == nil {
 		t.Fatalf("body ended cleanly after %d more bytes of a truncated blob", n)
 	}
-	if !strings.Contains(logs.String(), "blob ended early") {
+	if !strings.Contains(logs.String(), "blob ended early") || !strings.Contains(logs.String(), "request aborted") {
 		t.Errorf("no log line about the truncated blob:\n%s", logs)
 	}
 }
@@ -189,7 +189,7 @@ func TestWritesWithBodies(t *testing.T) {
 	log, _ := testLogger()
 	s := must(New([]string{f.dir}, WithLogger(log)))
 
-	// In the handler: at most maxDiscard bytes of a body are read.
+	// In the handler: no byte of a body is read.
 	for _, m := range []string{"POST", "PUT", "PATCH", "DELETE"} {
 		body := &countingReader{}
 		req := httptest.NewRequest(m, "/v2/quay.io/acme/app/blobs/uploads/x", io.NopCloser(body))
@@ -198,7 +198,7 @@ func TestWritesWithBodies(t *testing.T) {
 		if rec.Code != 405 || apiErrorCode(rec.Body.Bytes()) != codeUnsupported {
 			t.Errorf("%s: %d %s, want 405 UNSUPPORTED", m, rec.Code, rec.Body)
 		}
-		if body.n.Load() > 64<<10 {
+		if body.n.Load() != 0 {
 			t.Errorf("%s: handler read %d body bytes", m, body.n.Load())
 		}
 	}
@@ -222,6 +222,27 @@ func TestWritesWithBodies(t *testing.T) {
 	t.Logf("PUT of 4 GiB: 405 after %v, %d KiB of the body sent", el.Round(time.Millisecond), n>>10)
 	if el > 5*time.Second || n > 256<<20 {
 		t.Errorf("PUT of 4 GiB: %d bytes sent in %v before the 405; the body is being read", n, el)
+	}
+}
+
+// TestWriteExpectContinue: a client that asks before sending its body
+// (Expect: 100-continue) is refused without sending any of it.
+func TestWriteExpectContinue(t *testing.T) {
+	f := newFixture(t)
+	log, _ := testLogger()
+	addr := serve(t, must(New([]string{f.dir}, WithLogger(log))))
+	body := &countingReader{}
+	req := must(http.NewRequest("PUT", "http://"+addr+"/v2/quay.io/acme/app/manifests/1.2", io.NopCloser(io.LimitReader(body, 1<<30))))
+	req.ContentLength = 1 << 30
+	req.Header.Set("Expect", "100-continue")
+	c := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: 5 * time.Second}}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 405 || body.n.Load() != 0 {
+		t.Errorf("status %d, %d body bytes sent; want 405 and none", resp.StatusCode, body.n.Load())
 	}
 }
 

@@ -138,8 +138,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	cw := &countingWriter{ResponseWriter: w, status: http.StatusOK}
 	defer func() {
-		s.log.Info("request", "method", r.Method, "path", r.URL.EscapedPath(), "status", cw.status,
-			"bytes", cw.n, "ms", time.Since(start).Milliseconds(), "client", r.RemoteAddr)
+		attrs := []any{"method", r.Method, "path", r.URL.EscapedPath(), "status", cw.status,
+			"bytes", cw.n, "ms", time.Since(start).Milliseconds(), "client", r.RemoteAddr}
+		if p := recover(); p != nil {
+			s.log.Warn("request aborted", attrs...)
+			panic(p) // net/http closes the connection
+		}
+		s.log.Info("request", attrs...)
 	}()
 	s.serve(cw, r)
 }
@@ -181,14 +186,10 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// maxDiscard is how much of a refused request's body is read: none is
-// needed, and reading a large upload would only waste time.
-const maxDiscard = 4 << 10
-
 // refuse answers every write (and any other method) with 405 UNSUPPORTED.
-// It closes the connection instead of draining the request body.
+// The request body is never read (so no "100 Continue" invites a client to
+// send it) and the connection is closed instead of drained.
 func (s *Server) refuse(w http.ResponseWriter, r *http.Request) {
-	io.Copy(io.Discard, io.LimitReader(r.Body, maxDiscard))
 	h := w.Header()
 	h.Set("Allow", "GET, HEAD")
 	h.Set("Connection", "close")
