@@ -28,7 +28,7 @@ func squashStore(t *testing.T, store string) string {
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	run(t, "mount", "-o", "loop,ro", img, mnt)
+	run(t, "mount", "-o", "loop,ro,nodev,nosuid", img, mnt) // as var-lib-kiln-images.mount
 	t.Cleanup(func() {
 		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
 			t.Errorf("umount %s: %v: %s", mnt, err, out)

@@ -54,7 +54,7 @@ func nodeStore(t *testing.T, extra ...layers.Spec) (string, []layers.Written) {
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	run(t, nil, "mount", "-o", "loop,ro", img, mnt)
+	run(t, nil, "mount", "-o", "loop,ro,nodev,nosuid", img, mnt) // as var-lib-kiln-images.mount
 	t.Cleanup(func() { unmount(t, mnt) })
 	return mnt, written
 }
