@@ -26,18 +26,19 @@ func TestBadInput(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		input func(t *testing.T, dir string) (img Image, wantErr string)
+		twice bool // list the name a second time, for another digest
 	}{
-		{"dot-dot path", hostile(layers.Layer{layers.File("ok/../../x", 0o644, "x")}, `tar entry "ok/../../x" leaves the layer root`)},
-		{"absolute path", hostile(layers.Layer{layers.File("/etc/x", 0o644, "x")}, `tar entry "/etc/x" is an absolute path`)},
-		{"write through relative symlink", hostile(layers.Layer{layers.Symlink("esc", "../../../../tmp"), layers.File("esc/pwned", 0o644, "x")},
+		{name: "dot-dot path", input: hostile(layers.Layer{layers.File("ok/../../x", 0o644, "x")}, `tar entry "ok/../../x" leaves the layer root`)},
+		{name: "absolute path", input: hostile(layers.Layer{layers.File("/etc/x", 0o644, "x")}, `tar entry "/etc/x" is an absolute path`)},
+		{name: "write through relative symlink", input: hostile(layers.Layer{layers.Symlink("esc", "../../../../tmp"), layers.File("esc/pwned", 0o644, "x")},
 			`tar entry "esc/pwned" is written through the symlink "esc" the same layer created`)},
-		{"write through absolute symlink", hostile(layers.Layer{layers.Symlink("esc", "/etc"), layers.Dir("esc/sub/", 0o755)},
+		{name: "write through absolute symlink", input: hostile(layers.Layer{layers.Symlink("esc", "/etc"), layers.Dir("esc/sub/", 0o755)},
 			`tar entry "esc/sub/" is written through the symlink "esc" the same layer created`)},
-		{"hard link out", hostile(layers.Layer{layers.Link("hl", "../../etc/shadow", 0o600)},
+		{name: "hard link out", input: hostile(layers.Layer{layers.Link("hl", "../../etc/shadow", 0o600)},
 			`hard link "hl" to "../../etc/shadow": the target leaves the layer root`)},
-		{"hard link absolute", hostile(layers.Layer{layers.Link("hl", "/etc/shadow", 0o600)},
+		{name: "hard link absolute", input: hostile(layers.Layer{layers.Link("hl", "/etc/shadow", 0o600)},
 			`hard link "hl" to "/etc/shadow": the target is an absolute path`)},
-		{"corrupt layer", func(t *testing.T, dir string) (Image, string) {
+		{name: "corrupt layer", input: func(t *testing.T, dir string) (Image, string) {
 			img, w := one(t, dir, layers.Spec{Name: "quay.io/acme/app:1.2", Layers: layers.Hello()})
 			blob := filepath.Join(img.LayoutDir, "blobs", "sha256", w.Layers[0].Hex)
 			b, err := os.ReadFile(blob)
@@ -50,7 +51,7 @@ func TestBadInput(t *testing.T) {
 			}
 			return img, fmt.Sprintf("preload quay.io/acme/app:1.2: layer 1 of 1 (%s): blob %s is corrupt: its content hashes to sha256:%x; fetch the image again", w.Layers[0], blob, sha256.Sum256(b))
 		}},
-		{"missing layer", func(t *testing.T, dir string) (Image, string) {
+		{name: "missing layer", input: func(t *testing.T, dir string) (Image, string) {
 			img, w := one(t, dir, layers.Spec{Name: "quay.io/acme/app:1.2", Layers: layers.Hello()})
 			blob := filepath.Join(img.LayoutDir, "blobs", "sha256", w.Layers[0].Hex)
 			if err := os.Remove(blob); err != nil {
@@ -58,26 +59,34 @@ func TestBadInput(t *testing.T) {
 			}
 			return img, fmt.Sprintf("preload quay.io/acme/app:1.2: layer 1 of 1 (%s): blob %s is missing from the OCI layout; stage the image again", w.Layers[0], blob)
 		}},
-		{"wrong platform", func(t *testing.T, dir string) (Image, string) {
+		{name: "wrong platform", input: func(t *testing.T, dir string) (Image, string) {
 			img, w := one(t, dir, layers.Spec{Name: "quay.io/acme/app:1.2", Arch: "arm64", Layers: layers.Hello()})
 			return img, fmt.Sprintf("preload quay.io/acme/app:1.2: manifest %s is for platform linux/arm64, the appliance is linux/amd64; lock the image for linux/amd64", w.Digest)
 		}},
-		{"digest not in layout", func(t *testing.T, dir string) (Image, string) {
+		{name: "digest not in layout", input: func(t *testing.T, dir string) (Image, string) {
 			img, _ := one(t, dir, layers.Spec{Name: "quay.io/acme/app:1.2", Layers: layers.Hello()})
 			img.Digest = "sha256:" + strings.Repeat("0", 64)
 			return img, fmt.Sprintf("preload quay.io/acme/app:1.2: manifest %s not found in OCI layout %s (index.json lists 1 entries); stage the image or fix the lock", img.Digest, img.LayoutDir)
 		}},
-		{"bad name", func(t *testing.T, dir string) (Image, string) {
+		{name: "bad name", input: func(t *testing.T, dir string) (Image, string) {
 			img, _ := one(t, dir, layers.Spec{Name: "quay.io/acme/app:1.2", Layers: layers.Hello()})
 			img.Name = "Quay.io/ACME/App:1.2"
 			return img, `preload Quay.io/ACME/App:1.2: invalid image name: invalid reference format: repository name must be lowercase`
+		}},
+		{name: "name twice", twice: true, input: func(t *testing.T, dir string) (Image, string) {
+			img, w := one(t, dir, layers.Spec{Name: "quay.io/acme/app:1.2", Layers: layers.Hello()})
+			return img, fmt.Sprintf("preload: image name quay.io/acme/app:1.2 is listed twice, for %s and sha256:%s; a name can mean one image only: fix the recipe or lock", w.Digest, strings.Repeat("1", 64))
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			img, want := tc.input(t, dir)
 			store := filepath.Join(dir, "store")
-			_, err := Build(context.Background(), store, []Image{img})
+			imgs := []Image{img}
+			if tc.twice {
+				imgs = append(imgs, Image{Name: img.Name, LayoutDir: img.LayoutDir, Digest: "sha256:" + strings.Repeat("1", 64)})
+			}
+			_, err := Build(context.Background(), store, imgs)
 			if err == nil || err.Error() != want {
 				t.Errorf("Build:\n got %v\nwant %s", err, want)
 			}

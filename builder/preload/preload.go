@@ -97,7 +97,14 @@ func Build(ctx context.Context, storeDir string, images []Image, opts ...Option)
 	if len(images) == 0 {
 		return nil, errors.New("preload: no images to preload")
 	}
-	// Check everything cheap before any slow work: sources, platforms, privileges.
+	seen := map[string]string{}
+	for _, img := range images {
+		if d, ok := seen[img.Name]; ok && d != img.Digest {
+			return nil, fmt.Errorf("preload: image name %s is listed twice, for %s and %s; a name can mean one image only: fix the recipe or lock", img.Name, d, img.Digest)
+		}
+		seen[img.Name] = img.Digest
+	}
+	// Check everything before any slow work: sources, layers, privileges.
 	srcs := make([]source, len(images))
 	for i, img := range images {
 		if srcs[i], err = resolve(img, o); err != nil {
@@ -263,8 +270,8 @@ func (s source) check(o options) (source, error) {
 	for _, l := range m.LayerInfos() {
 		s.size += l.Size
 	}
-	var cfg imgspecv1.Image
-	if err := json.Unmarshal(mustBlob(s.img.LayoutDir, s.configID, &err), &cfg); err != nil {
+	cfg, err := readBlobJSON[imgspecv1.Image](s.img.LayoutDir, s.configID)
+	if err != nil {
 		return fail("config %s: %v", s.configID, err)
 	}
 	if cfg.OS != o.os || cfg.Architecture != o.arch || (o.variant != "" && cfg.Variant != o.variant) {
@@ -282,15 +289,6 @@ func (s source) check(o options) (source, error) {
 		return source{}, err
 	}
 	return s, nil
-}
-
-func mustBlob(dir string, d digest.Digest, errp *error) []byte {
-	b, err := readBlob(dir, d, 4<<20)
-	if err != nil {
-		*errp = err
-		return []byte("null")
-	}
-	return b
 }
 
 func isIndex(mt string) bool {
