@@ -151,11 +151,19 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+	rt, aerr := parseRoute(r.URL.EscapedPath())
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		// A malformed name or reference is reported as such (400, as the
+		// conformance suite expects of a PUT to "sha256:totallywrong");
+		// everything else is refused.
+		if aerr != nil && aerr.Status == http.StatusBadRequest {
+			w.Header().Set("Connection", "close")
+			aerr.write(w)
+			return
+		}
 		s.refuse(w, r)
 		return
 	}
-	rt, aerr := parseRoute(r.URL.EscapedPath())
 	if aerr != nil {
 		aerr.write(w)
 		return

@@ -209,6 +209,9 @@ func TestRoutes(t *testing.T) {
 		{"delete manifest", "DELETE", app + "/manifests/" + f.appDigest.String(), nil, 405, codeUnsupported, nil, nil},
 		{"delete blob", "DELETE", app + "/blobs/" + cfg.Digest.String(), nil, 405, codeUnsupported, nil, nil},
 		{"options", "OPTIONS", "/v2/", nil, 405, codeUnsupported, nil, nil},
+		{"put bad digest", "PUT", app + "/manifests/sha256:totallywrong", nil, 400, codeDigestInvalid, nil, nil},
+		{"put bad name", "PUT", "/v2/quay.io/../x/manifests/1", nil, 400, codeNameInvalid, nil, nil},
+		{"put no endpoint", "PUT", "/v2/quay.io/acme/app/things/x", nil, 405, codeUnsupported, nil, nil},
 		{"upload route GET", "GET", app + "/blobs/uploads/", nil, 405, codeUnsupported, nil, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
