@@ -98,19 +98,22 @@ func (d *document) parse(data []byte, what string) *yaml.Node {
 		d.syntaxError(data, err)
 		return nil
 	}
-	var extra yaml.Node
-	switch err := dec.Decode(&extra); {
-	case errors.Is(err, io.EOF):
-	case err != nil:
-		d.syntaxError(data, err)
-		return nil
-	default:
-		line := extra.Line
-		if len(extra.Content) > 0 {
-			line = extra.Content[0].Line
+	// Further documents: empty ones (a trailing "---") are harmless; any
+	// content is an error, since it would be silently ignored.
+	for {
+		var extra yaml.Node
+		err := dec.Decode(&extra)
+		if errors.Is(err, io.EOF) {
+			break
 		}
-		d.errs = append(d.errs, &Error{File: d.file, Line: line, Column: 1,
-			Msg: "a second YAML document ('---') starts here; the file must hold exactly one"})
+		if err != nil {
+			d.syntaxError(data, err)
+			return nil
+		}
+		if len(extra.Content) == 0 || isNull(extra.Content[0]) {
+			continue
+		}
+		d.errorAt(extra.Content[0], "", "a second YAML document (after a '---' line) starts here; the file must hold exactly one")
 		return nil
 	}
 	top := root.Content[0]

@@ -131,7 +131,7 @@ func TestLoadErrors(t *testing.T) {
 		{"comments only", "# nothing\n", `r.yaml:1:1: the file is empty; a recipe starts with "apiVersion: kiln.dev/v1alpha1"`},
 		{"tab indent", head + "images:\n\t- name: x\n", `r.yaml:6: invalid YAML: found character that cannot start any token (a tab: indent YAML with spaces, not tabs)`},
 		{"unclosed flow", head + "images: [\n", `r.yaml:5: invalid YAML: did not find expected node content`},
-		{"two documents", head + oneImage + "---\nname: b\n", `r.yaml:8:1: a second YAML document ('---') starts here; the file must hold exactly one`},
+		{"two documents", head + oneImage + "---\n# more\nname: b\n", `r.yaml:9:1: a second YAML document (after a '---' line) starts here; the file must hold exactly one`},
 		{"not a mapping", "- a\n- b\n", `r.yaml:1:1: expected a mapping of fields (apiVersion: …, kind: …), got a list`},
 		{"alias", head + "images:\n  - &a {name: quay.io/acme/app:1.2}\n  - *a\n", `r.yaml:7:5: images[1]: YAML aliases (*a) are not supported here; write the value out in full`},
 
@@ -222,6 +222,27 @@ func TestLoadErrors(t *testing.T) {
 
 // TestLoadManyErrors checks that one run reports every problem, in file
 // order, and no second error for a field that already has one.
+// TestLoadAccepts covers YAML forms that must load.
+func TestLoadAccepts(t *testing.T) {
+	for name, y := range map[string]string{
+		"document markers": "---\n" + head + oneImage + "...\n",
+		"trailing ---":     head + oneImage + "---\n# the end\n",
+		"empty mappings":   head + oneImage + "registry:\npreload: {}\nignition:\n",
+		"anchor, no alias": head + "images:\n  - &app {name: quay.io/acme/app:1.2}\n",
+		"flow style":       `{apiVersion: kiln.dev/v1alpha1, kind: Appliance, name: a, base: {path: b}, images: [{name: "quay.io/a/b:1"}]}`,
+		"explicit tags":    head + "images:\n  - name: !!str quay.io/acme/app:1.2\n    serve: !!bool true\n",
+		"CRLF":             strings.ReplaceAll(head+oneImage, "\n", "\r\n"),
+		"version number":   head + oneImage + "version: 1.10\n",
+	} {
+		r, err := Parse("r.yaml", []byte(y))
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+		} else if name == "version number" && r.Version != "1.10" {
+			t.Errorf("version = %q, want 1.10 as written", r.Version)
+		}
+	}
+}
+
 func TestLoadManyErrors(t *testing.T) {
 	_, err := Parse("r.yaml", []byte(`apiVersion: kiln.dev/v1alpha1
 kind: Appliance
