@@ -124,9 +124,16 @@ func Run(ctx context.Context, addr string, dirs []string, opts ...Option) error 
 	if err != nil {
 		return fmt.Errorf("listen on %s (is another registry running there? change --listen): %w", addr, err)
 	}
-	err = s.Serve(ctx, l)
-	daemon.SdNotify(false, daemon.SdNotifyStopping)
-	return err
+	stopped := make(chan struct{})
+	defer close(stopped)
+	go func() {
+		select {
+		case <-ctx.Done(): // tell systemd as soon as the drain starts
+			daemon.SdNotify(false, daemon.SdNotifyStopping)
+		case <-stopped:
+		}
+	}()
+	return s.Serve(ctx, l)
 }
 
 // ServeHTTP routes one request.
