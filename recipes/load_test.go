@@ -336,3 +336,29 @@ images:
 		t.Errorf("all there: %v", err)
 	}
 }
+
+// TestDocsListEveryField keeps docs/recipes.md in step with the types: every
+// YAML field of a recipe has a row in its tables.
+func TestDocsListEveryField(t *testing.T) {
+	doc, err := os.ReadFile("../docs/recipes.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var walk func(reflect.Type)
+	walk = func(typ reflect.Type) {
+		names, index := yamlFields(typ)
+		for _, n := range names {
+			if !strings.Contains(string(doc), "| `"+n+"` |") {
+				t.Errorf("docs/recipes.md has no row for field %q of %s", n, typ.Name())
+			}
+			ft := typ.Field(index[n]).Type
+			for ft.Kind() == reflect.Pointer || ft.Kind() == reflect.Slice {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Struct && ft != reflect.TypeFor[Size]() {
+				walk(ft)
+			}
+		}
+	}
+	walk(reflect.TypeFor[Recipe]())
+}
