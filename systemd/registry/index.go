@@ -164,7 +164,7 @@ func (l *loader) loadLayout(dir string) error {
 			continue
 		}
 		if err := l.loadManifest(root, d, where); err != nil {
-			return err
+			return fmt.Errorf("%w (the layout is damaged: verify the image partition with `kiln verify` or reflash it)", err)
 		}
 		refName, ok := d.Annotations[refNameAnnotation]
 		if !ok {
@@ -284,7 +284,7 @@ func readVerified(path string, d descriptor) ([]byte, error) {
 	}
 	sum := sha256.Sum256(data)
 	if int64(len(data)) != d.Size || "sha256:"+hex.EncodeToString(sum[:]) != d.Digest {
-		return nil, fmt.Errorf("%s does not match its digest (damaged; verify the partition with `kiln verify` or reflash)", path)
+		return nil, fmt.Errorf("%s does not match its digest", path)
 	}
 	return data, nil
 }
