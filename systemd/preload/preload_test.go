@@ -32,7 +32,7 @@ var specs = []layers.Spec{
 
 // nodeStore builds the preloaded store the way the factory does and
 // mounts it as the node sees it: a read-only loop-mounted squashfs.
-func nodeStore(t *testing.T, extra ...layers.Spec) (string, []layers.Written) {
+func nodeStore(t testing.TB, extra ...layers.Spec) (string, []layers.Written) {
 	t.Helper()
 	dir := t.TempDir()
 	oci := filepath.Join(dir, "oci")
@@ -40,6 +40,13 @@ func nodeStore(t *testing.T, extra ...layers.Spec) (string, []layers.Written) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return squashed(t, dir, oci, written), written
+}
+
+// squashed builds the store from the images written to oci and mounts it
+// as the node does.
+func squashed(t testing.TB, dir, oci string, written []layers.Written) string {
+	t.Helper()
 	var imgs []bpreload.Image
 	for _, w := range written {
 		imgs = append(imgs, bpreload.Image{Name: w.Name, LayoutDir: oci, Digest: w.Digest.String()})
@@ -56,12 +63,12 @@ func nodeStore(t *testing.T, extra ...layers.Spec) (string, []layers.Written) {
 	}
 	run(t, nil, "mount", "-o", "loop,ro,nodev,nosuid", img, mnt) // as var-lib-kiln-images.mount
 	t.Cleanup(func() { unmount(t, mnt) })
-	return mnt, written
+	return mnt
 }
 
 // scratch is a temp dir with a short path (podman refuses run roots over
 // 50 characters) that is removed only when nothing is mounted under it.
-func scratch(t *testing.T) string {
+func scratch(t testing.TB) string {
 	dir, err := os.MkdirTemp("", "kiln-pc-")
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +86,7 @@ func scratch(t *testing.T) string {
 	return dir
 }
 
-func unmount(t *testing.T, p string) {
+func unmount(t testing.TB, p string) {
 	if out, err := exec.Command("umount", p).CombinedOutput(); err != nil {
 		t.Errorf("umount %s: %v: %s", p, err, out)
 	}
@@ -89,7 +96,7 @@ func unmount(t *testing.T, p string) {
 }
 
 // mountsUnder lists the mount points below dir, deepest first.
-func mountsUnder(t *testing.T, dir string) []string {
+func mountsUnder(t testing.TB, dir string) []string {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +111,7 @@ func mountsUnder(t *testing.T, dir string) []string {
 	return ms
 }
 
-func run(t *testing.T, env []string, name string, args ...string) string {
+func run(t testing.TB, env []string, name string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command(name, args...)
 	cmd.Env = append(os.Environ(), env...)
@@ -290,5 +297,25 @@ func TestCopyNotAStore(t *testing.T) {
 	want := fmt.Sprintf("preload-copy: %s is not a preloaded containers/storage store (stat %s/overlay-images/images.json: no such file or directory); is the kiln image partition mounted?", dir, dir)
 	if err == nil || err.Error() != want {
 		t.Errorf("CopyToMainStore:\n got %v\nwant %s", err, want)
+	}
+}
+
+// TestStorageConfStoreMissing pins why CRI-O and podman must be ordered
+// after the image partition's mount in mode "store": with the additional
+// store absent, podman 4.3 refuses to run at all.
+func TestStorageConfStoreMissing(t *testing.T) {
+	dir := scratch(t)
+	absent := filepath.Join(dir, "images", "storage")
+	conf := filepath.Join(dir, "storage.conf")
+	text := StorageConf(Conf{GraphRoot: filepath.Join(dir, "root"), RunRoot: filepath.Join(dir, "run"), AdditionalImageStores: []string{absent}})
+	if err := os.WriteFile(conf, text, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("podman", "--tmpdir", filepath.Join(dir, "tmp"), "--events-backend", "none", "images")
+	cmd.Env = append(os.Environ(), "CONTAINERS_STORAGE_CONF="+conf)
+	out, err := cmd.CombinedOutput()
+	want := fmt.Sprintf("overlay: can't stat imageStore dir %s: stat %s: no such file or directory", absent, absent)
+	if err == nil || !strings.Contains(string(out), want) {
+		t.Errorf("podman images without the preloaded store: %v\n%s\nwant failure %q", err, out, want)
 	}
 }
