@@ -1,0 +1,178 @@
+package e2e
+
+import (
+	_ "embed"
+	"encoding/json"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coreos/ignition/v2/config/v3_3/types"
+
+	"github.com/kiln-appliance/kiln/test/e2e/fixture"
+	"github.com/kiln-appliance/kiln/test/e2e/rawdisk"
+	"github.com/kiln-appliance/kiln/test/e2e/vm"
+)
+
+//go:embed testdata/firstboot-check.sh
+var firstbootCheck string
+
+const checkUnit = `[Unit]
+Description=kiln e2e checks
+After=multi-user.target
+
+[Service]
+Type=oneshot
+StandardOutput=journal+console
+ExecStart=/usr/local/bin/kiln-e2e-check
+SuccessAction=poweroff
+FailureAction=poweroff
+
+[Install]
+WantedBy=multi-user.target
+`
+
+// TestIgnitionFirstBoot proves the base fixture behaves like CoreOS: the
+// Ignition config on the boot partition is applied at first boot (a file
+// written, a unit enabled and run), and a second boot does not run Ignition.
+func TestIgnitionFirstBoot(t *testing.T) {
+	base := fixture.Base(t)
+	disk := filepath.Join(t.TempDir(), "disk.raw")
+	if err := rawdisk.Copy(disk, base); err != nil {
+		t.Fatal(err)
+	}
+	boot := mustFind(t, disk, "boot")
+	if err := boot.WriteFile("/ignition/config.ign", ignitionConfig(t), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	first := vm.Boot(t, disk, vm.WithName("first-boot"))
+	t.Logf("first boot (Ignition) took %s", first.Duration.Round(time.Second))
+	requireAllPass(t, first)
+	requireDetail(t, first, "boot", "n=1")
+	requireDetail(t, first, "firstboot-flag", "yes")
+	requireDetail(t, first, "ignition-finished", "yes")
+
+	// Offline, after power-off: what Ignition wrote is on the root disk, the
+	// one-shot boot entry is gone, and the journal can be read on the host.
+	root := mustFind(t, disk, "root")
+	got, err := root.ReadFile("/etc/kiln-e2e/hello.txt")
+	if err != nil || string(got) != "hello from ignition" {
+		t.Errorf("root:/etc/kiln-e2e/hello.txt = %q, %v; want %q", got, err, "hello from ignition")
+	}
+	entries, err := mustFind(t, disk, "EFI-SYSTEM").FATList("/loader/entries")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(entries, "ignition-firstboot.conf") {
+		t.Errorf("ESP /loader/entries still has ignition-firstboot.conf after first boot: %v", entries)
+	}
+	journal := readJournal(t, root, filepath.Join(filepath.Dir(first.Console), "first-boot-journal.txt"))
+	if !strings.Contains(journal, "Ignition finished successfully") {
+		t.Errorf("offline journal lacks %q", "Ignition finished successfully")
+	}
+
+	second := vm.Boot(t, disk, vm.WithName("second-boot"))
+	t.Logf("second boot (no Ignition) took %s", second.Duration.Round(time.Second))
+	requireAllPass(t, second)
+	requireDetail(t, second, "boot", "n=2")
+	requireDetail(t, second, "firstboot-flag", "no")
+	requireDetail(t, second, "ignition-this-boot", "lines=0")
+}
+
+// ignitionConfig returns a spec 3.3.0 config, checked by ignition-validate:
+// one plain file, the check script, and the check unit, enabled.
+func ignitionConfig(t *testing.T) []byte {
+	t.Helper()
+	data := func(s string) *string {
+		u := "data:," + url.PathEscape(s)
+		return &u
+	}
+	mode := func(m int) *int { return &m }
+	yes := true
+	unit := checkUnit
+	cfg := types.Config{
+		Ignition: types.Ignition{Version: "3.3.0"},
+		Storage: types.Storage{Files: []types.File{
+			{Node: types.Node{Path: "/etc/kiln-e2e/hello.txt"},
+				FileEmbedded1: types.FileEmbedded1{Mode: mode(0o644),
+					Contents: types.Resource{Source: data("hello from ignition")}}},
+			{Node: types.Node{Path: "/usr/local/bin/kiln-e2e-check"},
+				FileEmbedded1: types.FileEmbedded1{Mode: mode(0o755),
+					Contents: types.Resource{Source: data(firstbootCheck)}}},
+		}},
+		Systemd: types.Systemd{Units: []types.Unit{
+			{Name: "kiln-e2e-check.service", Enabled: &yes, Contents: &unit},
+		}},
+	}
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "config.ign")
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("ignition-validate", p).CombinedOutput(); err != nil {
+		t.Fatalf("ignition-validate rejects the test config: %v\n%s", err, out)
+	}
+	return b
+}
+
+func mustFind(t *testing.T, disk, name string) rawdisk.Partition {
+	t.Helper()
+	p, err := rawdisk.Find(disk, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// readJournal copies /var/log/journal off the root partition, renders it with
+// the host's journalctl and keeps the text at save.
+func readJournal(t *testing.T, root rawdisk.Partition, save string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := root.CopyOut("/var/log/journal", dir); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("journalctl", "--directory", filepath.Join(dir, "journal"),
+		"-m", "--no-pager", "-o", "short-monotonic").CombinedOutput()
+	if err != nil {
+		t.Fatalf("journalctl --directory: %v\n%s", err, out)
+	}
+	if err := os.WriteFile(save, out, 0o644); err == nil {
+		t.Logf("guest journal: %s", save)
+	}
+	return string(out)
+}
+
+func requireAllPass(t *testing.T, r *vm.Result) {
+	t.Helper()
+	checks := r.Checks()
+	if len(checks) == 0 {
+		t.Fatalf("guest reported no %s lines; console: %s", vm.CheckPrefix, r.Console)
+	}
+	for _, c := range checks {
+		if !c.Pass {
+			t.Errorf("guest check %s FAIL %s (console: %s)", c.Name, c.Detail, r.Console)
+		}
+	}
+}
+
+func requireDetail(t *testing.T, r *vm.Result, name, want string) {
+	t.Helper()
+	c, ok := r.Check(name)
+	if !ok {
+		t.Errorf("guest did not report %q (console: %s)", name, r.Console)
+		return
+	}
+	if c.Detail != want {
+		t.Errorf("guest check %s: got %q, want %q (console: %s)", name, c.Detail, want, r.Console)
+	}
+}

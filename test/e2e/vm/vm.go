@@ -1,0 +1,348 @@
+// Package vm boots a disk image in QEMU (TCG, UEFI via OVMF, no network) for
+// the end-to-end tests, captures the serial console to a log file, scans it
+// live, and returns what the guest reported.
+//
+// Guests report through console lines "KILN-E2E: <name> PASS|FAIL <detail>",
+// printed by a check unit that then powers the machine off. Every boot has a
+// bound: on timeout, on a failure pattern (kernel panic, emergency mode) or on
+// an unexpected QEMU exit the test fails with the last console lines and the
+// path of the full log.
+package vm
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Firmware files from Debian's ovmf package.
+const (
+	ovmfCode = "/usr/share/OVMF/OVMF_CODE_4M.fd"
+	ovmfVars = "/usr/share/OVMF/OVMF_VARS_4M.fd"
+)
+
+// CheckPrefix starts every machine-readable result line a guest prints.
+const CheckPrefix = "KILN-E2E:"
+
+// DefaultFailOn are console substrings that end a boot at once as failed.
+var DefaultFailOn = []string{
+	"Kernel panic",
+	"emergency mode", // systemd's and dracut's emergency shells
+	"Reached target Emergency Mode",
+	"Ignition failed", // our own marker, and Ignition's OnFailure path
+}
+
+type config struct {
+	timeout time.Duration
+	memMiB  int
+	cpus    int
+	failOn  []string
+	logDir  string
+	name    string
+	extra   []string
+}
+
+// Option changes how Boot runs QEMU.
+type Option func(*config)
+
+// WithTimeout bounds the whole boot, from QEMU start to guest power-off.
+func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
+
+// WithMemory sets the guest RAM in MiB.
+func WithMemory(mib int) Option { return func(c *config) { c.memMiB = mib } }
+
+// WithCPUs sets the number of guest CPUs.
+func WithCPUs(n int) Option { return func(c *config) { c.cpus = n } }
+
+// WithFailOn adds console substrings that fail the boot as soon as they appear.
+func WithFailOn(s ...string) Option { return func(c *config) { c.failOn = append(c.failOn, s...) } }
+
+// WithLogDir sets where console logs go (default: $KILN_E2E_LOGS, else
+// test/e2e/.cache/logs/<test name>). Logs are kept after the test.
+func WithLogDir(dir string) Option { return func(c *config) { c.logDir = dir } }
+
+// WithName names this boot in log file names and messages (default "boot").
+func WithName(name string) Option { return func(c *config) { c.name = name } }
+
+// WithQEMUArgs appends raw QEMU arguments (e.g. a second -drive).
+func WithQEMUArgs(args ...string) Option {
+	return func(c *config) { c.extra = append(c.extra, args...) }
+}
+
+// Check is one "KILN-E2E: <name> PASS|FAIL <detail>" console line.
+type Check struct {
+	Name   string
+	Pass   bool
+	Detail string
+}
+
+// Result is what one boot left on the console.
+type Result struct {
+	Console  string        // path of the full console log (raw bytes)
+	Duration time.Duration // QEMU start to power-off
+	lines    []string      // console lines, escape sequences removed
+}
+
+// Lines returns the console lines that contain prefix, from prefix on.
+func (r *Result) Lines(prefix string) []string {
+	var out []string
+	for _, l := range r.lines {
+		if i := strings.Index(l, prefix); i >= 0 {
+			out = append(out, l[i:])
+		}
+	}
+	return out
+}
+
+// All returns every console line.
+func (r *Result) All() []string { return r.lines }
+
+// Checks parses the KILN-E2E lines. Malformed ones come back as failed
+// checks named "malformed" so they cannot go unnoticed.
+func (r *Result) Checks() []Check {
+	var out []Check
+	for _, l := range r.Lines(CheckPrefix) {
+		c, err := ParseCheck(l)
+		if err != nil {
+			c = Check{Name: "malformed", Detail: l}
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// Check returns the last check called name, and whether there was one.
+func (r *Result) Check(name string) (Check, bool) {
+	var found Check
+	ok := false
+	for _, c := range r.Checks() {
+		if c.Name == name {
+			found, ok = c, true
+		}
+	}
+	return found, ok
+}
+
+// ParseCheck parses one "KILN-E2E: <name> PASS|FAIL [detail]" line.
+func ParseCheck(line string) (Check, error) {
+	rest, ok := strings.CutPrefix(strings.TrimSpace(line), CheckPrefix)
+	if !ok {
+		return Check{}, fmt.Errorf("not a %s line: %q", CheckPrefix, line)
+	}
+	f := strings.SplitN(strings.TrimSpace(rest), " ", 3)
+	if len(f) < 2 || (f[1] != "PASS" && f[1] != "FAIL") {
+		return Check{}, fmt.Errorf("want %q <name> PASS|FAIL [detail], got %q", CheckPrefix, line)
+	}
+	c := Check{Name: f[0], Pass: f[1] == "PASS"}
+	if len(f) == 3 {
+		c.Detail = strings.TrimSpace(f[2])
+	}
+	return c, nil
+}
+
+// Boot boots disk (booted in place: pass a copy) until the guest powers off,
+// and returns its console. It fails the test on timeout, on a failure
+// pattern, or if QEMU exits with an error.
+func Boot(t testing.TB, disk string, opts ...Option) *Result {
+	t.Helper()
+	c := config{timeout: defaultTimeout(), memMiB: 2048, cpus: 2, name: "boot"}
+	c.failOn = append(c.failOn, DefaultFailOn...)
+	for _, o := range opts {
+		o(&c)
+	}
+	if c.logDir == "" {
+		c.logDir = defaultLogDir(t)
+	}
+	if err := os.MkdirAll(c.logDir, 0o755); err != nil {
+		t.Fatalf("vm: create log dir: %v", err)
+	}
+	res, err := run(t, disk, c)
+	if err != nil {
+		t.Fatalf("vm: %s of %s: %v", c.name, disk, err)
+	}
+	t.Logf("vm: %s of %s: powered off after %s (console: %s)", c.name, filepath.Base(disk),
+		res.Duration.Round(time.Second), res.Console)
+	return res
+}
+
+func run(t testing.TB, disk string, c config) (*Result, error) {
+	if _, err := os.Stat(disk); err != nil {
+		return nil, fmt.Errorf("disk image: %w", err)
+	}
+	stamp := time.Now().UTC().Format("150405")
+	logPath := filepath.Join(c.logDir, fmt.Sprintf("%s-%s-console.log", c.name, stamp))
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+
+	// UEFI variables are per run; the code is read-only and shared.
+	vars := filepath.Join(t.TempDir(), "OVMF_VARS.fd")
+	if err := copyFile(vars, ovmfVars); err != nil {
+		return nil, fmt.Errorf("copy OVMF variables (is the ovmf package installed?): %w", err)
+	}
+	args := []string{
+		"-accel", "tcg", "-machine", "q35",
+		"-m", fmt.Sprint(c.memMiB), "-smp", fmt.Sprint(c.cpus),
+		"-nographic", "-monitor", "none", "-serial", "stdio",
+		"-nic", "none", "-no-reboot",
+		"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=" + ovmfCode,
+		"-drive", "if=pflash,format=raw,unit=1,file=" + vars,
+		"-drive", "if=virtio,format=raw,file=" + disk,
+	}
+	args = append(args, c.extra...)
+	fmt.Fprintf(logFile, "# qemu-system-x86_64 %s\n", strings.Join(args, " "))
+
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
+	cmd.WaitDelay = 10 * time.Second
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start qemu-system-x86_64 (is qemu-system-x86 installed?): %w", err)
+	}
+
+	sc := newScanner(c.failOn, t, c.name)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		sc.scan(io.TeeReader(stdout, logFile), cancel)
+	}()
+	wg.Wait() // the pipe closes when QEMU exits or is killed
+	waitErr := cmd.Wait()
+	res := &Result{Console: logPath, Duration: time.Since(start), lines: sc.lines}
+
+	tail := func() string {
+		return fmt.Sprintf("last console lines:\n%s\nfull console log: %s",
+			indent(lastN(sc.lines, 60)), logPath)
+	}
+	switch {
+	case sc.failedOn != "":
+		return res, fmt.Errorf("console showed %q after %s; %s", sc.failedOn,
+			res.Duration.Round(time.Second), tail())
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return res, fmt.Errorf("no power-off within %s (raise it with vm.WithTimeout); %s", c.timeout, tail())
+	case waitErr != nil:
+		return res, fmt.Errorf("qemu-system-x86_64 failed: %v: %s; %s", waitErr,
+			strings.TrimSpace(stderr.String()), tail())
+	}
+	return res, nil
+}
+
+// scanner splits the console into clean lines and watches for failures.
+type scanner struct {
+	failOn   []string
+	t        testing.TB
+	name     string
+	lines    []string
+	failedOn string
+}
+
+func newScanner(failOn []string, t testing.TB, name string) *scanner {
+	return &scanner{failOn: failOn, t: t, name: name}
+}
+
+// ansi matches terminal escape sequences OVMF and systemd write.
+var ansi = regexp.MustCompile(`\x1b(\[[0-9;?]*[A-Za-z]|[()][A-Za-z0-9]|[=>c])`)
+
+func (s *scanner) scan(r io.Reader, stop func()) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	verbose := os.Getenv("KILN_E2E_VERBOSE") != ""
+	for {
+		raw, err := br.ReadString('\n')
+		if raw != "" {
+			// One physical line may carry several \r-separated redraws.
+			for _, part := range strings.Split(ansi.ReplaceAllString(raw, ""), "\r") {
+				l := strings.TrimRight(part, "\n\x00 ")
+				if strings.TrimSpace(l) == "" {
+					continue
+				}
+				s.lines = append(s.lines, l)
+				if verbose || strings.Contains(l, CheckPrefix) {
+					s.t.Logf("%s| %s", s.name, l)
+				}
+				for _, f := range s.failOn {
+					if s.failedOn == "" && strings.Contains(l, f) {
+						s.failedOn = f
+						stop()
+					}
+				}
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// defaultTimeout is 6 minutes, or $KILN_E2E_BOOT_TIMEOUT (a Go duration) for
+// slow machines.
+func defaultTimeout() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("KILN_E2E_BOOT_TIMEOUT")); err == nil && d > 0 {
+		return d
+	}
+	return 6 * time.Minute
+}
+
+func defaultLogDir(t testing.TB) string {
+	if d := os.Getenv("KILN_E2E_LOGS"); d != "" {
+		return filepath.Join(d, sanitize(t.Name()))
+	}
+	_, self, _, _ := runtimeCaller()
+	return filepath.Join(filepath.Dir(self), "..", ".cache", "logs", sanitize(t.Name()))
+}
+
+func sanitize(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '/' || r == ' ' {
+			return '_'
+		}
+		return r
+	}, s)
+}
+
+func lastN(lines []string, n int) []string {
+	if len(lines) > n {
+		return lines[len(lines)-n:]
+	}
+	return lines
+}
+
+func indent(lines []string) string {
+	return "    " + strings.Join(lines, "\n    ")
+}
+
+func copyFile(dst, src string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
