@@ -152,7 +152,13 @@ location = "quay.io"
 [[registry.mirror]]
 location = "%s/quay.io"
 insecure = true
-`, addr))
+[[registry]]
+prefix = "docker.io"
+location = "docker.io"
+[[registry.mirror]]
+location = "%s/docker.io"
+insecure = true
+`, addr, addr))
 	policy := strings.TrimPrefix(env[len(env)-4], "POLICY=")
 	store := t.TempDir()
 	podman := func(args ...string) []byte {
@@ -163,6 +169,11 @@ insecure = true
 	podman("pull", "--signature-policy", policy, "quay.io/acme/app:1.2")
 	if got := strings.TrimSpace(string(podman("image", "inspect", "--format", "{{.Digest}}", "quay.io/acme/app:1.2"))); got != f.appDigest.String() {
 		t.Errorf("podman pulled digest %s, want %s", got, f.appDigest)
+	}
+	// Docker Hub short names: podman asks the mirror for docker.io/library/busybox.
+	podman("pull", "--signature-policy", policy, "docker.io/busybox:1.36")
+	if got := strings.TrimSpace(string(podman("image", "inspect", "--format", "{{.Digest}}", "docker.io/library/busybox:1.36"))); got != must(f.busy.Digest()).String() {
+		t.Errorf("podman pulled busybox digest %s, want %s", got, must(f.busy.Digest()))
 	}
 	podman("pull", "--signature-policy", policy, "--arch", "arm64", "quay.io/acme/multi:1.0")
 	if got := strings.TrimSpace(string(podman("image", "inspect", "--format", "{{.Architecture}} {{.Digest}}", "quay.io/acme/multi:1.0"))); got != "arm64 "+f.multiDigest.String() {
