@@ -38,6 +38,11 @@ func TestBadInput(t *testing.T) {
 			`hard link "hl" to "../../etc/shadow": the target leaves the layer root`)},
 		{name: "hard link absolute", input: hostile(layers.Layer{layers.Link("hl", "/etc/shadow", 0o600)},
 			`hard link "hl" to "/etc/shadow": the target is an absolute path`)},
+		{name: "hard link to another layer", input: func(t *testing.T, dir string) (Image, string) {
+			img, w := one(t, dir, layers.Spec{Name: "quay.io/acme/app:1.2", Layers: []layers.Layer{
+				{layers.File("a", 0o644, "a")}, {layers.Link("b", "a", 0o644)}}})
+			return img, fmt.Sprintf(`preload quay.io/acme/app:1.2: layer 2 of 2 (%s): hard link "b" to "a": the target is not earlier in the same layer; the image is malformed: rebuild it or remove it from the recipe`, w.Layers[1])
+		}},
 		{name: "corrupt layer", input: func(t *testing.T, dir string) (Image, string) {
 			img, w := one(t, dir, layers.Spec{Name: "quay.io/acme/app:1.2", Layers: layers.Hello()})
 			blob := filepath.Join(img.LayoutDir, "blobs", "sha256", w.Layers[0].Hex)

@@ -73,6 +73,7 @@ func scanTar(r io.Reader) error {
 	defer dr.Close()
 	tr := tar.NewReader(dr)
 	symlinks := map[string]bool{} // symlinks this layer created, by cleaned path
+	files := map[string]bool{}    // everything else it created: hard-link targets
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
@@ -91,14 +92,23 @@ func scanTar(r io.Reader) error {
 		}
 		switch h.Typeflag {
 		case tar.TypeLink:
-			if _, err := inside(h.Linkname); err != nil {
+			target, err := inside(h.Linkname)
+			if err != nil {
 				return fmt.Errorf("hard link %q to %q: the target %v; the image is malformed or hostile: rebuild it or remove it from the recipe", h.Name, h.Linkname, err)
 			}
+			// Each layer unpacks into its own directory: a link can only
+			// reach what this layer wrote before it.
+			if !files[target] && !symlinks[target] {
+				return fmt.Errorf("hard link %q to %q: the target is not earlier in the same layer; the image is malformed: rebuild it or remove it from the recipe", h.Name, h.Linkname)
+			}
 			delete(symlinks, name)
+			files[name] = true
 		case tar.TypeSymlink:
 			symlinks[name] = true // its target is resolved on the node, in the container's root
+			delete(files, name)
 		default:
 			delete(symlinks, name)
+			files[name] = true
 		}
 	}
 }
