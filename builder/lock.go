@@ -71,7 +71,7 @@ func EnsureLock(ctx context.Context, r *recipes.Recipe, o LockOptions, log io.Wr
 	switch {
 	case err == nil && !o.Refresh:
 		if err := lock.Check(r); err != nil {
-			return nil, fmt.Errorf("%s is stale: %w (or build with --refresh-lock)", path, err)
+			return nil, fmt.Errorf("%w (or build with --refresh-lock)", err)
 		}
 		return lock, nil
 	case err != nil && !errors.Is(err, fs.ErrNotExist):

@@ -162,7 +162,7 @@ func (r *Recipe) validate(d *document) {
 	v.oneOf("preload.mode", r.Preload.Mode, PreloadModes, nil)
 
 	ign := r.Ignition
-	v.oneOf("ignition.version", ign.Version, IgnitionVersions, map[string]string{"3.0": "3.0.0", "3.1": "3.1.0", "3.2": "3.2.0", "3.3": "3.3.0", "3.4": "3.4.0"})
+	v.oneOf("ignition.version", ign.Version, IgnitionVersions, map[string]string{"3.3": "3.3.0", "3.4": "3.4.0"})
 	for i, f := range ign.Fragments {
 		v.required(fmt.Sprintf("ignition.fragments[%d]", i), f, "give the path of an Ignition config file, or remove the entry")
 	}

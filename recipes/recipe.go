@@ -25,14 +25,16 @@ const (
 )
 
 // Values kiln accepts for the enumerated fields, in the order the docs list
-// them. IgnitionVersions are the stable specs the vendored ignition/v2 can
-// emit that kiln supports (3.5.0 is left out until the target OSes read it).
+// them. IgnitionVersions are the specs kiln emits: it renders 3.3.0 and
+// translates up with Ignition's own code, so older specs cannot be emitted
+// (older fragments are fine: they are translated up); 3.5.0 is left out
+// until the target OSes read it.
 var (
 	Arches           = []string{"amd64", "arm64"}
 	Filesystems      = []string{"squashfs"}
 	Compressions     = []string{"none", "zstd", "gzip", "xz", "lz4"}
 	PreloadModes     = []string{PreloadStore, PreloadCopy}
-	IgnitionVersions = []string{"3.0.0", "3.1.0", "3.2.0", "3.3.0", "3.4.0"}
+	IgnitionVersions = []string{"3.3.0", "3.4.0"}
 )
 
 // Served reports whether the image goes into the OCI layout the node's

@@ -99,16 +99,38 @@ func (c *Cache) Fetch(ctx context.Context, source, baseDir, digest string, platf
 		return img, nil
 	}
 	task := reporter.Task(source, total)
+	counter := &lockedWriter{w: task}
+	// A few layers at once, as docker and skopeo do: one stream rarely fills
+	// a WAN link.
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(blobJobs)
 	for _, d := range missing {
-		d := d
-		open := func() (io.ReadCloser, error) { return b.blob(ctx, d) }
-		if err := c.put(ctx, d, source, open, task); err != nil {
-			task.Done(err)
-			return nil, err
-		}
+		g.Go(func() error {
+			open := func() (io.ReadCloser, error) { return b.blob(gctx, d) }
+			return c.put(gctx, d, source, open, counter)
+		})
 	}
-	task.Done(nil)
+	err = g.Wait()
+	task.Done(err)
+	if err != nil {
+		return nil, err
+	}
 	return img, nil
+}
+
+// blobJobs is how many blobs of one image are fetched at once.
+const blobJobs = 3
+
+// lockedWriter lets several fetches report to one progress task.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // manifest returns manifest h from the cache, or fetches, checks and caches it.

@@ -396,7 +396,12 @@ func TestCorruptBlobIsRefused(t *testing.T) {
 	f := newFixture(t, "base.raw", "fit", "false")
 	// A private copy of the layout whose layer bytes no longer match.
 	layoutDir := filepath.Join(f.dir, "oci")
-	run(t, "cp", "-a", filepath.Join(inputs.dir, "oci"), layoutDir)
+	for _, ref := range []string{servedRef, preloadedRef} {
+		if _, err := images.HelloImage(layoutDir, ref, "amd64"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	replaceInFile(t, f.recipe, inputs.dir+"/oci:", layoutDir+":")
 	replaceInFile(t, f.recipe, inputs.dir+"/oci:", layoutDir+":")
 	mustKiln(t, f, "lock", f.recipe)
 	_, _, layers, err := images.Blobs(layoutDir, servedRef)
@@ -420,7 +425,7 @@ func TestStaleLockIsRefused(t *testing.T) {
 	replaceInFile(t, f.recipe, "registry.example.com/acme/tool:0.1\n    source", "registry.example.com/acme/tool:0.2\n    source")
 	out := filepath.Join(f.dir, "out.raw")
 	msg, code := kiln(t, f, "build", f.recipe, "-o", out)
-	if code == 0 || !strings.Contains(msg, "stale") || !strings.Contains(msg, "kiln lock") {
+	if code == 0 || !strings.Contains(msg, "out of date") || !strings.Contains(msg, "kiln lock") {
 		t.Fatalf("build with a stale lock: exit %d\n%s", code, msg)
 	}
 	mustKiln(t, f, "build", "--refresh-lock", f.recipe, "-o", out)
@@ -430,7 +435,7 @@ func TestInterruptLeavesNothing(t *testing.T) {
 	f := newFixture(t, "base.raw", "fit", "true")
 	out := filepath.Join(f.dir, "out.raw")
 	os.WriteFile(out, []byte("previous disk"), 0o644)
-	for _, delay := range []time.Duration{50 * time.Millisecond, 300 * time.Millisecond, 1 * time.Second} {
+	for _, delay := range []time.Duration{300 * time.Millisecond, time.Second, 2500 * time.Millisecond} {
 		cmd := exec.Command(kilnBin, "build", f.recipe, "-o", out)
 		cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+f.cache)
 		var buf bytes.Buffer

@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"go.podman.io/storage/pkg/reexec"
 )
 
 // Exit codes: 1 for any failure, 2 for bad usage, 130 when interrupted.
@@ -24,6 +25,11 @@ const (
 type usageError struct{ error }
 
 func main() {
+	// containers/storage unpacks layers in a re-executed copy of this binary
+	// (chrootarchive); that child must run its job, not the CLI.
+	if reexec.Init() {
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
