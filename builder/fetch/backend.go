@@ -105,10 +105,15 @@ func newDockerBackend(src source, o *options) (*dockerBackend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrBadSource, src, err)
 	}
-	ropts := []remote.Option{remote.WithAuthFromKeychain(o.keychain), remote.WithUserAgent("kiln")}
-	if o.transport != nil {
-		ropts = append(ropts, remote.WithTransport(o.transport))
+	rt := o.transport
+	if rt == nil {
+		// go-containerregistry's transport, but a registry that accepts the
+		// connection and never answers is an error, not a hang.
+		t := remote.DefaultTransport.(*http.Transport).Clone()
+		t.ResponseHeaderTimeout = stallTimeout
+		rt = t
 	}
+	ropts := []remote.Option{remote.WithAuthFromKeychain(o.keychain), remote.WithUserAgent("kiln"), remote.WithTransport(rt)}
 	return &dockerBackend{src: src, ref: ref, opts: ropts}, nil
 }
 

@@ -101,7 +101,7 @@ func (c *Cache) Verify(h v1.Hash) error {
 // cancelled fetch leaves nothing behind, and concurrent writers of the same
 // blob (other builds on the host) each rename a complete file. what names
 // the image for errors; progress (may be nil) counts bytes.
-func (c *Cache) put(ctx context.Context, d v1.Descriptor, what string, open func() (io.ReadCloser, error), progress io.Writer) error {
+func (c *Cache) put(ctx context.Context, d v1.Descriptor, what string, open func(context.Context) (io.ReadCloser, error), progress io.Writer) error {
 	if d.Digest.Algorithm != "sha256" {
 		return fmt.Errorf("%w: %s: blob %s: only sha256 digests are supported", ErrBadSource, what, d.Digest)
 	}
@@ -114,12 +114,22 @@ func (c *Cache) put(ctx context.Context, d v1.Descriptor, what string, open func
 	return err
 }
 
-func (c *Cache) write(ctx context.Context, d v1.Descriptor, what string, open func() (io.ReadCloser, error), progress io.Writer) (err error) {
+func (c *Cache) write(ctx context.Context, d v1.Descriptor, what string, open func(context.Context) (io.ReadCloser, error), progress io.Writer) (err error) {
 	if progress == nil {
 		progress = io.Discard
 	}
-	rc, err := open()
+	// A source that stops sending is given up on, rather than waited for
+	// forever: every read pushes the deadline back.
+	ctx, stalled := context.WithCancelCause(ctx)
+	defer stalled(nil)
+	watchdog := time.AfterFunc(stallTimeout, func() { stalled(errStalled) })
+	defer watchdog.Stop()
+
+	rc, err := open(ctx)
 	if err != nil {
+		if context.Cause(ctx) == errStalled {
+			return fmt.Errorf("%w: %s: blob %s: no answer for %v; the registry or the network is stuck, try again", ErrUnreachable, what, d.Digest, stallTimeout)
+		}
 		return err
 	}
 	defer rc.Close()
@@ -138,9 +148,11 @@ func (c *Cache) write(ctx context.Context, d v1.Descriptor, what string, open fu
 	h := sha256.New()
 	// Read one byte past the expected size, so an oversized blob is caught
 	// without reading all of it.
-	n, err := io.Copy(io.MultiWriter(tmp, h, progress), ctxReader{ctx, io.LimitReader(rc, d.Size+1)})
+	n, err := io.Copy(io.MultiWriter(tmp, h, progress), ctxReader{ctx, io.LimitReader(rc, d.Size+1), watchdog})
 	got := v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(h.Sum(nil))}
 	switch {
+	case context.Cause(ctx) == errStalled:
+		return fmt.Errorf("%w: %s: blob %s: no data for %v after %d of %d bytes; the registry or the network is stuck, try again", ErrUnreachable, what, d.Digest, stallTimeout, n, d.Size)
 	case ctx.Err() != nil:
 		return fmt.Errorf("%s: fetch blob %s: %w", what, d.Digest, ctx.Err())
 	case err != nil && !strings.Contains(err.Error(), "error verifying"):
@@ -166,17 +178,28 @@ func (c *Cache) write(ctx context.Context, d v1.Descriptor, what string, open fu
 // tempPrefix starts the names of blobs being written.
 const tempPrefix = ".tmp-"
 
-// ctxReader stops a copy once ctx is done.
+// stallTimeout is how long a blob's source may send nothing.
+var stallTimeout = 2 * time.Minute
+
+var errStalled = errors.New("source stalled")
+
+// ctxReader stops a copy once ctx is done, and pushes the stall watchdog
+// back whenever data arrives.
 type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
+	ctx      context.Context
+	r        io.Reader
+	watchdog *time.Timer
 }
 
 func (r ctxReader) Read(p []byte) (int, error) {
 	if err := r.ctx.Err(); err != nil {
 		return 0, err
 	}
-	return r.r.Read(p)
+	n, err := r.r.Read(p)
+	if n > 0 {
+		r.watchdog.Reset(stallTimeout)
+	}
+	return n, err
 }
 
 // readCached reads a small cached blob (a manifest) and checks its digest.

@@ -106,7 +106,7 @@ func (c *Cache) Fetch(ctx context.Context, source, baseDir, digest string, platf
 	g.SetLimit(blobJobs)
 	for _, d := range missing {
 		g.Go(func() error {
-			open := func() (io.ReadCloser, error) { return b.blob(gctx, d) }
+			open := func(ctx context.Context) (io.ReadCloser, error) { return b.blob(ctx, d) }
 			return c.put(gctx, d, source, open, counter)
 		})
 	}
@@ -146,7 +146,7 @@ func (c *Cache) manifest(ctx context.Context, b *lazyBackend, h v1.Hash) ([]byte
 		return nil, err
 	}
 	d := v1.Descriptor{Digest: h, Size: int64(len(raw))}
-	open := func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(raw)), nil }
+	open := func(context.Context) (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(raw)), nil }
 	if err := c.put(ctx, d, b.src.String(), open, nil); err != nil {
 		return nil, err
 	}

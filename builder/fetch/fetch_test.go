@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
@@ -265,22 +266,7 @@ func TestFetchCancel(t *testing.T) {
 	reg := newRegistry(t)
 	pushLayout(t, reg, dir, []string{imgs[0].Ref})
 	// Serve the first MiB of each layer, then stall until the client leaves.
-	reg.wrap = func(w http.ResponseWriter, r *http.Request, next http.Handler) {
-		if r.Method != http.MethodGet || !strings.Contains(r.URL.Path, "/blobs/sha256:") {
-			next.ServeHTTP(w, r)
-			return
-		}
-		rec := &bufferedResponse{header: http.Header{}}
-		next.ServeHTTP(rec, r)
-		if rec.body.Len() < 1<<20 { // the config
-			w.Write(rec.body.Bytes())
-			return
-		}
-		w.Header().Set("Content-Length", rec.header.Get("Content-Length"))
-		w.Write(rec.body.Bytes()[:1<<20])
-		w.(http.Flusher).Flush()
-		<-r.Context().Done()
-	}
+	reg.wrap = stallAfter(1 << 20)
 	c, err := Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -303,6 +289,59 @@ func TestFetchCancel(t *testing.T) {
 		if _, err := os.Stat(c.Path(mustHash(t, l))); err == nil {
 			t.Errorf("layer %s cached after cancel", l)
 		}
+	}
+}
+
+// TestFetchStall: a registry that stops sending mid-layer is given up on
+// with an error that says so, and leaves nothing in the cache.
+func TestFetchStall(t *testing.T) {
+	defer func(d time.Duration) { stallTimeout = d }(stallTimeout)
+	stallTimeout = 300 * time.Millisecond
+	dir := t.TempDir()
+	imgs, err := images.RandomImages(dir, 1, 4<<20, 0, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := newRegistry(t)
+	pushLayout(t, reg, dir, []string{imgs[0].Ref})
+	reg.wrap = stallAfter(1 << 20)
+	c, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, repoTag, _ := strings.Cut(imgs[0].Ref, "/")
+	start := time.Now()
+	_, err = c.Fetch(context.Background(), "docker://"+reg.host+"/"+repoTag, "", imgs[0].Digest, amd64, nil)
+	t.Log(err)
+	if !errors.Is(err, ErrUnreachable) || !strings.Contains(err.Error(), "no data for") {
+		t.Fatalf("err = %v, want ErrUnreachable saying no data", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("gave up after %v", d)
+	}
+	if n := tempFiles(t, c); len(n) > 0 {
+		t.Errorf("temp files left: %v", n)
+	}
+}
+
+// stallAfter serves the first n bytes of each blob bigger than n, then
+// nothing until the client leaves.
+func stallAfter(n int) func(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	return func(w http.ResponseWriter, r *http.Request, next http.Handler) {
+		if r.Method != http.MethodGet || !strings.Contains(r.URL.Path, "/blobs/sha256:") {
+			next.ServeHTTP(w, r)
+			return
+		}
+		rec := &bufferedResponse{header: http.Header{}}
+		next.ServeHTTP(rec, r)
+		if rec.body.Len() <= n {
+			w.Write(rec.body.Bytes())
+			return
+		}
+		w.Header().Set("Content-Length", rec.header.Get("Content-Length"))
+		w.Write(rec.body.Bytes()[:n])
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
 	}
 }
 
