@@ -116,11 +116,11 @@ func (b *bufferedResponse) Write(p []byte) (int, error) { return b.body.Write(p)
 func TestFetchCorrupt(t *testing.T) {
 	f := newFixture(t)
 	bad := newRegistry(t)
-	bad.push(t, "kiln/hello:1.0", helloImg)
+	bad.push(t, "kiln/hello:1.0", f.img)
 	bad.wrap = corruptBlobs
 
 	badManifestReg := newRegistry(t)
-	badManifestReg.push(t, "kiln/hello:1.0", helloImg)
+	badManifestReg.push(t, "kiln/hello:1.0", f.img)
 	badManifestReg.wrap = corruptManifests
 
 	_, _, layers, err := images.Blobs(f.ociDir, "quay.io/kiln/hello:1.0")

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -85,32 +84,18 @@ func (reg *testRegistry) resetCounts() {
 // fixture is the hello image in every source form.
 type fixture struct {
 	reg      *testRegistry
-	ociDir   string // quay.io/kiln/hello:1.0 (amd64), quay.io/kiln/hello:multi, and :split (two entries)
-	archive  string // docker archive, quay.io/kiln/hello:1.0
-	single   string // manifest digest of hello:1.0
-	index    string // index digest of hello:multi
-	amd, arm string // its manifests
-	archived string // manifest digest of the archived image
+	ociDir   string        // quay.io/kiln/hello:1.0 (amd64), quay.io/kiln/hello:multi, and :split (two entries)
+	archive  string        // docker archive, quay.io/kiln/hello:1.0
+	single   string        // manifest digest of hello:1.0
+	index    string        // index digest of hello:multi
+	amd, arm string        // its manifests
+	archived string        // manifest digest of the archived image
+	img      v1.Image      // hello:1.0, as in the layout
+	idx      v1.ImageIndex // hello:multi, as in the layout
 }
-
-var (
-	helloOnce sync.Once
-	helloImg  v1.Image
-	helloIdx  v1.ImageIndex
-	helloErr  error
-)
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	helloOnce.Do(func() {
-		if helloImg, helloErr = images.Hello("amd64"); helloErr != nil {
-			return
-		}
-		helloIdx, helloErr = images.HelloIndex("amd64", "arm64")
-	})
-	if helloErr != nil {
-		t.Fatal(helloErr)
-	}
 	dir := t.TempDir()
 	f := &fixture{reg: newRegistry(t), ociDir: filepath.Join(dir, "oci"), archive: filepath.Join(dir, "hello.tar")}
 	var err error
@@ -123,18 +108,28 @@ func newFixture(t *testing.T) *fixture {
 	if f.archived, err = images.HelloArchive(f.archive, "quay.io/kiln/hello:1.0", "amd64"); err != nil {
 		t.Fatal(err)
 	}
-	im, err := helloIdx.IndexManifest()
+	// The registry serves what the layout holds.
+	p, err := layout.FromPath(f.ociDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.img, err = p.Image(mustHash(t, f.single)); err != nil {
+		t.Fatal(err)
+	}
+	if f.idx, err = p.ImageIndex(); err == nil {
+		f.idx, err = f.idx.ImageIndex(mustHash(t, f.index))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := f.idx.IndexManifest()
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.amd, f.arm = im.Manifests[0].Digest.String(), im.Manifests[1].Digest.String()
 	// The same name twice, one entry per platform, as `crane pull --platform` writes.
-	p, err := layout.FromPath(f.ociDir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, d := range im.Manifests {
-		img, err := helloIdx.Image(d.Digest)
+		img, err := f.idx.Image(d.Digest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -143,8 +138,8 @@ func newFixture(t *testing.T) *fixture {
 			t.Fatal(err)
 		}
 	}
-	f.reg.push(t, "kiln/hello:1.0", helloImg)
-	f.reg.push(t, "kiln/hello:multi", helloIdx)
+	f.reg.push(t, "kiln/hello:1.0", f.img)
+	f.reg.push(t, "kiln/hello:multi", f.idx)
 	f.reg.resetCounts()
 	return f
 }

@@ -18,11 +18,11 @@ import (
 
 func TestResolve(t *testing.T) {
 	f := newFixture(t)
-	amdImg, err := helloIdx.Image(mustHash(t, f.amd))
+	amdImg, err := f.idx.Image(mustHash(t, f.amd))
 	if err != nil {
 		t.Fatal(err)
 	}
-	armImg, err := helloIdx.Image(mustHash(t, f.arm))
+	armImg, err := f.idx.Image(mustHash(t, f.arm))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,12 +40,12 @@ func TestResolve(t *testing.T) {
 		digest, index      string
 		size               int64
 	}{
-		{"docker single", "docker://" + f.reg.host + "/kiln/hello:1.0", "", amd64, f.single, "", sizeOf(t, helloImg)},
+		{"docker single", "docker://" + f.reg.host + "/kiln/hello:1.0", "", amd64, f.single, "", sizeOf(t, f.img)},
 		{"docker index amd64", "docker://" + f.reg.host + "/kiln/hello:multi", "", amd64, f.amd, f.index, sizeOf(t, amdImg)},
 		{"docker index arm64", "docker://" + f.reg.host + "/kiln/hello:multi", "", arm64, f.arm, f.index, sizeOf(t, armImg)},
 		{"docker by digest", "docker://" + f.reg.host + "/kiln/hello@" + f.index, "", arm64, f.arm, f.index, sizeOf(t, armImg)},
-		{"oci full ref", "oci:" + f.ociDir + ":quay.io/kiln/hello:1.0", "", amd64, f.single, "", sizeOf(t, helloImg)},
-		{"oci tag part", "oci:" + f.ociDir + ":1.0", "", amd64, f.single, "", sizeOf(t, helloImg)},
+		{"oci full ref", "oci:" + f.ociDir + ":quay.io/kiln/hello:1.0", "", amd64, f.single, "", sizeOf(t, f.img)},
+		{"oci tag part", "oci:" + f.ociDir + ":1.0", "", amd64, f.single, "", sizeOf(t, f.img)},
 		{"oci entry per platform", "oci:" + f.ociDir + ":split", "", arm64, f.arm, "", sizeOf(t, armImg)},
 		{"oci relative", "oci:oci:multi", parent, arm64, f.arm, f.index, sizeOf(t, armImg)},
 		{"docker-archive", "docker-archive:" + f.archive, "", amd64, f.archived, "", 0},
@@ -90,7 +90,7 @@ func TestResolveErrors(t *testing.T) {
 	f := newFixture(t)
 	authReg := newRegistry(t)
 	authReg.wrap = basicAuth
-	authReg.push(t, "kiln/hello:1.0", helloImg, testCreds)
+	authReg.push(t, "kiln/hello:1.0", f.img, testCreds)
 	// No credentials anywhere the default keychain looks.
 	empty := t.TempDir()
 	t.Setenv("DOCKER_CONFIG", empty)
@@ -105,13 +105,13 @@ func TestResolveErrors(t *testing.T) {
 	}
 
 	two := filepath.Join(t.TempDir(), "two.tar")
-	armImg, err := helloIdx.Image(mustHash(t, f.arm))
+	armImg, err := f.idx.Image(mustHash(t, f.arm))
 	if err != nil {
 		t.Fatal(err)
 	}
 	tagA, _ := name.NewTag("quay.io/kiln/a:1")
 	tagB, _ := name.NewTag("quay.io/kiln/b:1")
-	if err := tarball.MultiWriteToFile(two, map[name.Tag]v1.Image{tagA: helloImg, tagB: armImg}); err != nil {
+	if err := tarball.MultiWriteToFile(two, map[name.Tag]v1.Image{tagA: f.img, tagB: armImg}); err != nil {
 		t.Fatal(err)
 	}
 
