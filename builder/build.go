@@ -158,17 +158,23 @@ type fetchedImage struct {
 }
 
 func fetchAll(ctx context.Context, cache *fetch.Cache, r *recipes.Recipe, lock *recipes.Lock, o Options) ([]fetchedImage, error) {
-	var out []fetchedImage
+	var reqs []fetch.Request
+	var locked []recipes.LockedImage
 	for _, img := range r.Images {
 		li, ok := lock.Image(img.Name)
 		if !ok { // lock.Check already refused this; keep the error precise anyway
 			return nil, fmt.Errorf("image %s is not in the lock file: run `kiln lock %s`", img.Name, r.Path)
 		}
-		fi, err := cache.Fetch(ctx, li.Source, r.Dir, li.Digest, platform(r), o.Progress, o.Fetch...)
-		if err != nil {
-			return nil, fmt.Errorf("fetch %s: %w", img.Name, err)
-		}
-		out = append(out, fetchedImage{recipe: img, locked: li, image: fi})
+		locked = append(locked, li)
+		reqs = append(reqs, fetch.Request{Source: li.Source, BaseDir: r.Dir, Digest: li.Digest, Platform: platform(r)})
+	}
+	fetched, err := cache.FetchAll(ctx, reqs, o.Progress, o.Fetch...)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]fetchedImage, len(fetched))
+	for i, fi := range fetched {
+		out[i] = fetchedImage{recipe: r.Images[i], locked: locked[i], image: fi}
 	}
 	return out, nil
 }
