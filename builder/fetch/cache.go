@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -155,6 +156,8 @@ func (c *Cache) write(ctx context.Context, d v1.Descriptor, what string, open fu
 		return fmt.Errorf("%w: %s: blob %s: no data for %v after %d of %d bytes; the registry or the network is stuck, try again", ErrUnreachable, what, d.Digest, stallTimeout, n, d.Size)
 	case ctx.Err() != nil:
 		return fmt.Errorf("%s: fetch blob %s: %w", what, d.Digest, ctx.Err())
+	case errors.Is(err, syscall.ENOSPC):
+		return fmt.Errorf("%s: fetch blob %s (%d bytes): the blob cache %s is full; free space there or set XDG_CACHE_HOME to a bigger disk: %w", what, d.Digest, d.Size, c.dir, err)
 	case err != nil && !strings.Contains(err.Error(), "error verifying"):
 		// (go-containerregistry's remote reader reports a bad digest or size
 		// itself, at the end of the blob; those fall through to our check.)

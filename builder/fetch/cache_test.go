@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/kiln-appliance/kiln/test/fixtures/images"
 )
 
 func TestDefaultDir(t *testing.T) {
@@ -94,5 +98,35 @@ func TestOpenRemovesStaleTemps(t *testing.T) {
 	}
 	if _, err := os.Stat(fresh); err != nil {
 		t.Errorf("fresh temp file removed: %v", err)
+	}
+}
+
+// TestFetchCacheFull fetches into a cache on a 1 MiB tmpfs: the error says
+// the cache is full and where, and no partial blob stays behind.
+func TestFetchCacheFull(t *testing.T) {
+	dir := t.TempDir()
+	imgs, err := images.RandomImages(filepath.Join(dir, "oci"), 1, 4<<20, 0, 11)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cacheDir := filepath.Join(dir, "cache")
+	if err := os.Mkdir(cacheDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", cacheDir).CombinedOutput(); err != nil {
+		t.Fatalf("mount tmpfs: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", cacheDir).Run() })
+	c, err := Open(cacheDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Fetch(context.Background(), "oci:"+filepath.Join(dir, "oci"), "", imgs[0].Digest, amd64, nil)
+	t.Log(err)
+	if err == nil || !strings.Contains(err.Error(), "blob cache "+cacheDir+" is full") {
+		t.Fatalf("err = %v, want one saying the cache is full", err)
+	}
+	if n := tempFiles(t, c); len(n) > 0 {
+		t.Errorf("temp files left: %v", n)
 	}
 }
