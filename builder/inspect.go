@@ -38,7 +38,7 @@ func Inspect(disk string) (*Report, error) {
 	if _, ok := layout.Find(imagefs.PartitionName); !ok {
 		return rep, nil // a plain base image: nothing of kiln's on it
 	}
-	fsys, closer, err := openImagePartition(disk)
+	fsys, closer, err := partitions.OpenImagePartition(disk)
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +71,7 @@ func Verify(ctx context.Context, disk string, p progress.Reporter) (*Report, err
 	if rep.Contents == nil {
 		return rep, fmt.Errorf("%s has no %s partition: nothing to verify", disk, imagefs.PartitionName)
 	}
-	fsys, closer, err := openImagePartition(disk)
+	fsys, closer, err := partitions.OpenImagePartition(disk)
 	if err != nil {
 		return nil, err
 	}
