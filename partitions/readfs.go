@@ -39,4 +39,3 @@ func OpenImagePartition(disk string) (fs.FS, io.Closer, error) {
 	}
 	return sq, f, nil
 }
-
