@@ -215,7 +215,7 @@ func copyBase(ctx context.Context, opts AssembleOptions, n int64) (err error) {
 		}
 		m, err := io.ReadFull(b, buf[:min(int64(len(buf)), n-off)])
 		if err != nil {
-			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			if err == io.EOF || err == io.ErrUnexpectedEOF { // a short raw file, not a decoder error
 				return fmt.Errorf("base image %s ends at %s, before the end of its last partition at %s: it is truncated", opts.Base, human(off+int64(m)), human(n))
 			}
 			return err

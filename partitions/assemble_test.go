@@ -16,6 +16,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -369,5 +370,146 @@ func copyRange(t *testing.T, path string, off, size int64, dst string) {
 	defer out.Close()
 	if _, err := io.Copy(out, io.NewSectionReader(f, off, size)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReproducible: same inputs give the same bytes, whatever the base's
+// compression; without Ignition the boot partition is untouched too.
+func TestReproducible(t *testing.T) {
+	tree := stageTree(t)
+	dir := bases(t)
+	var first string
+	for _, name := range []string{"base.raw", "base.raw", "base.raw.gz", "base.raw.xz", "base.raw.zst"} {
+		opts := defaultOpts(t, tree)
+		opts.Base = filepath.Join(dir, name)
+		disk, _ := assemble(t, opts)
+		sum := hashRange(t, disk, 0, fileSize(t, disk))
+		if first == "" {
+			first = sum
+		} else if sum != first {
+			t.Errorf("%s: disk sha256 %s, first build %s", name, sum, first)
+		}
+		os.Remove(disk)
+	}
+
+	opts := defaultOpts(t, tree)
+	opts.Ignition = nil
+	disk, l := assemble(t, opts)
+	base, _ := Inspect(opts.Base)
+	for i, bp := range base.Partitions {
+		if hashRange(t, opts.Base, bp.Offset, bp.Size) != hashRange(t, disk, l.Partitions[i].Offset, l.Partitions[i].Size) {
+			t.Errorf("partition %s changed without Ignition", bp.Name)
+		}
+	}
+}
+
+func fileSize(t *testing.T, p string) int64 {
+	st, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Size()
+}
+
+// TestErrors: bad input fails with a message that says what to do.
+func TestErrors(t *testing.T) {
+	tree := stageTree(t)
+	dir := bases(t)
+	tmp := t.TempDir()
+	corruptGz := filepath.Join(tmp, "corrupt.gz")
+	gz, _ := os.ReadFile(filepath.Join(dir, "base.raw.gz"))
+	os.WriteFile(corruptGz, gz[:len(gz)/2], 0o644)
+	flipped := append([]byte(nil), gz...)
+	flipped[len(flipped)/2] ^= 0xff
+	flippedGz := filepath.Join(tmp, "flipped.gz")
+	os.WriteFile(flippedGz, flipped, 0o644)
+	xzb, _ := os.ReadFile(filepath.Join(dir, "base.raw.xz"))
+	truncXz := filepath.Join(tmp, "truncated.xz")
+	os.WriteFile(truncXz, xzb[:len(xzb)-100], 0o644)
+	notGPT := filepath.Join(tmp, "notgpt.raw")
+	os.WriteFile(notGPT, make([]byte, 4*MiB), 0o644)
+	raw := filepath.Join(dir, "base.raw")
+
+	for _, tc := range []struct {
+		name string
+		edit func(*AssembleOptions)
+		want []string
+	}{
+		{"disk too small", func(o *AssembleOptions) { o.DiskSize = 300 * MiB },
+			[]string{"disk size 300 MiB is too small", "the base needs 450 MiB", "set disk.size to at least"}},
+		{"partition too small", func(o *AssembleOptions) { o.PartitionSize = 1 * MiB },
+			[]string{"image partition size 1 MiB is too small", "set imagePartition.size to at least"}},
+		{"no boot partition", func(o *AssembleOptions) { o.Base = filepath.Join(dir, "noboot.raw") },
+			[]string{`no partition named or labelled "boot"`, `1 "BIOS-BOOT", 2 "EFI-SYSTEM"`, `3 "root"`}},
+		{"truncated gzip", func(o *AssembleOptions) { o.Base = corruptGz }, []string{"corrupt or truncated"}},
+		{"corrupt gzip", func(o *AssembleOptions) { o.Base = flippedGz }, []string{"corrupt or truncated"}},
+		{"truncated xz", func(o *AssembleOptions) { o.Base = truncXz }, []string{"corrupt or truncated", "xz"}},
+		{"not GPT", func(o *AssembleOptions) { o.Base = notGPT }, []string{"no GPT partition table"}},
+		{"wrong digest", func(o *AssembleOptions) { o.Base, o.BaseDigest = raw, "sha256:"+strings.Repeat("0", 64) },
+			[]string{"but the recipe expects sha256:0000", "fix base.digest"}},
+		{"bad digest", func(o *AssembleOptions) { o.BaseDigest = "md5:abc" }, []string{"sha256:<64 hex digits>"}},
+		{"bad compression", func(o *AssembleOptions) { o.Compression = "brotli" }, []string{`compression "brotli" is not supported`}},
+		{"missing tree", func(o *AssembleOptions) { o.ImageTree = filepath.Join(tmp, "nope") }, []string{"image partition tree"}},
+		{"no seed", func(o *AssembleOptions) { o.GUIDSeed = nil }, []string{"GUID seed"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := defaultOpts(t, tree)
+			tc.edit(&opts)
+			out, err := os.CreateTemp(t.TempDir(), "disk-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer out.Close()
+			opts.Output = out
+			_, err = Assemble(context.Background(), opts)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// TestCancel: cancelling kills mksquashfs, returns ctx.Err() and leaves no
+// temp files of ours (the caller's output file is the caller's to remove).
+func TestCancel(t *testing.T) {
+	tree := t.TempDir()
+	chunk := bytes.Repeat([]byte("kiln"), MiB/4)
+	for i := 0; i < 400; i++ { // 400 MiB: takes longer than the cancel delay
+		if err := os.WriteFile(filepath.Join(tree, fmt.Sprint(i)), chunk, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, _ := filepath.Glob(filepath.Join(os.TempDir(), "kiln-ignition-*"))
+	opts := defaultOpts(t, tree)
+	out, err := os.CreateTemp(t.TempDir(), "disk-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	opts.Output = out
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = Assemble(ctx, opts)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v, want context.DeadlineExceeded", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("cancel took %s", d)
+	}
+	if out, _ := exec.Command("pgrep", "-f", "mksquashfs "+tree).Output(); len(out) > 0 {
+		t.Errorf("mksquashfs still running: %s", out)
+	}
+	after, _ := filepath.Glob(filepath.Join(os.TempDir(), "kiln-ignition-*"))
+	if len(after) != len(before) {
+		t.Errorf("stray temp files: %v", after)
+	}
+	if _, err := os.Stat(out.Name()); err != nil {
+		t.Errorf("caller's output file gone: %v", err)
 	}
 }
