@@ -1,4 +1,4 @@
-package preload
+package layerscan
 
 import (
 	"archive/tar"
@@ -11,9 +11,9 @@ import (
 	"go.podman.io/image/v5/pkg/compression"
 )
 
-// FuzzScanTar: scanTar never panics, and whatever it accepts has no entry
+// FuzzTar: Tar never panics, and whatever it accepts has no entry
 // that is absolute or climbs out of the root.
-func FuzzScanTar(f *testing.F) {
+func FuzzTar(f *testing.F) {
 	for _, l := range append(layers.Special(), layers.Hello()[0],
 		layers.Layer{layers.File("../x", 0o644, "x")},
 		layers.Layer{layers.Symlink("s", "/etc"), layers.File("s/x", 0o644, "x")},
@@ -26,7 +26,7 @@ func FuzzScanTar(f *testing.F) {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if scanTar(bytes.NewReader(b)) != nil {
+		if Tar(bytes.NewReader(b)) != nil {
 			return
 		}
 		r, _, err := compression.AutoDecompress(bytes.NewReader(b))
