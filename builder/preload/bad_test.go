@@ -103,19 +103,39 @@ func TestBadInput(t *testing.T) {
 }
 
 // TestFailedBuildLeavesNothing fails a build after the store was created
-// (the context is cancelled) and checks nothing remains, and that an
-// existing directory is never touched.
+// and one image was written (the second image's layer passes the scan but
+// cannot be unpacked: a file below a file), and checks nothing remains; a
+// cancelled build stops before writing; an existing directory is never
+// touched.
 func TestFailedBuildLeavesNothing(t *testing.T) {
 	dir := t.TempDir()
-	imgs, _ := fixtures(t, dir)
+	oci := filepath.Join(dir, "oci")
+	w, err := layers.WriteLayout(oci,
+		layers.Spec{Name: "quay.io/acme/good:1", Layers: layers.Hello()},
+		layers.Spec{Name: "quay.io/acme/bad:1", Layers: []layers.Layer{{layers.File("f", 0o644, "f"), layers.File("f/x", 0o644, "x")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var imgs []Image
+	for _, x := range w {
+		imgs = append(imgs, Image{Name: x.Name, LayoutDir: oci, Digest: x.Digest.String()})
+	}
 	store := filepath.Join(dir, "store")
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if _, err := Build(ctx, store, imgs); !errors.Is(err, context.Canceled) {
-		t.Errorf("Build with a cancelled context: %v, want context.Canceled", err)
+	_, err = Build(context.Background(), store, imgs)
+	if prefix := fmt.Sprintf("preload quay.io/acme/bad:1 (%s): ", oci); err == nil || !strings.HasPrefix(err.Error(), prefix) {
+		t.Errorf("Build: %v; want an error starting %q", err, prefix)
 	}
 	if _, err := os.Lstat(store); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("store %s left behind after a failed build (%v)", store, err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Build(ctx, store, imgs[:1]); err == nil || err.Error() != "preload: context canceled" {
+		t.Errorf("Build with a cancelled context: %v, want preload: context canceled", err)
+	}
+	if _, err := os.Lstat(store); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("store %s left behind after a cancelled build (%v)", store, err)
 	}
 
 	if err := os.Mkdir(store, 0o755); err != nil {
@@ -125,7 +145,7 @@ func TestFailedBuildLeavesNothing(t *testing.T) {
 	if err := os.WriteFile(keep, []byte("mine"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Build(context.Background(), store, imgs)
+	_, err = Build(context.Background(), store, imgs)
 	want := fmt.Sprintf("preload: store directory %s already exists; remove it or pick an empty staging path", store)
 	if err == nil || err.Error() != want {
 		t.Errorf("Build into an existing directory:\n got %v\nwant %s", err, want)

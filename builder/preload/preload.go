@@ -104,19 +104,22 @@ func Build(ctx context.Context, storeDir string, images []Image, opts ...Option)
 		}
 		seen[img.Name] = img.Digest
 	}
-	// Check everything before any slow work: sources, layers, privileges.
-	srcs := make([]source, len(images))
-	for i, img := range images {
-		if srcs[i], err = resolve(img, o); err != nil {
-			return nil, err
-		}
-	}
+	// Check everything before any work is written: the target, the
+	// privileges (cheap), then every image and layer (reads them all).
 	if _, err := os.Lstat(storeDir); err == nil {
 		return nil, fmt.Errorf("preload: store directory %s already exists; remove it or pick an empty staging path", storeDir)
 	}
-	parent := filepath.Dir(storeDir)
-	if err := CheckPrivileges(parent); err != nil {
+	if err := CheckPrivileges(filepath.Dir(storeDir)); err != nil {
 		return nil, err
+	}
+	srcs := make([]source, len(images))
+	for i, img := range images {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("preload: %w", err)
+		}
+		if srcs[i], err = resolve(img, o); err != nil {
+			return nil, err
+		}
 	}
 
 	start := time.Now()
