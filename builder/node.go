@@ -15,7 +15,6 @@ import (
 	"github.com/kiln-appliance/kiln/partitions/imagefs"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd"
-	nodepreload "github.com/kiln-appliance/kiln/systemd/preload"
 )
 
 // preloadImages writes the preloaded images into a containers/storage store
@@ -50,15 +49,6 @@ func renderIgnition(r *recipes.Recipe, c *imagefs.Contents, partGUID string) ([]
 	}
 	for _, f := range files {
 		cfg.Files = append(cfg.Files, ignition.File(f))
-	}
-	if c.Registry.PreloadMode == recipes.PreloadStore {
-		// The preloaded store, read-only on the image partition, is an
-		// additional image store of the node's main store.
-		cfg.Files = append(cfg.Files, ignition.File{
-			Path:     nodepreload.StorageConfPath,
-			Mode:     0o644,
-			Contents: nodepreload.StorageConf(nodepreload.Conf{AdditionalImageStores: []string{nodepreload.StorePath}}),
-		})
 	}
 	for _, p := range r.Ignition.Fragments {
 		data, err := os.ReadFile(r.Resolve(p))

@@ -22,6 +22,7 @@ import (
 	"github.com/kiln-appliance/kiln/partitions/imagefs"
 	"github.com/kiln-appliance/kiln/systemd/gate"
 	"github.com/kiln-appliance/kiln/systemd/pins"
+	"github.com/kiln-appliance/kiln/systemd/preload"
 )
 
 // Where things live on the node.
@@ -35,6 +36,11 @@ const (
 	Target = "kiln-registry.target"
 
 	TmpfilesPath   = "/etc/tmpfiles.d/kiln-mirror.conf"
+	CrioDropIn     = "/etc/systemd/system/crio.service.d/10-kiln-images.conf"
+
+	// Preload modes (as in the recipe).
+	PreloadStore = "store"
+	PreloadCopy  = "copy"
 	DefaultListen  = "127.0.0.1:5050"
 	defaultDevWait = 90 * time.Second
 	defaultGate    = 2 * time.Minute
@@ -68,6 +74,10 @@ type Params struct {
 	AlwaysOn bool
 	// Images are pinned for CRI-O (by digest and by name).
 	Images []pins.Image
+	// PreloadMode is how the preloaded store reaches the runtime: "store"
+	// (an additional image store, read-only from the partition), "copy"
+	// (copied into the main store at boot), or "" (nothing preloaded).
+	PreloadMode string
 
 	// Timeouts; zero means the default (90s, 2m, 1h).
 	DeviceTimeout time.Duration // wait for the partition's device
@@ -78,7 +88,7 @@ type Params struct {
 // ParamsFrom builds Params from the partition's kiln.json and the
 // partition's unique GUID.
 func ParamsFrom(c *imagefs.Contents, partitionGUID string) Params {
-	p := Params{PartitionGUID: partitionGUID, Listen: c.Registry.Listen, AlwaysOn: c.Registry.AlwaysOn}
+	p := Params{PartitionGUID: partitionGUID, Listen: c.Registry.Listen, AlwaysOn: c.Registry.AlwaysOn, PreloadMode: c.Registry.PreloadMode}
 	for _, im := range c.Images {
 		p.Images = append(p.Images, pins.Image{Name: im.Name, Digest: im.Digest})
 	}
@@ -102,6 +112,10 @@ func Render(p Params) ([]Unit, []File, error) {
 	if !p.AlwaysOn {
 		names = append(names, "kiln-firstboot.service")
 	}
+	if p.PreloadMode == PreloadCopy {
+		names = append(names, "kiln-preload-copy.service")
+		enabled["kiln-preload-copy.service"] = true
+	}
 	sort.Strings(names)
 	var units []Unit
 	for _, name := range names {
@@ -124,6 +138,22 @@ func Render(p Params) ([]Unit, []File, error) {
 		{Path: TmpfilesPath, Mode: 0o644, Contents: []byte(
 			"# Rendered by kiln: the mirror drop-in only exists while kiln-mirror.service runs.\n" +
 				"r " + gate.DefaultDropIn + "\n")},
+	}
+	switch p.PreloadMode {
+	case "", PreloadCopy:
+	case PreloadStore:
+		files = append(files,
+			// The preloaded store, read-only on the image partition, is an
+			// additional image store of the node's main store.
+			File{Path: preload.StorageConfPath, Mode: 0o644, Contents: preload.StorageConf(preload.Conf{
+				AdditionalImageStores: []string{preload.StorePath}})},
+			// With the store path absent, podman and CRI-O refuse to start:
+			// CRI-O waits for the partition's mount.
+			File{Path: CrioDropIn, Mode: 0o644, Contents: []byte(
+				"# Rendered by kiln: CRI-O reads the preloaded store on the image partition.\n" +
+					"[Unit]\nRequiresMountsFor=" + preload.StorePath + "\n")})
+	default:
+		return nil, nil, fmt.Errorf("render units: preload mode %q: want %q or %q", p.PreloadMode, PreloadStore, PreloadCopy)
 	}
 	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
 	return units, files, nil

@@ -33,6 +33,8 @@ func TestRenderGolden(t *testing.T) {
 		{"alwayson", Params{PartitionGUID: testGUID, AlwaysOn: true, Images: testImages}},
 		{"custom", Params{PartitionGUID: testGUID, Listen: "127.0.0.1:6000", Images: testImages,
 			DeviceTimeout: 30 * time.Second, GateTimeout: 45 * time.Second, WaitTimeout: 10 * time.Minute}},
+		{"preload-store", Params{PartitionGUID: testGUID, Images: testImages, PreloadMode: PreloadStore}},
+		{"preload-copy", Params{PartitionGUID: testGUID, Images: testImages, PreloadMode: PreloadCopy}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

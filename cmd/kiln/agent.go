@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/kiln-appliance/kiln/systemd/preload"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -25,7 +26,7 @@ func newAgentCommand() *cobra.Command {
 		Use:   "agent",
 		Short: "On-node programs run by kiln's systemd units",
 	}
-	agent.AddCommand(newMirrorGateCommand(), newWaitImagesCommand(), newWritePinsCommand())
+	agent.AddCommand(newMirrorGateCommand(), newWaitImagesCommand(), newWritePinsCommand(), newPreloadCopyCommand())
 	return agent
 }
 
@@ -164,5 +165,22 @@ func newWritePinsCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&path, "path", pins.DefaultPath, "CRI-O drop-in to write")
+	return cmd
+}
+
+func newPreloadCopyCommand() *cobra.Command {
+	var from, to string
+	cmd := &cobra.Command{
+		Use:   "preload-copy --from STORE --to STORE",
+		Short: "Copy every preloaded image into the node's main containers/storage store (preload mode copy)",
+		Long: "Copies each image of the preloaded store (--from, on the image partition) into the main store (--to),\n" +
+			"keeping image IDs and digests. Images already there are skipped, so running it again is cheap.",
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return preload.CopyToMainStore(cmd.Context(), from, to, preload.WithLog(cmd.OutOrStdout()))
+		},
+	}
+	cmd.Flags().StringVar(&from, "from", preload.StorePath, "the preloaded store")
+	cmd.Flags().StringVar(&to, "to", preload.DefaultGraphRoot, "the node's main store")
 	return cmd
 }
