@@ -58,7 +58,8 @@ type AssembleOptions struct {
 var kilnNamespace = uuid.MustParse("6f0e5a0c-3b7e-4d49-9a8e-1c2b7d4e9f30")
 
 // DeriveGUID returns the GUID for purpose ("disk", a partition name) from
-// seed: a name-based (SHA-1, version 5) UUID, upper case as in GPT tools.
+// seed: a name-based (SHA-1, version 5) UUID, in lower case as
+// /dev/disk/by-partuuid names it (Layout shows GUIDs in upper case).
 func DeriveGUID(seed []byte, purpose string) string {
 	data := append([]byte(purpose+"\x00"), seed...)
 	return uuid.NewSHA1(kilnNamespace, data).String()
