@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kiln-appliance/kiln/builder/progress"
 	"github.com/kiln-appliance/kiln/partitions/imagefs"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 )
@@ -131,7 +132,10 @@ func defaultOpts(t *testing.T, tree string) AssembleOptions {
 func TestAssemble(t *testing.T) {
 	tree := stageTree(t)
 	opts := defaultOpts(t, tree)
+	rec := &recorder{}
+	opts.Progress = rec
 	disk, l := assemble(t, opts)
+	rec.check(t, map[string]int64{"copy base partitions": 450 * MiB, "write image filesystem": -1})
 
 	out, err := exec.Command("sgdisk", "-v", disk).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "No problems found") {
@@ -511,5 +515,66 @@ func TestCancel(t *testing.T) {
 	}
 	if _, err := os.Stat(out.Name()); err != nil {
 		t.Errorf("caller's output file gone: %v", err)
+	}
+}
+
+// recorder is a progress.Reporter that remembers what was reported.
+type recorder struct {
+	mu    sync.Mutex
+	tasks []*recTask
+}
+
+type recTask struct {
+	name  string
+	total int64
+	done  int64
+	ended bool
+	err   error
+}
+
+func (r *recorder) Task(name string, total int64) progress.Task {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	task := &recTask{name: name, total: total}
+	r.tasks = append(r.tasks, task)
+	return &recWriter{r, task}
+}
+
+type recWriter struct {
+	r *recorder
+	t *recTask
+}
+
+func (w *recWriter) Write(p []byte) (int, error) {
+	w.r.mu.Lock()
+	defer w.r.mu.Unlock()
+	w.t.done += int64(len(p))
+	return len(p), nil
+}
+
+func (w *recWriter) Done(err error) {
+	w.r.mu.Lock()
+	defer w.r.mu.Unlock()
+	w.t.ended, w.t.err = true, err
+}
+
+// check wants each named task ended without error, with done bytes equal
+// to want (-1: more than zero).
+func (r *recorder) check(t *testing.T, want map[string]int64) {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, task := range r.tasks {
+		seen[task.name] = true
+		if !task.ended || task.err != nil {
+			t.Errorf("progress task %q: ended %v, err %v", task.name, task.ended, task.err)
+		}
+		if w, ok := want[task.name]; ok && (w == -1 && task.done <= 0 || w >= 0 && task.done != w) {
+			t.Errorf("progress task %q: %d bytes done (total %d), want %d", task.name, task.done, task.total, w)
+		}
+	}
+	for name := range want {
+		if !seen[name] {
+			t.Errorf("no progress task %q", name)
+		}
 	}
 }

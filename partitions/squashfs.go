@@ -71,7 +71,7 @@ func writeSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
 	task := progressOf(o.Progress).Task("write image filesystem", total)
 	stop := watchSize(o.Disk, o.Offset, task)
 	err = cmd.Run()
-	stop()
+	reported := stop()
 	if ctx.Err() != nil {
 		task.Done(ctx.Err())
 		return 0, ctx.Err()
@@ -82,6 +82,9 @@ func writeSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
 		return 0, err
 	}
 	size, err := squashfsSize(o.Disk, o.Offset)
+	if err == nil && total > reported {
+		countBytes(task, total-reported) // the task ends at 100 %
+	}
 	task.Done(err)
 	return size, err
 }
@@ -126,14 +129,15 @@ func treeSize(root string) (int64, error) {
 	return total, nil
 }
 
-// watchSize reports the growth of the file past offset until stopped:
-// mksquashfs has no machine-readable progress.
-func watchSize(path string, offset int64, task progress.Task) (stop func()) {
+// watchSize reports the growth of the file past offset until stopped
+// (mksquashfs has no machine-readable progress); stop returns the bytes
+// reported.
+func watchSize(path string, offset int64, task progress.Task) (stop func() int64) {
 	done := make(chan struct{})
 	finished := make(chan struct{})
+	var last int64
 	go func() {
 		defer close(finished)
-		var last int64
 		tick := time.NewTicker(250 * time.Millisecond)
 		defer tick.Stop()
 		for {
@@ -141,6 +145,8 @@ func watchSize(path string, offset int64, task progress.Task) (stop func()) {
 			case <-done:
 				return
 			case <-tick.C:
+				// Uncompressed, the filesystem is about the size of the
+				// tree; compressed, progress ends early and jumps to 100 %.
 				if st, err := os.Stat(path); err == nil && st.Size()-offset > last {
 					n := st.Size() - offset - last
 					last += n
@@ -149,7 +155,7 @@ func watchSize(path string, offset int64, task progress.Task) (stop func()) {
 			}
 		}
 	}()
-	return func() { close(done); <-finished }
+	return func() int64 { close(done); <-finished; return last }
 }
 
 // countBytes adds n to a task without allocating n bytes.
