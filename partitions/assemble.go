@@ -85,6 +85,12 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 		baseEnd = max(baseEnd, int64(p.LastLBA+1)*sector)
 	}
 	start := alignUp(baseEnd, MiB)
+	if p, ok := base.Find(imagefs.PartitionName); ok {
+		return nil, fmt.Errorf("base image %s already has a %s partition (number %d): it is a kiln disk, not a base; build from the vendor's base image", opts.Base, imagefs.PartitionName, p.Number)
+	}
+	if _, err := bootPartition(base); err != nil && base.labelsRead {
+		return nil, fmt.Errorf("base image %s: %w", opts.Base, err) // fail before the long steps
+	}
 
 	// 2. The filesystem first: mksquashfs truncates its output file.
 	fsSize, err := writeSquashfs(ctx, squashfsOptions{
@@ -172,22 +178,28 @@ func (o *AssembleOptions) check() error {
 	return nil
 }
 
-// readBaseLayout reads the base's partition table from its first MiB.
+// readBaseLayout reads the base's partition table from its first MiB; for a
+// raw base, also the filesystem labels.
 func readBaseLayout(path string) (*Layout, error) {
 	b, err := OpenBase(path, "")
 	if err != nil {
 		return nil, err
 	}
 	defer b.Close()
-	head := make([]byte, MiB)
-	n, err := io.ReadFull(b, head)
-	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
-		return nil, err
+	var r io.ReaderAt = b.file
+	if b.Format != BaseRaw {
+		head := make([]byte, MiB)
+		n, err := io.ReadFull(b, head)
+		if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil, err
+		}
+		r = bytes.NewReader(head[:n])
 	}
-	l, _, err := readLayout(bytes.NewReader(head[:n]), "base image "+path)
+	l, _, err := readLayout(r, "base image "+path)
 	if err != nil {
 		return nil, err
 	}
+	l.labelsRead = b.Format == BaseRaw
 	if len(l.Partitions) == 0 {
 		return nil, fmt.Errorf("base image %s has an empty partition table", path)
 	}

@@ -578,3 +578,55 @@ func (r *recorder) check(t *testing.T, want map[string]int64) {
 		}
 	}
 }
+
+// TestWriteIgnitionReplaces: a second config replaces the first; /ignition
+// that is not a directory is an error, not a silent no-op.
+func TestWriteIgnitionReplaces(t *testing.T) {
+	disk := filepath.Join(t.TempDir(), "base.raw")
+	copyRange(t, filepath.Join(bases(t), "base.raw"), 0, fileSize(t, filepath.Join(bases(t), "base.raw")), disk)
+	l, err := Inspect(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	boot, err := bootPartition(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cfg := range []string{`{"ignition":{"version":"3.3.0"},"first":true}`, `{"ignition":{"version":"3.4.0"}}`} {
+		if err := writeIgnition(disk, boot.Offset, []byte(cfg), epoch); err != nil {
+			t.Fatal(err)
+		}
+		got, err := ReadIgnition(disk)
+		if err != nil || string(got) != cfg {
+			t.Fatalf("read back %q, %v; want %q", got, err, cfg)
+		}
+	}
+	if out, err := exec.Command("e2fsck", "-fn", fsSpec(disk, boot.Offset)).CombinedOutput(); err != nil {
+		t.Errorf("e2fsck: %v\n%s", err, out)
+	}
+	// debugfs quirk check: a file where the directory should be.
+	cmd := exec.Command("debugfs", "-w", "-R", "rm /ignition/config.ign", fsSpec(disk, boot.Offset))
+	cmd.Run()
+	exec.Command("debugfs", "-w", "-R", "rmdir /ignition", fsSpec(disk, boot.Offset)).Run()
+	src := filepath.Join(t.TempDir(), "f")
+	os.WriteFile(src, []byte("x"), 0o644)
+	exec.Command("debugfs", "-w", "-R", "write "+src+" ignition", fsSpec(disk, boot.Offset)).Run()
+	if err := writeIgnition(disk, boot.Offset, []byte("{}"), epoch); err == nil || !strings.Contains(err.Error(), "/ignition, but it is a regular file, not a directory") {
+		t.Errorf("want an error about /ignition, got %v", err)
+	}
+}
+
+func TestKilnDiskAsBase(t *testing.T) {
+	opts := defaultOpts(t, stageTree(t))
+	disk, _ := assemble(t, opts)
+	opts.Base = disk
+	out, err := os.CreateTemp(t.TempDir(), "disk-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	opts.Output = out
+	if _, err := Assemble(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "it is a kiln disk, not a base") {
+		t.Errorf("got %v", err)
+	}
+}

@@ -34,24 +34,42 @@ func writeIgnition(disk string, offset int64, config []byte, epoch int64) error 
 	if err := os.WriteFile(src, config, 0o644); err != nil {
 		return err
 	}
-	// debugfs keeps going after a failed command and exits 0, so rm and mkdir
-	// may fail harmlessly (no old file, directory exists); the read-back
-	// below is what decides success.
-	script := strings.Join([]string{
-		"mkdir /ignition",
-		"cd /ignition",
-		"rm config.ign",
-		"write " + src + " config.ign",
-		"sif /" + IgnitionPath + " mode 0100644",
-		"sif /" + IgnitionPath + " uid 0",
-		"sif /" + IgnitionPath + " gid 0",
-		"",
-	}, "\n")
-	cmds := filepath.Join(dir, "cmds")
-	if err := os.WriteFile(cmds, []byte(script), 0o600); err != nil {
+	// debugfs mkdir on an existing name leaks a directory inode (e2fsck then
+	// finds an unconnected directory), so look before acting. debugfs also
+	// keeps going after a failed command and exits 0: the read-back below is
+	// what decides success.
+	spec := fsSpec(disk, offset)
+	dirType, err := debugfsType(spec, "/ignition")
+	if err != nil {
 		return err
 	}
-	cmd := exec.Command("debugfs", "-w", "-f", cmds, fsSpec(disk, offset))
+	var script []string
+	switch dirType {
+	case "":
+		script = append(script, "mkdir /ignition", "cd /ignition")
+	case "directory":
+		fileType, err := debugfsType(spec, "/"+IgnitionPath)
+		if err != nil {
+			return err
+		}
+		script = append(script, "cd /ignition")
+		if fileType != "" {
+			script = append(script, "rm config.ign")
+		}
+	default:
+		return fmt.Errorf("the %s partition has /ignition, but it is a %s, not a directory: remove it from the base image", BootPartition, dirType)
+	}
+	script = append(script,
+		"write "+src+" config.ign",
+		"sif /"+IgnitionPath+" mode 0100644",
+		"sif /"+IgnitionPath+" uid 0",
+		"sif /"+IgnitionPath+" gid 0",
+		"")
+	cmds := filepath.Join(dir, "cmds")
+	if err := os.WriteFile(cmds, []byte(strings.Join(script, "\n")), 0o600); err != nil {
+		return err
+	}
+	cmd := exec.Command("debugfs", "-w", "-f", cmds, spec)
 	cmd.Env = append(envWithout("E2FSPROGS_FAKE_TIME"), "E2FSPROGS_FAKE_TIME="+strconv.FormatInt(epoch, 10))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -62,6 +80,37 @@ func writeIgnition(disk string, offset int64, config []byte, epoch int64) error 
 		return fmt.Errorf("write Ignition config into the %s partition failed (is /ignition a directory? is the filesystem full?); debugfs said: %s", BootPartition, bytes.TrimSpace(out))
 	}
 	return nil
+}
+
+// debugfsType returns the type of path in the filesystem ("regular",
+// "directory", …) or "" if there is none.
+func debugfsType(spec, path string) (string, error) {
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command("debugfs", "-R", "stat "+path, spec)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("debugfs stat %s: %w: %s", path, err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	if strings.Contains(stderr.String(), "File not found") {
+		return "", nil
+	}
+	if msg := debugfsError(stderr.Bytes()); msg != "" {
+		return "", fmt.Errorf("debugfs stat %s: %s", path, msg)
+	}
+	// "Inode: 12   Type: directory    Mode:  0755   Flags: 0x80000"
+	out := stdout.String()
+	k := strings.Index(out, "Type: ")
+	if k < 0 {
+		return "", fmt.Errorf("debugfs stat %s: unexpected output %q", path, out)
+	}
+	fields := strings.Fields(out[k+len("Type: "):])
+	if len(fields) == 0 {
+		return "", fmt.Errorf("debugfs stat %s: unexpected output %q", path, out)
+	}
+	if fields[0] == "regular" {
+		return "regular file", nil
+	}
+	return fields[0], nil
 }
 
 // fsSpec names a filesystem inside a disk file for e2fsprogs.

@@ -30,6 +30,8 @@ type Layout struct {
 	SectorSize int         `json:"sectorSize"` // logical sector size, bytes
 	GUID       string      `json:"guid"`       // disk GUID
 	Partitions []Partition `json:"partitions"` // by number
+
+	labelsRead bool // filesystems detected (false for a compressed base's first MiB)
 }
 
 // Partition is one GPT partition.
