@@ -91,7 +91,7 @@ func Inspect(path string) (*Layout, error) {
 		return nil, fmt.Errorf("inspect disk: %w", err)
 	}
 	defer f.Close()
-	st, err := f.Stat()
+	size, err := f.Seek(0, io.SeekEnd) // Stat says 0 for block devices
 	if err != nil {
 		return nil, fmt.Errorf("inspect disk: %w", err)
 	}
@@ -99,7 +99,7 @@ func Inspect(path string) (*Layout, error) {
 	if err != nil {
 		return nil, err
 	}
-	l.Size = st.Size()
+	l.Size = size
 	if err := checkBackup(f, l, t); err != nil {
 		return nil, fmt.Errorf("disk %s: %w", path, err)
 	}
@@ -171,16 +171,24 @@ func (l *Layout) check(t *gpt.Table) error {
 	return nil
 }
 
-// checkBackup checks the backup GPT header at the last LBA points back at
-// the primary and at itself.
+// checkBackup checks the backup GPT header is where the primary says
+// (the last sector of an image file; earlier on a device the image was
+// flashed to, until the OS moves it) and points back at the primary.
 func checkBackup(r io.ReaderAt, l *Layout, t *gpt.Table) error {
-	lastLBA := l.Size/int64(l.SectorSize) - 1
+	sector := int64(l.SectorSize)
 	b := make([]byte, 92)
-	if _, err := r.ReadAt(b, lastLBA*int64(l.SectorSize)); err != nil {
+	if _, err := r.ReadAt(b, sector); err != nil {
+		return fmt.Errorf("read GPT header: %w", err)
+	}
+	alt := int64(binary.LittleEndian.Uint64(b[32:40]))
+	if alt <= 1 || (alt+1)*sector > l.Size {
+		return fmt.Errorf("the GPT says its backup is at LBA %d, but the disk has %d sectors: the disk image is truncated", alt, l.Size/sector)
+	}
+	if _, err := r.ReadAt(b, alt*sector); err != nil {
 		return fmt.Errorf("read backup GPT header: %w", err)
 	}
-	if string(b[:8]) != "EFI PART" || binary.LittleEndian.Uint64(b[24:32]) != uint64(lastLBA) || binary.LittleEndian.Uint64(b[32:40]) != 1 {
-		return fmt.Errorf("no valid backup GPT header at the last sector (LBA %d); the disk image is truncated or was resized without fixing the GPT (sgdisk -e)", lastLBA)
+	if string(b[:8]) != "EFI PART" || int64(binary.LittleEndian.Uint64(b[24:32])) != alt || binary.LittleEndian.Uint64(b[32:40]) != 1 {
+		return fmt.Errorf("no valid backup GPT header at LBA %d: the disk image is damaged (sgdisk -v shows details)", alt)
 	}
 	return nil
 }
