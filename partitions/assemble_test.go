@@ -214,6 +214,13 @@ func TestAssemble(t *testing.T) {
 	if !bytes.Equal(got, opts.Ignition) {
 		t.Errorf("Ignition read back %q, wrote %q", got, opts.Ignition)
 	}
+	boot, _ := l.Find(BootPartition)
+	for path, mode := range map[string]string{"/ignition": "Mode:  0700", "/ignition/config.ign": "Mode:  0600"} {
+		out, _ := exec.Command("debugfs", "-R", "stat "+path, fsSpec(disk, boot.Offset)).Output()
+		if !strings.Contains(string(out), mode) || !strings.Contains(string(out), "User:     0   Group:     0") {
+			t.Errorf("%s: want %s, root-owned (as coreos-installer writes it):\n%s", path, mode, out)
+		}
+	}
 
 	// The kernel mounts the image partition and sees the staged tree.
 	mnt := loopMount(t, disk, img)

@@ -31,7 +31,7 @@ func writeIgnition(disk string, offset int64, config []byte, epoch int64) error 
 	}
 	defer os.RemoveAll(dir)
 	src := filepath.Join(dir, "config.ign")
-	if err := os.WriteFile(src, config, 0o644); err != nil {
+	if err := os.WriteFile(src, config, 0o600); err != nil {
 		return err
 	}
 	// debugfs mkdir on an existing name leaks a directory inode (e2fsck then
@@ -46,7 +46,8 @@ func writeIgnition(disk string, offset int64, config []byte, epoch int64) error 
 	var script []string
 	switch dirType {
 	case "":
-		script = append(script, "mkdir /ignition", "cd /ignition")
+		// Modes as coreos-installer sets them: the config may hold secrets.
+		script = append(script, "mkdir /ignition", "sif /ignition mode 040700", "cd /ignition")
 	case "directory":
 		fileType, err := debugfsType(spec, "/"+IgnitionPath)
 		if err != nil {
@@ -61,7 +62,7 @@ func writeIgnition(disk string, offset int64, config []byte, epoch int64) error 
 	}
 	script = append(script,
 		"write "+src+" config.ign",
-		"sif /"+IgnitionPath+" mode 0100644",
+		"sif /"+IgnitionPath+" mode 0100600",
 		"sif /"+IgnitionPath+" uid 0",
 		"sif /"+IgnitionPath+" gid 0",
 		"")
