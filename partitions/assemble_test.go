@@ -170,6 +170,9 @@ func TestAssemble(t *testing.T) {
 			t.Errorf("partition %d %s: bytes differ from the base", p.Number, p.Name)
 		}
 	}
+	if hashRange(t, opts.Base, 0, 440) != hashRange(t, disk, 0, 440) {
+		t.Error("MBR boot code area (bytes 0-439) differs from the base")
+	}
 	img := l.Partitions[len(l.Partitions)-1]
 	last := base.Partitions[len(base.Partitions)-1]
 	switch {
