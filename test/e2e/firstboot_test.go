@@ -22,16 +22,18 @@ import (
 //go:embed testdata/firstboot-check.sh
 var firstbootCheck string
 
+// checkUnit runs the check script once the system is up, then powers off
+// whatever the outcome, so every boot ends on its own.
 const checkUnit = `[Unit]
 Description=kiln e2e checks
 After=multi-user.target
+SuccessAction=poweroff
+FailureAction=poweroff
 
 [Service]
 Type=oneshot
 StandardOutput=journal+console
 ExecStart=/usr/local/bin/kiln-e2e-check
-SuccessAction=poweroff
-FailureAction=poweroff
 
 [Install]
 WantedBy=multi-user.target

@@ -1,0 +1,63 @@
+package vm
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseCheck(t *testing.T) {
+	tests := []struct {
+		line    string
+		want    Check
+		wantErr bool
+	}{
+		{"KILN-E2E: hello-file PASS", Check{Name: "hello-file", Pass: true}, false},
+		{"KILN-E2E: boot PASS n=2", Check{Name: "boot", Pass: true, Detail: "n=2"}, false},
+		{"  KILN-E2E: podman FAIL podman: not found  ", Check{Name: "podman", Detail: "podman: not found"}, false},
+		{"KILN-E2E: x OK", Check{}, true},
+		{"KILN-E2E: lonely", Check{}, true},
+		{"hello KILN-E2E: x PASS", Check{}, true},
+	}
+	for _, tt := range tests {
+		got, err := ParseCheck(tt.line)
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("ParseCheck(%q) = %+v, %v; want %+v, err=%v", tt.line, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+// The scanner must cope with what OVMF and systemd really print: ANSI
+// escapes, CR redraws, checks in the middle of a line, and stop at once on a
+// failure pattern.
+func TestScanner(t *testing.T) {
+	console := "\x1b[2J\x1b[01;01HBdsDxe: loading Boot0001\r\n" +
+		"[  OK  ] Started \x1b[0;1;39mkiln e2e checks\x1b[0m.\r\n" +
+		"\r[   12.3] kiln-e2e-check[301]: KILN-E2E: boot PASS n=1\r\n" +
+		"KILN-E2E: broken\n" +
+		"You are in emergency mode. After logging in...\n" +
+		"KILN-E2E: late PASS\n"
+	stopped := 0
+	s := newScanner(DefaultFailOn, t, "test")
+	s.scan(strings.NewReader(console), func() { stopped++ })
+	r := &Result{lines: s.lines}
+	if s.failedOn != "emergency mode" || stopped != 1 {
+		t.Errorf("failedOn = %q (stop called %d times), want %q once", s.failedOn, stopped, "emergency mode")
+	}
+	if got := r.Lines("[  OK  ]"); len(got) != 1 || got[0] != "[  OK  ] Started kiln e2e checks." {
+		t.Errorf("escape sequences not stripped: %q", got)
+	}
+	checks := r.Checks()
+	want := []Check{
+		{Name: "boot", Pass: true, Detail: "n=1"},
+		{Name: "malformed", Detail: "KILN-E2E: broken"},
+		{Name: "late", Pass: true},
+	}
+	if len(checks) != len(want) {
+		t.Fatalf("checks = %+v, want %+v", checks, want)
+	}
+	for i := range want {
+		if checks[i] != want[i] {
+			t.Errorf("check %d = %+v, want %+v", i, checks[i], want[i])
+		}
+	}
+}
