@@ -88,8 +88,13 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	if p, ok := base.Find(imagefs.PartitionName); ok {
 		return nil, fmt.Errorf("base image %s already has a %s partition (number %d): it is a kiln disk, not a base; build from the vendor's base image", opts.Base, imagefs.PartitionName, p.Number)
 	}
+	// Fail before the long steps where we can.
 	if _, err := bootPartition(base); err != nil && base.labelsRead {
-		return nil, fmt.Errorf("base image %s: %w", opts.Base, err) // fail before the long steps
+		return nil, fmt.Errorf("base image %s: %w", opts.Base, err)
+	}
+	if opts.DiskSize > 0 && opts.DiskSize < start+MiB {
+		return nil, fmt.Errorf("disk size %s is too small: the base alone needs %s, plus the image partition; set disk.size larger or to fit",
+			human(opts.DiskSize), human(start))
 	}
 
 	// 2. The filesystem first: mksquashfs truncates its output file.

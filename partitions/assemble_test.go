@@ -449,8 +449,10 @@ func TestErrors(t *testing.T) {
 		edit func(*AssembleOptions)
 		want []string
 	}{
-		{"disk too small", func(o *AssembleOptions) { o.DiskSize = 300 * MiB },
-			[]string{"disk size 300 MiB is too small", "the base needs 450 MiB", "set disk.size to at least"}},
+		{"disk too small", func(o *AssembleOptions) { o.DiskSize = 452 * MiB },
+			[]string{"disk size 452 MiB is too small", "the base needs 450 MiB, the image partition 5 MiB, so at least 456 MiB", "set disk.size to at least 456 MiB"}},
+		{"disk smaller than base", func(o *AssembleOptions) { o.DiskSize = 100 * MiB },
+			[]string{"disk size 100 MiB is too small: the base alone needs 450 MiB"}},
 		{"partition too small", func(o *AssembleOptions) { o.PartitionSize = 1 * MiB },
 			[]string{"image partition size 1 MiB is too small", "set imagePartition.size to at least"}},
 		{"no boot partition", func(o *AssembleOptions) { o.Base = filepath.Join(dir, "noboot.raw") },
