@@ -50,6 +50,11 @@ type AssembleOptions struct {
 	// Ignition is written to ignition/config.ign in the boot partition;
 	// nil writes nothing (and leaves what the base has).
 	Ignition []byte
+	// RootLast moves the root partition (GPT name "root", physically the
+	// last of the base) after the image partition, so CoreOS's growpart
+	// can grow root into the rest of whatever disk the image lands on.
+	// Root keeps its number, GUIDs and bytes; only its offset changes.
+	RootLast bool
 	// Progress may be nil.
 	Progress progress.Reporter
 }
@@ -74,17 +79,30 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	}
 	disk := opts.Output.Name()
 
-	// 1. Where the image partition goes: after the base's last partition.
+	// 1. Where the image partition goes: after the base's last partition
+	// (with RootLast: after the last one but root, which moves).
 	base, err := readBaseLayout(opts.Base)
 	if err != nil {
 		return nil, err
 	}
 	sector := int64(base.SectorSize)
-	var baseEnd int64 // first byte after the last base partition
-	for _, p := range base.Partitions {
-		baseEnd = max(baseEnd, int64(p.LastLBA+1)*sector)
+	var root *Partition
+	if opts.RootLast {
+		if root, err = lastRoot(base); err != nil {
+			return nil, fmt.Errorf("base image %s: %w", opts.Base, err)
+		}
 	}
-	start := alignUp(baseEnd, MiB)
+	var keepEnd int64 // base bytes [0, keepEnd) stay where they are
+	for _, p := range base.Partitions {
+		if root == nil || p.Number != root.Number {
+			keepEnd = max(keepEnd, p.Offset+p.Size)
+		}
+	}
+	start := alignUp(keepEnd, MiB)
+	baseNeed := start // room the base's partitions take on the disk
+	if root != nil {
+		baseNeed += alignUp(root.Size, MiB)
+	}
 	if p, ok := base.Find(imagefs.PartitionName); ok {
 		return nil, fmt.Errorf("base image %s already has a %s partition (number %d): it is a kiln disk, not a base; build from the vendor's base image", opts.Base, imagefs.PartitionName, p.Number)
 	}
@@ -92,9 +110,9 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	if _, err := bootPartition(base); err != nil && base.labelsRead {
 		return nil, fmt.Errorf("base image %s: %w", opts.Base, err)
 	}
-	if opts.DiskSize > 0 && opts.DiskSize < start+MiB {
+	if opts.DiskSize > 0 && opts.DiskSize < baseNeed+MiB {
 		return nil, fmt.Errorf("disk size %s is too small: the base alone needs %s, plus the image partition; set disk.size larger or to fit",
-			human(opts.DiskSize), human(start))
+			human(opts.DiskSize), human(baseNeed))
 	}
 
 	// 2. The filesystem first: mksquashfs truncates its output file.
@@ -119,12 +137,18 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	if sector == 4096 {
 		gptBackup = 5 * sector
 	}
-	need := alignUp(start+partSize+gptBackup, MiB)
+	end := start + partSize
+	var rootDst int64
+	if root != nil {
+		rootDst = alignUp(end, MiB)
+		end = rootDst + root.Size
+	}
+	need := alignUp(end+gptBackup, MiB)
 	size := need
 	if opts.DiskSize > 0 {
 		if opts.DiskSize < need {
 			return nil, fmt.Errorf("disk size %s is too small: the base needs %s, the image partition %s, so at least %s; set disk.size to at least %s or to fit",
-				human(opts.DiskSize), human(start), human(partSize), human(need), human(need))
+				human(opts.DiskSize), human(baseNeed), human(partSize), human(need), human(need))
 		}
 		if opts.DiskSize%sector != 0 {
 			return nil, fmt.Errorf("disk size %d bytes is not a multiple of the %d-byte sector size; use a size in MiB or GiB", opts.DiskSize, sector)
@@ -132,8 +156,12 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 		size = opts.DiskSize
 	}
 
-	// 4. The base partitions, byte for byte, before the image partition.
-	if err := copyBase(ctx, opts, baseEnd); err != nil {
+	// 4. The base partitions, byte for byte.
+	segs := []segment{{src: 0, size: keepEnd, dst: 0}}
+	if root != nil {
+		segs = append(segs, segment{src: root.Offset, size: root.Size, dst: rootDst})
+	}
+	if err := copyBase(ctx, opts, segs); err != nil {
 		return nil, err
 	}
 	if err := opts.Output.Truncate(size); err != nil {
@@ -141,6 +169,17 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	}
 
 	// 5. The new partition table.
+	if root != nil {
+		moved := *base
+		moved.Partitions = append([]Partition(nil), base.Partitions...)
+		for i := range moved.Partitions {
+			if p := &moved.Partitions[i]; p.Number == root.Number {
+				p.FirstLBA = uint64(rootDst / sector)
+				p.LastLBA = p.FirstLBA + uint64(root.Size/sector) - 1
+			}
+		}
+		base = &moved
+	}
 	if err := writeTable(opts.Output, base, size, start, partSize, opts.GUIDSeed); err != nil {
 		return nil, err
 	}
@@ -211,10 +250,36 @@ func readBaseLayout(path string) (*Layout, error) {
 	return l, nil
 }
 
-// copyBase writes the base's first n bytes into the output, leaving holes
-// where the base is zero, and reads the rest of the base so its digest is
-// checked.
-func copyBase(ctx context.Context, opts AssembleOptions, n int64) (err error) {
+// segment is a byte range of the base and where it goes on the disk.
+type segment struct{ src, size, dst int64 }
+
+// lastRoot finds the partition named root and checks it is physically last.
+func lastRoot(l *Layout) (*Partition, error) {
+	var root *Partition
+	for i := range l.Partitions {
+		if l.Partitions[i].Name == "root" {
+			root = &l.Partitions[i]
+		}
+	}
+	if root == nil {
+		return nil, fmt.Errorf("no partition named \"root\" to move after the image partition (partitions: %s)", l.names())
+	}
+	for _, p := range l.Partitions {
+		if p.Offset > root.Offset {
+			return nil, fmt.Errorf("partition %d %q lies after root; kiln moves root only when it is the last partition", p.Number, p.Name)
+		}
+	}
+	return root, nil
+}
+
+// copyBase streams the base and writes the bytes of each segment to its
+// place, leaving holes where the base is zero; the base is read to its end
+// so its digest is checked.
+func copyBase(ctx context.Context, opts AssembleOptions, segs []segment) (err error) {
+	var n int64 // bytes of the base needed
+	for _, s := range segs {
+		n = max(n, s.src+s.size)
+	}
 	b, err := OpenBase(opts.Base, opts.BaseDigest)
 	if err != nil {
 		return err
@@ -223,9 +288,7 @@ func copyBase(ctx context.Context, opts AssembleOptions, n int64) (err error) {
 	task := progressOf(opts.Progress).Task("copy base partitions", n)
 	defer func() { task.Done(err) }()
 
-	const chunk = 64 << 10
 	buf := make([]byte, MiB)
-	zero := make([]byte, chunk)
 	var off int64
 	for off < n {
 		if err := ctx.Err(); err != nil {
@@ -238,11 +301,11 @@ func copyBase(ctx context.Context, opts AssembleOptions, n int64) (err error) {
 			}
 			return err
 		}
-		for i := 0; i < m; i += chunk {
-			c := buf[i:min(i+chunk, m)]
-			if !bytes.Equal(c, zero[:len(c)]) {
-				if _, err := opts.Output.WriteAt(c, off+int64(i)); err != nil {
-					return fmt.Errorf("write disk: %w", err)
+		for _, s := range segs {
+			lo, hi := max(off, s.src), min(off+int64(m), s.src+s.size)
+			if lo < hi {
+				if err := writeSparse(opts.Output, buf[lo-off:hi-off], s.dst+lo-s.src); err != nil {
+					return err
 				}
 			}
 		}
@@ -251,6 +314,23 @@ func copyBase(ctx context.Context, opts AssembleOptions, n int64) (err error) {
 	}
 	if _, err := io.Copy(io.Discard, b); err != nil {
 		return err
+	}
+	return nil
+}
+
+// writeSparse writes p at off, skipping all-zero 64 KiB runs (the output
+// starts as a hole, so they read back as zeros anyway).
+func writeSparse(f *os.File, p []byte, off int64) error {
+	const chunk = 64 << 10
+	var zero [chunk]byte
+	for i := 0; i < len(p); i += chunk {
+		c := p[i:min(i+chunk, len(p))]
+		if bytes.Equal(c, zero[:len(c)]) {
+			continue
+		}
+		if _, err := f.WriteAt(c, off+int64(i)); err != nil {
+			return fmt.Errorf("write disk: %w", err)
+		}
 	}
 	return nil
 }

@@ -675,3 +675,44 @@ func TestInspectDamaged(t *testing.T) {
 		t.Errorf("broken backup: %v", err)
 	}
 }
+
+// TestRootLast: root moves after the image partition, byte for byte, with
+// its number and GUIDs, and is physically last so growpart can grow it.
+func TestRootLast(t *testing.T) {
+	tree := stageTree(t)
+	opts := defaultOpts(t, tree)
+	opts.Base = filepath.Join(bases(t), "base.raw.zst") // the move works on a stream too
+	opts.RootLast = true
+	disk, l := assemble(t, opts)
+	if out, err := exec.Command("sgdisk", "-v", disk).CombinedOutput(); err != nil || !strings.Contains(string(out), "No problems found") {
+		t.Fatalf("sgdisk -v: %v\n%s", err, out)
+	}
+	base, err := Inspect(filepath.Join(bases(t), "base.raw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	broot, _ := base.Find("root")
+	root, _ := l.Find("root")
+	img, _ := l.Find(imagefs.PartitionName)
+	if root.Number != broot.Number || root.GUID != broot.GUID || root.Type != broot.Type || root.Size != broot.Size {
+		t.Errorf("root changed: %+v -> %+v", broot, root)
+	}
+	if img.Offset != broot.Offset || root.Offset != img.Offset+img.Size {
+		t.Errorf("want image partition where root was (%d) and root right after it; got image %d+%d, root %d", broot.Offset, img.Offset, img.Size, root.Offset)
+	}
+	for _, p := range l.Partitions {
+		if p.Offset > root.Offset {
+			t.Errorf("partition %s after root", p.Name)
+		}
+	}
+	if hashRange(t, filepath.Join(bases(t), "base.raw"), broot.Offset, broot.Size) != hashRange(t, disk, root.Offset, root.Size) {
+		t.Error("root bytes changed in the move")
+	}
+	if out, err := exec.Command("e2fsck", "-fn", fsSpec(disk, root.Offset)).CombinedOutput(); err != nil {
+		t.Errorf("e2fsck root: %v\n%s", err, out)
+	}
+	if l.Size != alignUp(root.Offset+root.Size+33*512, MiB) {
+		t.Errorf("disk size %d not fit", l.Size)
+	}
+	compareTrees(t, tree, loopMount(t, disk, *img))
+}
