@@ -111,8 +111,8 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 		return nil, fmt.Errorf("base image %s: %w", opts.Base, err)
 	}
 	if opts.DiskSize > 0 && opts.DiskSize < baseNeed+MiB {
-		return nil, fmt.Errorf("disk size %s is too small: the base alone needs %s, plus the image partition; set disk.size larger or to fit",
-			human(opts.DiskSize), human(baseNeed))
+		return nil, fmt.Errorf("disk size %s is too small: the base alone needs %s; set disk.size to at least %s plus the image partition (about the size of the images), or to fit",
+			human(opts.DiskSize), human(baseNeed), human(baseNeed))
 	}
 
 	// 2. The filesystem first: mksquashfs truncates its output file.
