@@ -1,3 +1,8 @@
+//go:build e2e
+
+// The QEMU scenarios build the base fixture (minutes) and boot VMs, so they
+// run only with -tags e2e (make e2e), never in the unit test run.
+
 package e2e
 
 import (

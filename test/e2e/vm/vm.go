@@ -195,7 +195,9 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 	args := []string{
 		"-accel", "tcg", "-machine", "q35",
 		"-m", fmt.Sprint(c.memMiB), "-smp", fmt.Sprint(c.cpus),
-		"-nographic", "-monitor", "none", "-serial", "stdio",
+		// No default devices (CD-ROM, NIC, VGA): the firmware then tries
+		// only our disk, and the guest sees only what a test adds.
+		"-nodefaults", "-nographic", "-monitor", "none", "-serial", "stdio",
 		"-nic", "none", "-no-reboot",
 		"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=" + ovmfCode,
 		"-drive", "if=pflash,format=raw,unit=1,file=" + vars,
@@ -261,7 +263,7 @@ func newScanner(failOn []string, t testing.TB, name string) *scanner {
 }
 
 // ansi matches terminal escape sequences OVMF and systemd write.
-var ansi = regexp.MustCompile(`\x1b(\[[0-9;?]*[A-Za-z]|[()][A-Za-z0-9]|[=>c])`)
+var ansi = regexp.MustCompile(`\x1b(\[[0-9;?=>]*[A-Za-z]|[()][A-Za-z0-9]|[=>c])`)
 
 func (s *scanner) scan(r io.Reader, stop func()) {
 	br := bufio.NewReaderSize(r, 64<<10)

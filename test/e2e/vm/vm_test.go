@@ -30,7 +30,7 @@ func TestParseCheck(t *testing.T) {
 // escapes, CR redraws, checks in the middle of a line, and stop at once on a
 // failure pattern.
 func TestScanner(t *testing.T) {
-	console := "\x1b[2J\x1b[01;01HBdsDxe: loading Boot0001\r\n" +
+	console := "\x1b[=3h\x1b[2J\x1b[01;01HBdsDxe: loading Boot0001\r\n" +
 		"[  OK  ] Started \x1b[0;1;39mkiln e2e checks\x1b[0m.\r\n" +
 		"\r[   12.3] kiln-e2e-check[301]: KILN-E2E: boot PASS n=1\r\n" +
 		"KILN-E2E: broken\n" +
@@ -42,6 +42,9 @@ func TestScanner(t *testing.T) {
 	r := &Result{lines: s.lines}
 	if s.failedOn != "emergency mode" || stopped != 1 {
 		t.Errorf("failedOn = %q (stop called %d times), want %q once", s.failedOn, stopped, "emergency mode")
+	}
+	if got := r.Lines("BdsDxe"); len(got) != 1 || got[0] != "BdsDxe: loading Boot0001" || s.lines[0] != got[0] {
+		t.Errorf("firmware line = %q (first line %q)", got, s.lines[0])
 	}
 	if got := r.Lines("[  OK  ]"); len(got) != 1 || got[0] != "[  OK  ] Started kiln e2e checks." {
 		t.Errorf("escape sequences not stripped: %q", got)
