@@ -92,31 +92,49 @@ func TestIgnitionFirstBoot(t *testing.T) {
 	requireDetail(t, second, "ignition-this-boot", "lines=0")
 }
 
-// ignitionConfig returns a spec 3.3.0 config, checked by ignition-validate:
-// one plain file, the check script, and the check unit, enabled.
-func ignitionConfig(t *testing.T) []byte {
-	t.Helper()
-	data := func(s string) *string {
-		u := "data:," + url.PathEscape(s)
-		return &u
+// TestIgnitionFailureIsReadable: a config Ignition cannot apply (a file whose
+// content does not match its declared hash) must end the boot fast, with
+// Ignition's own reason on the console, not after the boot timeout.
+func TestIgnitionFailureIsReadable(t *testing.T) {
+	disk := filepath.Join(t.TempDir(), "disk.raw")
+	if err := rawdisk.Copy(disk, fixture.Base(t)); err != nil {
+		t.Fatal(err)
 	}
-	mode := func(m int) *int { return &m }
-	yes := true
-	unit := checkUnit
+	badHash := "sha512-" + strings.Repeat("0", 128)
 	cfg := types.Config{
 		Ignition: types.Ignition{Version: "3.3.0"},
-		Storage: types.Storage{Files: []types.File{
-			{Node: types.Node{Path: "/etc/kiln-e2e/hello.txt"},
-				FileEmbedded1: types.FileEmbedded1{Mode: mode(0o644),
-					Contents: types.Resource{Source: data("hello from ignition")}}},
-			{Node: types.Node{Path: "/usr/local/bin/kiln-e2e-check"},
-				FileEmbedded1: types.FileEmbedded1{Mode: mode(0o755),
-					Contents: types.Resource{Source: data(firstbootCheck)}}},
-		}},
-		Systemd: types.Systemd{Units: []types.Unit{
-			{Name: "kiln-e2e-check.service", Enabled: &yes, Contents: &unit},
-		}},
+		Storage: types.Storage{Files: []types.File{{
+			Node: types.Node{Path: "/etc/kiln-e2e/corrupt.txt"},
+			FileEmbedded1: types.FileEmbedded1{Contents: types.Resource{
+				Source:       dataURL("not what the hash says"),
+				Verification: types.Verification{Hash: &badHash},
+			}},
+		}}},
 	}
+	if err := mustFind(t, disk, "boot").WriteFile("/ignition/config.ign", validated(t, cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := vm.Run(t, disk, vm.WithName("bad-config"), vm.WithTimeout(5*time.Minute))
+	if err == nil {
+		t.Fatalf("boot with a corrupt file in the Ignition config succeeded (console: %s)", res.Console)
+	}
+	t.Logf("failed boot ended after %s", res.Duration.Round(time.Second))
+	if !strings.Contains(err.Error(), `console showed "Ignition failed"`) {
+		t.Errorf("want the boot stopped on %q, got: %v", "Ignition failed", err)
+	}
+	if len(res.Lines("Ignition failed:")) == 0 || len(res.Lines("hash")) == 0 {
+		t.Errorf("console lacks Ignition's reason (a hash mismatch): %s", res.Console)
+	}
+}
+
+func dataURL(s string) *string {
+	u := "data:," + url.PathEscape(s)
+	return &u
+}
+
+// validated marshals cfg and checks it with the real ignition-validate.
+func validated(t *testing.T, cfg types.Config) []byte {
+	t.Helper()
 	b, err := json.Marshal(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -129,6 +147,29 @@ func ignitionConfig(t *testing.T) []byte {
 		t.Fatalf("ignition-validate rejects the test config: %v\n%s", err, out)
 	}
 	return b
+}
+
+// ignitionConfig returns a spec 3.3.0 config, checked by ignition-validate:
+// one plain file, the check script, and the check unit, enabled.
+func ignitionConfig(t *testing.T) []byte {
+	t.Helper()
+	mode := func(m int) *int { return &m }
+	yes := true
+	unit := checkUnit
+	return validated(t, types.Config{
+		Ignition: types.Ignition{Version: "3.3.0"},
+		Storage: types.Storage{Files: []types.File{
+			{Node: types.Node{Path: "/etc/kiln-e2e/hello.txt"},
+				FileEmbedded1: types.FileEmbedded1{Mode: mode(0o644),
+					Contents: types.Resource{Source: dataURL("hello from ignition")}}},
+			{Node: types.Node{Path: "/usr/local/bin/kiln-e2e-check"},
+				FileEmbedded1: types.FileEmbedded1{Mode: mode(0o755),
+					Contents: types.Resource{Source: dataURL(firstbootCheck)}}},
+		}},
+		Systemd: types.Systemd{Units: []types.Unit{
+			{Name: "kiln-e2e-check.service", Enabled: &yes, Contents: &unit},
+		}},
+	})
 }
 
 func mustFind(t *testing.T, disk, name string) rawdisk.Partition {

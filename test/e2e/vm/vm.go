@@ -155,6 +155,18 @@ func ParseCheck(line string) (Check, error) {
 // pattern, or if QEMU exits with an error.
 func Boot(t testing.TB, disk string, opts ...Option) *Result {
 	t.Helper()
+	res, err := Run(t, disk, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// Run is Boot for tests that expect a boot to fail: it returns the error
+// (with the console tail and log path) instead of failing the test. The
+// Result is non-nil whenever QEMU started.
+func Run(t testing.TB, disk string, opts ...Option) (*Result, error) {
+	t.Helper()
 	c := config{timeout: defaultTimeout(), memMiB: 2048, cpus: 2, name: "boot"}
 	c.failOn = append(c.failOn, DefaultFailOn...)
 	for _, o := range opts {
@@ -164,15 +176,15 @@ func Boot(t testing.TB, disk string, opts ...Option) *Result {
 		c.logDir = defaultLogDir(t)
 	}
 	if err := os.MkdirAll(c.logDir, 0o755); err != nil {
-		t.Fatalf("vm: create log dir: %v", err)
+		return nil, fmt.Errorf("vm: create log dir: %w", err)
 	}
 	res, err := run(t, disk, c)
 	if err != nil {
-		t.Fatalf("vm: %s of %s: %v", c.name, disk, err)
+		return res, fmt.Errorf("vm: %s of %s: %w", c.name, disk, err)
 	}
 	t.Logf("vm: %s of %s: powered off after %s (console: %s)", c.name, filepath.Base(disk),
 		res.Duration.Round(time.Second), res.Console)
-	return res
+	return res, nil
 }
 
 func run(t testing.TB, disk string, c config) (*Result, error) {
