@@ -50,14 +50,24 @@ type AssembleOptions struct {
 	// Ignition is written to ignition/config.ign in the boot partition;
 	// nil writes nothing (and leaves what the base has).
 	Ignition []byte
-	// RootLast moves the root partition (GPT name "root", physically the
-	// last of the base) after the image partition, so CoreOS's growpart
-	// can grow root into the rest of whatever disk the image lands on.
-	// Root keeps its number, GUIDs and bytes; only its offset changes.
-	RootLast bool
+	// Placement of the image partition: PlaceBeforeRoot moves the root
+	// partition (GPT name "root", physically the last of the base) after
+	// the image partition, so CoreOS's growpart can grow root (and /var,
+	// where containers live) into the rest of whatever disk the image lands
+	// on; root keeps its number, GUIDs and bytes, only its offset changes.
+	// PlaceEnd puts the image partition after the base's last partition.
+	// PlaceAuto (or "") is PlaceBeforeRoot when root is last, else PlaceEnd.
+	Placement string
 	// Progress may be nil.
 	Progress progress.Reporter
 }
+
+// Placements of the image partition (AssembleOptions.Placement).
+const (
+	PlaceAuto       = "auto"
+	PlaceBeforeRoot = "before-root"
+	PlaceEnd        = "end"
+)
 
 // kilnNamespace is the name-based UUID namespace of GUIDs kiln derives.
 var kilnNamespace = uuid.MustParse("6f0e5a0c-3b7e-4d49-9a8e-1c2b7d4e9f30")
@@ -87,10 +97,16 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	}
 	sector := int64(base.SectorSize)
 	var root *Partition
-	if opts.RootLast {
+	switch opts.Placement {
+	case PlaceBeforeRoot:
 		if root, err = lastRoot(base); err != nil {
-			return nil, fmt.Errorf("base image %s: %w", opts.Base, err)
+			return nil, fmt.Errorf("base image %s: %w (set imagePartition.placement: end)", opts.Base, err)
 		}
+	case PlaceAuto, "":
+		root, _ = lastRoot(base)
+	case PlaceEnd:
+	default:
+		return nil, fmt.Errorf("image partition placement %q: want %s, %s or %s", opts.Placement, PlaceAuto, PlaceBeforeRoot, PlaceEnd)
 	}
 	var keepEnd int64 // base bytes [0, keepEnd) stay where they are
 	for _, p := range base.Partitions {

@@ -124,7 +124,7 @@ func assemble(t *testing.T, opts AssembleOptions) (string, *Layout) {
 func defaultOpts(t *testing.T, tree string) AssembleOptions {
 	return AssembleOptions{
 		Base: filepath.Join(bases(t), "base.raw"), ImageTree: tree, Headroom: 10,
-		SourceDateEpoch: epoch, GUIDSeed: []byte("acme-edge 1.4.0"),
+		SourceDateEpoch: epoch, GUIDSeed: []byte("acme-edge 1.4.0"), Placement: PlaceEnd,
 		Ignition: []byte(`{"ignition":{"version":"3.3.0"}}` + "\n"),
 	}
 }
@@ -679,10 +679,16 @@ func TestInspectDamaged(t *testing.T) {
 // TestRootLast: root moves after the image partition, byte for byte, with
 // its number and GUIDs, and is physically last so growpart can grow it.
 func TestRootLast(t *testing.T) {
+	for _, placement := range []string{PlaceBeforeRoot, PlaceAuto} {
+		t.Run(placement, func(t *testing.T) { testRootLast(t, placement) })
+	}
+}
+
+func testRootLast(t *testing.T, placement string) {
 	tree := stageTree(t)
 	opts := defaultOpts(t, tree)
 	opts.Base = filepath.Join(bases(t), "base.raw.zst") // the move works on a stream too
-	opts.RootLast = true
+	opts.Placement = placement
 	disk, l := assemble(t, opts)
 	if out, err := exec.Command("sgdisk", "-v", disk).CombinedOutput(); err != nil || !strings.Contains(string(out), "No problems found") {
 		t.Fatalf("sgdisk -v: %v\n%s", err, out)

@@ -61,7 +61,10 @@ func writeSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
 		return 0, err
 	}
 	args := []string{o.Tree, o.Disk, "-offset", strconv.FormatInt(o.Offset, 10),
-		"-noappend", "-no-duplicates", "-b", "1M", "-no-progress", "-quiet"}
+		"-noappend", "-no-duplicates", "-b", "1M", "-no-progress", "-quiet",
+		// mksquashfs sizes its caches to a quarter of RAM by default (seen:
+		// 360 MB RSS); 64M keeps it small and measured no slower.
+		"-mem", "64M"}
 	args = append(args, flags...)
 	cmd := exec.CommandContext(ctx, "mksquashfs", args...)
 	cmd.Env = append(envWithout("SOURCE_DATE_EPOCH"), "SOURCE_DATE_EPOCH="+strconv.FormatInt(o.SourceDateEpoch, 10))

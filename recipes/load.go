@@ -97,6 +97,7 @@ func (r *Recipe) applyDefaults() {
 	}
 	setDefault(&p.Filesystem, DefaultFilesystem)
 	setDefault(&p.Compression, DefaultCompression)
+	setDefault(&p.Placement, DefaultPlacement)
 	for i := range r.Images {
 		img := &r.Images[i]
 		if img.Serve == nil {
@@ -155,6 +156,7 @@ func (r *Recipe) validate(d *document) {
 	}
 	v.oneOf("imagePartition.filesystem", p.Filesystem, Filesystems, nil)
 	v.oneOf("imagePartition.compression", p.Compression, Compressions, map[string]string{"zst": "zstd", "gz": "gzip", "lzma": "xz", "off": "none", "false": "none"})
+	v.oneOf("imagePartition.placement", p.Placement, Placements, map[string]string{"last": "end", "beforeRoot": "before-root", "before_root": "before-root"})
 
 	r.validateImages(v)
 

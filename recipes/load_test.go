@@ -62,7 +62,7 @@ func TestDefaults(t *testing.T) {
 		Base: Base{Path: "base.raw"},
 		Disk: Disk{Size: Size{Auto: true}},
 		ImagePartition: ImagePartition{
-			Size: Size{Auto: true}, Headroom: ptr(10), Filesystem: "squashfs", Compression: "none",
+			Size: Size{Auto: true}, Headroom: ptr(10), Filesystem: "squashfs", Compression: "none", Placement: "auto",
 		},
 		Images:   []Image{{Name: "quay.io/acme/app:1.2", Serve: ptr(true), Preload: ptr(false)}},
 		Registry: Registry{Listen: "127.0.0.1:5050", MirrorTags: ptr(true)},

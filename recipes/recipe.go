@@ -8,6 +8,7 @@ const (
 	DefaultHeadroom    = 10
 	DefaultFilesystem  = "squashfs"
 	DefaultCompression = "none"
+	DefaultPlacement   = "auto"
 	DefaultListen      = "127.0.0.1:5050"
 	DefaultPreloadMode = PreloadStore
 	DefaultIgnition    = "3.3.0"
@@ -33,6 +34,7 @@ var (
 	Arches           = []string{"amd64", "arm64"}
 	Filesystems      = []string{"squashfs"}
 	Compressions     = []string{"none", "zstd", "gzip", "xz", "lz4"}
+	Placements       = []string{"auto", "before-root", "end"}
 	PreloadModes     = []string{PreloadStore, PreloadCopy}
 	IgnitionVersions = []string{"3.3.0", "3.4.0"}
 )

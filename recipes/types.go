@@ -65,6 +65,11 @@ type ImagePartition struct {
 	// Compression of the filesystem: "none" (default; layers are already
 	// compressed), "zstd", "gzip", "xz", "lz4".
 	Compression string `yaml:"compression"`
+	// Placement: "auto" (default: before-root when the base's last
+	// partition is root, else end), "before-root" (root moves after the
+	// image partition, so the node can still grow root into the rest of
+	// its disk at first boot) or "end" (after the base's last partition).
+	Placement string `yaml:"placement"`
 }
 
 // Image is one container image the appliance needs.
