@@ -347,6 +347,26 @@ func TestBadInput(t *testing.T) {
 			want: []string{"amd64", "arm64"},
 		},
 		{
+			name: "foreign arch without an agent binary",
+			edit: func(t *testing.T, f *fixture) { replaceInFile(t, f.recipe, "arch: amd64", "arch: arm64") },
+			want: []string{"arm64", "--agent"},
+		},
+		{
+			name: "agent binary for the wrong arch",
+			edit: func(t *testing.T, f *fixture) { replaceInFile(t, f.recipe, "arch: amd64", "arch: arm64") },
+			args: func(f *fixture) []string {
+				return []string{"build", f.recipe, "-o", filepath.Join(f.dir, "out.raw"), "--agent", "/bin/true"}
+			},
+			want: []string{"/bin/true is for EM_X86_64", "EM_AARCH64"},
+		},
+		{
+			name: "agent is not an executable",
+			args: func(f *fixture) []string {
+				return []string{"build", f.recipe, "-o", filepath.Join(f.dir, "out.raw"), "--agent", "/etc/passwd"}
+			},
+			want: []string{"/etc/passwd: not a Linux executable"},
+		},
+		{
 			name:     "disk too small",
 			diskSize: "64MiB",
 			want:     []string{"too small", "at least"},
