@@ -20,7 +20,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -233,14 +232,10 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 		return nil, fmt.Errorf("start qemu-system-x86_64 (is qemu-system-x86 installed?): %w", err)
 	}
 
+	// Scan until the pipe closes: QEMU exited or was killed (timeout, or a
+	// failure pattern calling cancel).
 	sc := newScanner(c.failOn, t, c.name)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		sc.scan(io.TeeReader(stdout, logFile), cancel)
-	}()
-	wg.Wait() // the pipe closes when QEMU exits or is killed
+	sc.scan(io.TeeReader(stdout, logFile), cancel)
 	waitErr := cmd.Wait()
 	res := &Result{Console: logPath, Duration: time.Since(start), lines: sc.lines}
 
