@@ -34,6 +34,15 @@ if [ "$en" = enabled ]; then report unit-enabled PASS; else report unit-enabled 
 
 if v=$(podman --version 2>&1); then report podman PASS "$v"; else report podman FAIL "$v"; fi
 
+# On first boot systemd applies presets (that is how Ignition's "enabled"
+# units get enabled); it must not have failed half-way.
+preset_err=$(journalctl -b 0 -q --no-pager | grep -m1 'Failed to populate /etc with preset')
+if [ -n "$preset_err" ]; then
+    report presets FAIL "${preset_err:0:160}"
+else
+    report presets PASS
+fi
+
 failed=$(systemctl --failed --plain --no-legend | awk '{print $1}' | xargs)
 if [ -z "$failed" ]; then report failed-units PASS; else report failed-units FAIL "$failed"; fi
 
