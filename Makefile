@@ -11,7 +11,7 @@ BIN       := out/kiln
 # Debian packages the build and the tests need.
 APT_PKGS := gdisk squashfs-tools e2fsprogs dosfstools mtools fdisk skopeo podman \
             ignition zstd xz-utils util-linux
-APT_E2E  := qemu-system-x86 ovmf debootstrap systemd-boot-efi dracut-core
+APT_E2E  := qemu-system-x86 ovmf debootstrap systemd
 
 .PHONY: all build test demo bench e2e fuzz deps deps-e2e clean vet
 
@@ -54,7 +54,7 @@ fuzz:
 	done
 
 e2e: deps-e2e build
-	$(GO) test $(GOFLAGS) -count=1 -timeout 80m -v ./test/e2e/...
+	$(GO) test -tags=$(TAGS),e2e -trimpath -count=1 -timeout 80m -v ./test/e2e/...
 
 clean:
 	rm -rf out
