@@ -63,9 +63,9 @@ func printReport(w io.Writer, rep *builder.Report) {
 	l := rep.Layout
 	fmt.Fprintf(w, "Disk %s: %s, GPT, disk GUID %s\n\n", rep.Disk, progress.Bytes(l.Size), l.GUID)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "#\tNAME\tSIZE\tFS\tLABEL\tPARTITION GUID")
+	fmt.Fprintln(tw, "#\tNAME\tSTART\tSIZE\tFS\tLABEL\tPARTITION GUID")
 	for _, p := range l.Partitions {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", p.Number, p.Name, progress.Bytes(p.Size), p.Filesystem, p.Label, p.GUID)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Number, p.Name, progress.Bytes(p.Offset), progress.Bytes(p.Size), p.Filesystem, p.Label, p.GUID)
 	}
 	tw.Flush()
 	c := rep.Contents
