@@ -1,0 +1,422 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coreos/ignition/v2/config/v3_3/types"
+
+	"github.com/kiln-appliance/kiln/test/e2e/fixture"
+	"github.com/kiln-appliance/kiln/test/e2e/guest"
+	"github.com/kiln-appliance/kiln/test/e2e/rawdisk"
+	"github.com/kiln-appliance/kiln/test/e2e/vm"
+	"github.com/kiln-appliance/kiln/test/fixtures/images"
+)
+
+//go:embed testdata/appliance-boot.sh
+var applianceBootCheck string
+
+//go:embed testdata/appliance-fault.sh
+var applianceFaultCheck string
+
+// The appliance's images, all built from the hello fixture (they share its
+// one layer; each has its own config, hence its own digest).
+const (
+	helloRef     = "quay.io/kiln-e2e/hello:1.0"               // served + preloaded
+	servedRef    = "registry.example.com/kiln-e2e/served:1.0" // served only
+	preloadedRef = "quay.io/kiln-e2e/preloaded:1.0"           // preloaded only
+)
+
+// appliance is a disk built by the real kiln, and what the test knows about
+// it independently of the guest.
+type appliance struct {
+	disk    string
+	kiln    string            // the kiln binary that built it
+	layout  string            // the OCI layout the images came from
+	digests map[string]string // ref -> manifest digest, as HelloImage wrote it
+	layer   string            // the served image's layer digest
+	info    inspectOut
+}
+
+// inspectOut is the part of `kiln inspect -o json` the tests read.
+type inspectOut struct {
+	Layout struct {
+		Partitions []struct {
+			Number int    `json:"number"`
+			Name   string `json:"name"`
+			GUID   string `json:"guid"`
+			Offset int64  `json:"offset"`
+			Size   int64  `json:"size"`
+		} `json:"partitions"`
+	} `json:"layout"`
+	Contents *struct {
+		Images []struct {
+			Name   string `json:"name"`
+			Digest string `json:"digest"`
+		} `json:"images"`
+		Files []struct {
+			Path   string `json:"path"`
+			Digest string `json:"digest"`
+		} `json:"files"`
+	} `json:"contents"`
+}
+
+// imagePartition returns the GPT entry of the image partition: the one
+// partition the base does not have.
+func (a *appliance) imagePartition(t *testing.T) (number int, guid string, offset, size int64) {
+	t.Helper()
+	for _, p := range a.info.Layout.Partitions {
+		switch p.Name {
+		case "EFI-SYSTEM", "boot", "root":
+			continue
+		}
+		return p.Number, p.GUID, p.Offset, p.Size
+	}
+	t.Fatalf("kiln inspect lists no image partition: %+v", a.info.Layout.Partitions)
+	return
+}
+
+// TestApplianceBoots: a factory image's first boot, offline, brings the
+// images up exactly as docs/units.md says (mount by GUID, registry READY,
+// mirror only after READY, preloaded images present and runnable, a served
+// image pulled through the mirror, exact pins, registry gone once first boot
+// is done); the second boot runs nothing of that again and keeps the images.
+func TestApplianceBoots(t *testing.T) {
+	a := buildAppliance(t, applianceBootCheck)
+	_, guid, _, _ := a.imagePartition(t)
+
+	first := vm.Boot(t, a.disk, vm.WithName("first-boot"), vm.WithTimeout(applianceTimeout(14*time.Minute)))
+	t.Logf("appliance first boot took %s", first.Duration.Round(time.Second))
+	requireAllPass(t, first)
+	requireDetail(t, first, "boot", "n=1")
+	requireDetail(t, first, "mount-partuuid", strings.ToLower(guid))
+	for _, name := range []string{
+		"ignition", "upstreams-dead", "mount-ro", "registry-ready", "mirror-after-ready",
+		"image " + helloRef, "image " + preloadedRef, "run " + helloRef, "run " + preloadedRef,
+		"pull " + servedRef, "pins", "firstboot-done", "registry-stopped", "mirror-removed",
+	} {
+		requirePass(t, first, name)
+	}
+
+	root := mustFind(t, a.disk, "root")
+	journal := readJournal(t, root, filepath.Join(filepath.Dir(first.Console), "appliance-first-boot-journal.txt"))
+	for _, want := range []string{"mirror on:", "Ignition finished successfully"} {
+		if !strings.Contains(journal, want) {
+			t.Errorf("offline journal of the first boot lacks %q", want)
+		}
+	}
+	if !root.Exists("/var/lib/kiln/firstboot.done") {
+		t.Errorf("root:/var/lib/kiln/firstboot.done missing after first boot")
+	}
+
+	second := vm.Boot(t, a.disk, vm.WithName("second-boot"), vm.WithTimeout(applianceTimeout(10*time.Minute)))
+	t.Logf("appliance second boot took %s", second.Duration.Round(time.Second))
+	requireAllPass(t, second)
+	requireDetail(t, second, "boot", "n=2")
+	requireDetail(t, second, "ignition-this-boot", "lines=0")
+	for _, name := range []string{
+		"firstboot-skipped", "registry-not-started", "no-mirror",
+		"image " + helloRef, "image " + preloadedRef, "image " + servedRef, "run " + helloRef,
+	} {
+		requirePass(t, second, name)
+	}
+}
+
+// TestApplianceFaults damages copies of a built appliance the two ways a
+// field disk breaks, and requires a clear report and a bounded boot:
+//   - missing-partition: the image partition's GPT entry is deleted
+//     (sgdisk -d): the mount gives up, kiln-images-failed.service prints its
+//     message on the console and in the journal, nothing hangs.
+//   - damaged-blob: bytes flipped inside the served image's layer blob on
+//     the partition itself: podman pull fails (never stores wrong bytes) and
+//     the registry's journal names the blob.
+func TestApplianceFaults(t *testing.T) {
+	a := buildAppliance(t, applianceFaultCheck)
+	number, guid, offset, size := a.imagePartition(t)
+
+	t.Run("missing-partition", func(t *testing.T) {
+		disk := filepath.Join(t.TempDir(), "disk.raw")
+		if err := rawdisk.Copy(disk, a.disk); err != nil {
+			t.Fatal(err)
+		}
+		mustRunCmd(t, "sgdisk", "-d", fmt.Sprint(number), disk)
+		mustRunCmd(t, "sgdisk", "-v", disk)
+		r := vm.Boot(t, disk, vm.WithName("missing-partition"), vm.WithTimeout(applianceTimeout(10*time.Minute)))
+		t.Logf("boot without the image partition took %s", r.Duration.Round(time.Second))
+		requireAllPass(t, r)
+		requireDetail(t, r, "fault", "missing-partition")
+		for _, name := range []string{"images-failed-message", "mount-absent", "registry-down", "no-mirror", "no-kiln-jobs"} {
+			requirePass(t, r, name)
+		}
+		// The technician reads it on the console, not only in the journal.
+		msg := r.Lines("kiln: the image partition (partition GUID " + strings.ToLower(guid))
+		if len(msg) == 0 {
+			msg = r.Lines("kiln: the image partition (partition GUID " + guid)
+		}
+		if len(msg) == 0 {
+			t.Errorf("console lacks kiln-images-failed.service's message naming GUID %s (console: %s)", guid, r.Console)
+		}
+	})
+
+	t.Run("damaged-blob", func(t *testing.T) {
+		disk := filepath.Join(t.TempDir(), "disk.raw")
+		if err := rawdisk.Copy(disk, a.disk); err != nil {
+			t.Fatal(err)
+		}
+		at := flipBlobOnDisk(t, disk, offset, size, filepath.Join(a.layout, "blobs", "sha256", strings.TrimPrefix(a.layer, "sha256:")))
+		t.Logf("flipped a byte of layer %s at disk offset %d", a.layer, at)
+		r := vm.Boot(t, disk, vm.WithName("damaged-blob"), vm.WithTimeout(applianceTimeout(12*time.Minute)))
+		t.Logf("boot with a damaged blob took %s", r.Duration.Round(time.Second))
+		requireAllPass(t, r)
+		requireDetail(t, r, "fault", "damaged-blob")
+		for _, name := range []string{"mounted", "mirror-on", "pull-refused", "not-stored", "registry-names-blob", "firstboot-not-done"} {
+			requirePass(t, r, name)
+		}
+	})
+}
+
+// flipBlobOnDisk finds the middle of blob's bytes inside the partition at
+// [offset, offset+size) of disk (squashfs stores file data uncompressed, so
+// the bytes are there verbatim), requires exactly one copy, and flips one
+// byte of it in place. It returns the disk offset of the flipped byte.
+func flipBlobOnDisk(t *testing.T, disk string, offset, size int64, blob string) int64 {
+	t.Helper()
+	b, err := os.ReadFile(blob) // a test fixture layer: about a megabyte
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) < 4096 {
+		t.Fatalf("blob %s is only %d bytes", blob, len(b))
+	}
+	needle := b[len(b)/2 : len(b)/2+256]
+	f, err := os.OpenFile(disk, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var hits []int64
+	const chunk = 4 << 20
+	buf := make([]byte, chunk+len(needle))
+	for pos := offset; pos < offset+size; pos += chunk {
+		n, err := f.ReadAt(buf[:min(int64(len(buf)), offset+size-pos)], pos)
+		if err != nil && err != io.EOF {
+			t.Fatal(err)
+		}
+		for i := 0; ; {
+			j := bytes.Index(buf[i:n], needle)
+			if j < 0 {
+				break
+			}
+			if at := pos + int64(i+j); at < pos+chunk { // overlap: count once
+				hits = append(hits, at)
+			}
+			i += j + 1
+		}
+	}
+	if len(hits) != 1 {
+		t.Fatalf("blob %s: its bytes occur %d times on the image partition (want exactly 1; is the squashfs compressed?)", blob, len(hits))
+	}
+	at := hits[0] + int64(len(needle)/2)
+	one := make([]byte, 1)
+	if _, err := f.ReadAt(one, at); err != nil {
+		t.Fatal(err)
+	}
+	one[0] ^= 0xff
+	if _, err := f.WriteAt(one, at); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return at
+}
+
+func mustRunCmd(t *testing.T, name string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+}
+
+// applianceTimeout lets KILN_E2E_BOOT_TIMEOUT raise a scenario's bound.
+func applianceTimeout(d time.Duration) time.Duration {
+	if s := os.Getenv("KILN_E2E_BOOT_TIMEOUT"); s != "" {
+		if e, err := time.ParseDuration(s); err == nil && e > d {
+			return e
+		}
+	}
+	return d
+}
+
+// requirePass fails unless the guest reported name, and reported it PASS.
+func requirePass(t *testing.T, r *vm.Result, name string) {
+	t.Helper()
+	c, ok := r.Check(name)
+	if !ok {
+		t.Errorf("guest did not report %q (console: %s)", name, r.Console)
+		return
+	}
+	if !c.Pass {
+		t.Errorf("guest check %s FAIL %s", name, c.Detail)
+	}
+}
+
+// buildAppliance writes the hello images, a recipe whose base is the e2e
+// fixture and whose Ignition fragment installs script as the guest check,
+// and runs the real `kiln build`.
+func buildAppliance(t *testing.T, script string) *appliance {
+	t.Helper()
+	base := fixture.Base(t)
+	dir := t.TempDir()
+	a := &appliance{
+		disk:    filepath.Join(dir, "appliance.raw"),
+		kiln:    buildKilnBinary(t, dir),
+		layout:  filepath.Join(dir, "oci"),
+		digests: map[string]string{},
+	}
+	for _, ref := range []string{helloRef, servedRef, preloadedRef} {
+		d, err := images.HelloImage(a.layout, ref, "amd64")
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.digests[ref] = d
+	}
+
+	_, _, layers, err := images.Blobs(a.layout, servedRef)
+	if err != nil || len(layers) == 0 {
+		t.Fatalf("layers of %s: %v %v", servedRef, layers, err)
+	}
+	a.layer = layers[0]
+
+	// The script learns the expected digests from its own text.
+	script = strings.NewReplacer(
+		"@LAYER_DIGEST@", a.layer,
+		"@HELLO_LINE@", images.HelloLine("amd64"),
+		"@HELLO_REF@", helloRef, "@HELLO_DIGEST@", a.digests[helloRef],
+		"@SERVED_REF@", servedRef, "@SERVED_DIGEST@", a.digests[servedRef],
+		"@PRELOADED_REF@", preloadedRef, "@PRELOADED_DIGEST@", a.digests[preloadedRef],
+	).Replace(script)
+	var frag []byte
+	cfg := guest.CheckConfig(script)
+	// Every upstream resolves to a dead loopback address, on top of the VM
+	// having no NIC: only the node's own registry can serve a pull.
+	yes := true
+	hosts := "127.0.0.1 localhost\n::1 localhost\n" +
+		"127.0.0.9 quay.io registry.example.com docker.io registry-1.docker.io\n"
+	mode := 0o644
+	cfg.Storage.Files = append(cfg.Storage.Files, types.File{
+		Node:          types.Node{Path: "/etc/hosts", Overwrite: &yes},
+		FileEmbedded1: types.FileEmbedded1{Mode: &mode, Contents: types.Resource{Source: guest.DataURL(hosts)}},
+	})
+	frag, err = guest.Validate(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "check.ign"), frag, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	recipe := fmt.Sprintf(`apiVersion: kiln.dev/v1alpha1
+kind: Appliance
+name: kiln-e2e
+version: 0.0.1
+arch: amd64
+base:
+  path: %s
+disk:
+  size: fit
+imagePartition:
+  size: auto
+images:
+  - name: %s
+    source: oci:oci:%[2]s
+    preload: true
+  - name: %s
+    source: oci:oci:%[3]s
+  - name: %s
+    source: oci:oci:%[4]s
+    serve: false
+    preload: true
+registry:
+  listen: 127.0.0.1:5050
+ignition:
+  fragments:
+    - check.ign
+`, base, helloRef, servedRef, preloadedRef)
+	rp := filepath.Join(dir, "appliance.yaml")
+	if err := os.WriteFile(rp, []byte(recipe), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	cmd := exec.Command(a.kiln, "build", rp, "-o", a.disk, "--cache", filepath.Join(dir, "cache"))
+	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH=0")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("kiln build: %v\n%s", err, out)
+	}
+	t.Logf("kiln build took %s", time.Since(start).Round(time.Second))
+
+	out, err = exec.Command(a.kiln, "inspect", a.disk, "-o", "json").Output()
+	if err != nil {
+		t.Fatalf("kiln inspect: %v", err)
+	}
+	if err := json.Unmarshal(out, &a.info); err != nil {
+		t.Fatalf("kiln inspect -o json: %v\n%s", err, out)
+	}
+	// The lock and the partition must carry the digests the layout has:
+	// the guest checks against these.
+	if a.info.Contents == nil {
+		t.Fatalf("kiln inspect shows no image partition contents:\n%s", out)
+	}
+	got := map[string]string{}
+	for _, im := range a.info.Contents.Images {
+		got[im.Name] = im.Digest
+	}
+	for ref, d := range a.digests {
+		if got[ref] != d {
+			t.Errorf("kiln.json digest of %s = %q, the layout has %s", ref, got[ref], d)
+		}
+	}
+	lock, err := os.ReadFile(filepath.Join(dir, "appliance.lock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ref, d := range a.digests {
+		if !bytes.Contains(lock, []byte(d)) {
+			t.Errorf("lock file lacks %s's digest %s", ref, d)
+		}
+	}
+	return a
+}
+
+// buildKilnBinary builds the real kiln binary, static, as a release would;
+// $KILN_E2E_KILN names a prebuilt one instead (CI artifacts, bisecting).
+func buildKilnBinary(t *testing.T, dir string) string {
+	t.Helper()
+	if p := os.Getenv("KILN_E2E_KILN"); p != "" {
+		t.Logf("using kiln binary %s ($KILN_E2E_KILN)", p)
+		return p
+	}
+	_, self, _, _ := runtime.Caller(0)
+	out := filepath.Join(dir, "kiln")
+	cmd := exec.Command("go", "build", "-tags", "containers_image_openpgp,exclude_graphdriver_btrfs", "-o", out, "./cmd/kiln")
+	cmd.Dir = filepath.Join(filepath.Dir(self), "..", "..")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/kiln: %v\n%s", err, msg)
+	}
+	return out
+}

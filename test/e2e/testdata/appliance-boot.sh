@@ -1,0 +1,185 @@
+#!/bin/bash
+# Runs in a kiln appliance on every boot (installed by an Ignition fragment of
+# the recipe, merged by kiln build): checks what kiln's units did and prints
+# one "KILN-E2E: <name> PASS|FAIL <detail>" line per check; the unit then
+# powers the machine off. Boot 1 checks the first boot, boot 2 the second.
+# The test fills in the @…@ values (references and their locked digests).
+# Every wait is bounded: TCG is slow, but nothing may wait forever.
+set -u
+report() { echo "KILN-E2E: $1 $2 ${3:-}"; }
+pass() { report "$1" PASS "${2:-}"; }
+fail() { report "$1" FAIL "${2:-}"; }
+
+# wait_for SECONDS CMD...: run CMD every second until it succeeds.
+wait_for() {
+    local n=$1; shift
+    for ((i = 0; i < n; i++)); do
+        "$@" >/dev/null 2>&1 && return 0
+        sleep 1
+    done
+    return 1
+}
+prop() { systemctl show -p "$2" --value "$1"; }
+# What= as the unit file says it (systemctl show reports the resolved device once mounted).
+unit_what() { systemctl cat var-lib-kiln-images.mount | sed -n 's/^What=//p' | tail -n1; }
+is_active() { [ "$(prop "$1" ActiveState)" = active ]; }
+# diag UNIT...: the tail of their journal on the console, for a failed check.
+diag() { for u in "$@"; do journalctl -b 0 -q --no-pager -n 15 -u "$u" | sed "s/^/diag $u: /"; done; }
+# registry_settled: active, or restarting in a loop (no point waiting longer).
+registry_settled() { is_active kiln-registry.service || [ "$(prop kiln-registry.service NRestarts)" -ge 3 ]; }
+
+MNT=/var/lib/kiln/images
+DROPIN=/etc/containers/registries.conf.d/50-kiln-mirror.conf
+PINS=/etc/crio/crio.conf.d/50-kiln-pins.conf
+LINE="@HELLO_LINE@"
+# name digest, one per line
+PRELOADED="@HELLO_REF@ @HELLO_DIGEST@
+@PRELOADED_REF@ @PRELOADED_DIGEST@"
+SERVED_REF="@SERVED_REF@"
+SERVED_DIGEST="@SERVED_DIGEST@"
+ALL="$PRELOADED
+$SERVED_REF $SERVED_DIGEST"
+
+state=/var/lib/kiln-e2e
+mkdir -p "$state"
+n=$(( $(cat "$state/boots" 2>/dev/null || echo 0) + 1 ))
+echo "$n" > "$state/boots"
+pass boot "n=$n"
+
+ign=$(journalctl -b 0 -q --no-pager -t ignition | wc -l)
+pass ignition-this-boot "lines=$ign"
+
+# check_image NAME DIGEST: the image is in local storage with that digest.
+check_image() {
+    local got
+    if got=$(podman image inspect --format '{{.Digest}}' "$1" 2>&1) && [ "$got" = "$2" ]; then
+        pass "image $1" "$2"
+    else
+        fail "image $1" "want $2, got: ${got:0:160}"
+    fi
+}
+# check_run NAME: a container of the image runs, offline, and says hello.
+check_run() {
+    local got
+    got=$(timeout 180 podman run --rm --network none "$1" 2>&1)
+    if [ "$got" = "$LINE" ]; then pass "run $1"; else fail "run $1" "got: ${got:0:200}"; fi
+}
+# mount_checks: the partition is mounted read-only, from the partition
+# whose PARTUUID the test compares with the GPT (detail of mount-partuuid).
+mount_checks() {
+    if ! wait_for 240 findmnt -n "$MNT"; then
+        fail mount-ro "nothing mounted on $MNT after 240 s: $(prop var-lib-kiln-images.mount ActiveState)"
+        fail mount-partuuid none
+        return
+    fi
+    local src opts pu
+    src=$(findmnt -n -o SOURCE "$MNT"); opts=$(findmnt -n -o OPTIONS "$MNT")
+    if [[ ",$opts," == *,ro,* ]]; then pass mount-ro "$src $opts"; else fail mount-ro "$src $opts"; fi
+    pu=$(blkid -p -s PART_ENTRY_UUID -o value "$src" 2>&1)
+    # The detail is compared with the GPT by the test; the unit must name it too.
+    if [ "$(unit_what)" = "/dev/disk/by-partuuid/$pu" ]; then
+        pass mount-partuuid "$pu"
+    else
+        fail mount-partuuid "$pu (unit What=$(unit_what))"
+    fi
+}
+
+if [ "$n" = 1 ]; then
+    if journalctl -b 0 -q --no-pager -t ignition | grep -q 'Ignition finished successfully'; then
+        pass ignition
+    else
+        fail ignition "no 'Ignition finished successfully' in this boot's journal"
+    fi
+    # No NIC, and every upstream name points at a dead address.
+    if ip -o link | grep -qv ' lo:'; then fail upstreams-dead "a network interface exists: $(ip -o link | xargs)"
+    elif ! getent hosts quay.io | grep -q '^127.0.0.9'; then fail upstreams-dead "quay.io resolves to $(getent hosts quay.io)"
+    elif timeout 10 curl -sS -o /dev/null https://quay.io/v2/ 2>/dev/null; then fail upstreams-dead "quay.io answers"
+    else pass upstreams-dead; fi
+
+    mount_checks
+
+    wait_for 240 registry_settled
+    if is_active kiln-registry.service; then
+        ready=$(journalctl -b 0 -q --no-pager -u kiln-registry.service | grep -m1 'msg=ready')
+        if [ -n "$ready" ]; then pass registry-ready "${ready:0:200}"; else fail registry-ready "active, but no 'ready' line in its journal"; fi
+    else
+        fail registry-ready "not active: $(prop kiln-registry.service ActiveState)/$(prop kiln-registry.service SubState), restarts $(prop kiln-registry.service NRestarts)"
+        diag kiln-registry.service
+    fi
+
+    # The drop-in appears only after the registry said READY: compare the
+    # journal's monotonic timestamps of both events, and systemd's own view.
+    if wait_for 180 test -f "$DROPIN"; then
+        t_ready=$(journalctl -b 0 -q --no-pager -o short-monotonic -u kiln-registry.service | grep -m1 'msg=ready' | sed -E 's/^\[ *([0-9.]+)\].*/\1/')
+        t_write=$(journalctl -b 0 -q --no-pager -o short-monotonic -u kiln-mirror.service | grep -m1 'mirror on:' | sed -E 's/^\[ *([0-9.]+)\].*/\1/')
+        reg_up=$(prop kiln-registry.service ActiveEnterTimestampMonotonic)
+        gate_start=$(prop kiln-mirror.service ExecMainStartTimestampMonotonic)
+        d="ready=${t_ready:-none} write=${t_write:-none} registry-active=${reg_up}us gate-start=${gate_start}us"
+        if [ -n "$t_ready" ] && [ -n "$t_write" ] && awk -v r="$t_ready" -v w="$t_write" 'BEGIN{exit !(r < w)}' \
+            && [ "${reg_up:-0}" -gt 0 ] && [ "${gate_start:-0}" -ge "$reg_up" ]; then
+            pass mirror-after-ready "$d"
+        else
+            fail mirror-after-ready "$d"
+        fi
+    else
+        fail mirror-after-ready "no $DROPIN after 180 s: kiln-mirror.service $(prop kiln-mirror.service ActiveState)"
+        diag kiln-mirror.service
+    fi
+
+    while read -r name digest; do check_image "$name" "$digest"; done <<< "$PRELOADED"
+    while read -r name _; do check_run "$name"; done <<< "$PRELOADED"
+
+    # Served only: pulled through the mirror, from the node's own registry.
+    if out=$(timeout 300 podman pull "$SERVED_REF" 2>&1); then
+        got=$(podman image inspect --format '{{.Digest}}' "$SERVED_REF" 2>&1)
+        if [ "$got" = "$SERVED_DIGEST" ]; then pass "pull $SERVED_REF" "$got"; else fail "pull $SERVED_REF" "digest $got, want $SERVED_DIGEST"; fi
+    else
+        fail "pull $SERVED_REF" "$(echo "$out" | tail -n 2 | xargs | cut -c1-240)"
+        diag kiln-registry.service
+    fi
+    reqs=$(journalctl -b 0 -q --no-pager -u kiln-registry.service | grep -c 'msg=request.*manifests')
+    pass registry-requests "manifest requests=$reqs"
+
+    # Pins: every image by repo@digest, exactly.
+    missing=""
+    while read -r name digest; do
+        grep -qF "\"${name%:*}@$digest\"" "$PINS" 2>/dev/null || missing="$missing ${name%:*}@$digest"
+    done <<< "$ALL"
+    if [ -z "$missing" ]; then pass pins "$(grep -c @sha256: "$PINS") digest pins"; else fail pins "missing:$missing; file: $(head -c 300 "$PINS" 2>&1 | xargs)"; fi
+
+    # First boot completes once every image is in local storage; then the
+    # registry stops, and the mirror goes first.
+    done_ok() { [ -f /var/lib/kiln/firstboot.done ] && [ "$(prop kiln-firstboot.service ActiveState)" != activating ]; }
+    if wait_for 240 done_ok; then
+        r=$(prop kiln-firstboot.service Result)
+        if [ "$r" = success ]; then pass firstboot-done "$(prop kiln-firstboot.service ActiveState)/$r"; else fail firstboot-done "result $r"; fi
+    else
+        fail firstboot-done "no marker after 240 s: $(prop kiln-firstboot.service ActiveState)/$(prop kiln-firstboot.service SubState); $(journalctl -b 0 -q --no-pager -u kiln-firstboot.service | tail -n 2 | xargs | cut -c1-240)"
+    fi
+    stopped() { [ "$(prop kiln-registry.service ActiveState)" = inactive ]; }
+    if wait_for 120 stopped; then pass registry-stopped; else fail registry-stopped "$(prop kiln-registry.service ActiveState)"; fi
+    if wait_for 60 test ! -e "$DROPIN"; then pass mirror-removed; else fail mirror-removed "$DROPIN still there"; fi
+    if timeout 5 curl -sf http://127.0.0.1:5050/v2/ >/dev/null 2>&1; then fail registry-port-closed "127.0.0.1:5050 still answers"; else pass registry-port-closed; fi
+else
+    # Second and later boots: nothing of the first boot runs again.
+    if [ "$(prop kiln-firstboot.service ConditionResult)" = no ] && [ "$(prop kiln-firstboot.service ExecMainStartTimestampMonotonic)" = 0 ]; then
+        pass firstboot-skipped
+    else
+        fail firstboot-skipped "ConditionResult=$(prop kiln-firstboot.service ConditionResult) started=$(prop kiln-firstboot.service ExecMainStartTimestampMonotonic)"
+    fi
+    mount_checks
+    sleep 5 # give anything wrongly queued a moment to show itself
+    if [ "$(prop kiln-registry.service ExecMainStartTimestampMonotonic)" = 0 ] && ! is_active kiln-registry.service; then
+        pass registry-not-started
+    else
+        fail registry-not-started "$(prop kiln-registry.service ActiveState), started at $(prop kiln-registry.service ExecMainStartTimestampMonotonic)"
+    fi
+    if [ -e "$DROPIN" ]; then fail no-mirror "$DROPIN exists"; else pass no-mirror; fi
+    while read -r name digest; do check_image "$name" "$digest"; done <<< "$ALL"
+    check_run "@HELLO_REF@"
+fi
+
+failed=$(systemctl --failed --plain --no-legend | awk '{print $1}' | xargs)
+if [ -z "$failed" ]; then pass failed-units; else fail failed-units "$failed"; fi
+pass uptime "$(cut -d' ' -f1 /proc/uptime)s"
+sync
