@@ -166,6 +166,11 @@ func (c *Cache) write(ctx context.Context, d v1.Descriptor, what string, open fu
 		return fmt.Errorf("%w: %s: blob %s: expected %s (%d bytes), got %s (%d bytes); the source is damaged or changed after locking — copy it again, or run `kiln lock` if the change is intended; nothing was cached",
 			ErrCorrupt, what, d.Digest, d.Digest, d.Size, got, n)
 	}
+	// Blobs are public content, and the image partition keeps the mode of
+	// the cached file it links: the node's unprivileged registry must read it.
+	if err := tmp.Chmod(0o644); err != nil {
+		return fmt.Errorf("blob cache: %w", err)
+	}
 	if err := tmp.Sync(); err != nil {
 		return fmt.Errorf("blob cache: %w", err)
 	}

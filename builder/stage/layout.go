@@ -57,6 +57,11 @@ func WriteLayout(dir string, src BlobSource, images []Image) error {
 			if err := linkOrCopy(src(h), dst); err != nil {
 				return fmt.Errorf("stage %s blob %s: %w", img.Ref, h, err)
 			}
+			// The node's registry runs unprivileged: every blob must be
+			// world-readable whatever mode the cache gave it.
+			if err := os.Chmod(dst, 0o644); err != nil {
+				return fmt.Errorf("stage %s blob %s: %w", img.Ref, h, err)
+			}
 		}
 		d := v1.Descriptor{
 			MediaType:   img.Manifest.MediaType,

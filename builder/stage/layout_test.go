@@ -21,7 +21,7 @@ import (
 func cacheImage(t *testing.T, cache, ref string, img v1.Image) Image {
 	t.Helper()
 	put := func(h v1.Hash, r io.Reader) {
-		f, err := os.Create(filepath.Join(cache, h.Hex))
+		f, err := os.OpenFile(filepath.Join(cache, h.Hex), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600) // as a private cache might
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,6 +96,13 @@ func TestWriteLayoutIsReadByRealClients(t *testing.T) {
 	}
 	// Blobs are hard links to the cache, not copies.
 	d, _ := a.Digest()
+	// Every file is world-readable: the node's registry runs unprivileged.
+	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() && fi.Mode().Perm() != 0o644 {
+			t.Errorf("%s: mode %v, want 0644", p, fi.Mode().Perm())
+		}
+		return nil
+	})
 	if n := nlink(t, filepath.Join(dir, "blobs", "sha256", d.Hex)); n != 2 {
 		t.Fatalf("manifest blob has %d links, want 2 (cache + layout)", n)
 	}

@@ -240,8 +240,18 @@ func TestBuildDiskIsRealAndReadable(t *testing.T) {
 		}
 		run(t, "skopeo", "copy", "--quiet", "oci:"+filepath.Join(mnt, imagefs.OCIDir)+":"+img.Name, "dir:"+t.TempDir())
 	}
-	if _, err := os.Stat(filepath.Join(mnt, imagefs.AgentBinary)); err != nil {
-		t.Errorf("agent binary missing: %v", err)
+	if fi, err := os.Stat(filepath.Join(mnt, imagefs.AgentBinary)); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Errorf("agent binary: %v, %v; want mode 0755", fi, err)
+	}
+	// The node's registry runs as an unprivileged dynamic user: everything
+	// it serves must be world-readable.
+	for _, dir := range []string{imagefs.OCIDir, imagefs.ContentsFile} {
+		filepath.Walk(filepath.Join(mnt, dir), func(p string, fi os.FileInfo, err error) error {
+			if err == nil && fi.Mode()&0o004 == 0 {
+				t.Errorf("%s: mode %v is not world-readable", p, fi.Mode())
+			}
+			return nil
+		})
 	}
 
 	// The Ignition config in the boot partition is valid for the real validator.
