@@ -17,6 +17,12 @@ import (
 	"time"
 
 	"github.com/coreos/ignition/v2/config/v3_3/types"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/match"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	ggcrtypes "github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/kiln-appliance/kiln/test/e2e/fixture"
 	"github.com/kiln-appliance/kiln/test/e2e/guest"
@@ -32,10 +38,11 @@ var applianceBootCheck string
 var applianceFaultCheck string
 
 // The appliance's images, all built from the hello fixture (they share its
-// one layer; each has its own config, hence its own digest).
+// one layer; each has its own config, hence its own digest; the served-only
+// one gets a second layer of its own, see addOwnLayer).
 const (
 	helloRef     = "quay.io/kiln-e2e/hello:1.0"               // served + preloaded
-	servedRef    = "registry.example.com/kiln-e2e/served:1.0" // served only
+	servedRef    = "registry.example.com/kiln-e2e/served:1.0" // served only; plus a layer of its own
 	preloadedRef = "quay.io/kiln-e2e/preloaded:1.0"           // preloaded only
 )
 
@@ -104,8 +111,7 @@ func TestApplianceBoots(t *testing.T) {
 	requireDetail(t, first, "mount-partuuid", strings.ToLower(guid))
 	for _, name := range []string{
 		"ignition", "upstreams-dead", "mount-ro", "registry-ready", "mirror-after-ready",
-		"image " + helloRef, "image " + preloadedRef, "run " + helloRef, "run " + preloadedRef,
-		"pull " + servedRef, "pins", "firstboot-done", "registry-stopped", "mirror-removed",
+		"image-hello", "image-preloaded", "run-hello", "run-preloaded", "pull-served", "registry-served-pull", "pins", "firstboot-done", "registry-stopped", "mirror-removed",
 	} {
 		requirePass(t, first, name)
 	}
@@ -128,7 +134,7 @@ func TestApplianceBoots(t *testing.T) {
 	requireDetail(t, second, "ignition-this-boot", "lines=0")
 	for _, name := range []string{
 		"firstboot-skipped", "registry-not-started", "no-mirror",
-		"image " + helloRef, "image " + preloadedRef, "image " + servedRef, "run " + helloRef,
+		"image-hello", "image-preloaded", "image-served", "run-hello", "run-served",
 	} {
 		requirePass(t, second, name)
 	}
@@ -294,11 +300,16 @@ func buildAppliance(t *testing.T, script string) *appliance {
 		a.digests[ref] = d
 	}
 
+	d, err := addOwnLayer(a.layout, servedRef, a.digests[servedRef])
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.digests[servedRef] = d
 	_, _, layers, err := images.Blobs(a.layout, servedRef)
-	if err != nil || len(layers) == 0 {
+	if err != nil || len(layers) < 2 {
 		t.Fatalf("layers of %s: %v %v", servedRef, layers, err)
 	}
-	a.layer = layers[0]
+	a.layer = layers[len(layers)-1]
 
 	// The script learns the expected digests from its own text.
 	script = strings.NewReplacer(
@@ -400,6 +411,40 @@ ignition:
 		}
 	}
 	return a
+}
+
+// addOwnLayer appends a random layer to the image ref in the OCI layout dir
+// and returns its new digest. The hello images share their one layer, which
+// the preloaded store already holds, so a pull of the served image would
+// fetch no layer at all; with a layer of its own it must fetch one from the
+// node's registry (and the damaged-blob fault has a blob only it uses).
+func addOwnLayer(dir, ref, digest string) (string, error) {
+	p, err := layout.FromPath(dir)
+	if err != nil {
+		return "", err
+	}
+	h, err := v1.NewHash(digest)
+	if err != nil {
+		return "", err
+	}
+	img, err := p.Image(h)
+	if err != nil {
+		return "", err
+	}
+	l, err := random.Layer(512<<10, ggcrtypes.OCILayer)
+	if err != nil {
+		return "", err
+	}
+	img, err = mutate.Append(img, mutate.Addendum{Layer: l})
+	if err != nil {
+		return "", err
+	}
+	if err := p.ReplaceImage(img, match.Annotation(images.RefNameAnnotation, ref),
+		layout.WithAnnotations(map[string]string{images.RefNameAnnotation: ref})); err != nil {
+		return "", fmt.Errorf("add a layer to %s: %w", ref, err)
+	}
+	d, err := img.Digest()
+	return d.String(), err
 }
 
 // buildKilnBinary builds the real kiln binary, static, as a release would;

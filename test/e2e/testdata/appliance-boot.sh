@@ -49,20 +49,22 @@ pass boot "n=$n"
 ign=$(journalctl -b 0 -q --no-pager -t ignition | wc -l)
 pass ignition-this-boot "lines=$ign"
 
+# short NAME: the check-name form of an image name (quay.io/x/hello:1.0 -> hello).
+short() { local n=${1##*/}; echo "${n%%:*}"; }
 # check_image NAME DIGEST: the image is in local storage with that digest.
 check_image() {
     local got
     if got=$(podman image inspect --format '{{.Digest}}' "$1" 2>&1) && [ "$got" = "$2" ]; then
-        pass "image $1" "$2"
+        pass "image-$(short "$1")" "$2"
     else
-        fail "image $1" "want $2, got: ${got:0:160}"
+        fail "image-$(short "$1")" "want $2, got: ${got:0:160}"
     fi
 }
 # check_run NAME: a container of the image runs, offline, and says hello.
 check_run() {
     local got
     got=$(timeout 180 podman run --rm --network none "$1" 2>&1)
-    if [ "$got" = "$LINE" ]; then pass "run $1"; else fail "run $1" "got: ${got:0:200}"; fi
+    if [ "$got" = "$LINE" ]; then pass "run-$(short "$1")"; else fail "run-$(short "$1")" "got: ${got:0:200}"; fi
 }
 # mount_checks: the partition is mounted read-only, from the partition
 # whose PARTUUID the test compares with the GPT (detail of mount-partuuid).
@@ -132,13 +134,15 @@ if [ "$n" = 1 ]; then
     # Served only: pulled through the mirror, from the node's own registry.
     if out=$(timeout 300 podman pull "$SERVED_REF" 2>&1); then
         got=$(podman image inspect --format '{{.Digest}}' "$SERVED_REF" 2>&1)
-        if [ "$got" = "$SERVED_DIGEST" ]; then pass "pull $SERVED_REF" "$got"; else fail "pull $SERVED_REF" "digest $got, want $SERVED_DIGEST"; fi
+        if [ "$got" = "$SERVED_DIGEST" ]; then pass "pull-$(short "$SERVED_REF")" "$got"; else fail "pull-$(short "$SERVED_REF")" "digest $got, want $SERVED_DIGEST"; fi
     else
-        fail "pull $SERVED_REF" "$(echo "$out" | tail -n 2 | xargs | cut -c1-240)"
+        fail "pull-$(short "$SERVED_REF")" "$(echo "$out" | tail -n 2 | xargs | cut -c1-240)"
         diag kiln-registry.service
     fi
-    reqs=$(journalctl -b 0 -q --no-pager -u kiln-registry.service | grep -c 'msg=request.*manifests')
-    pass registry-requests "manifest requests=$reqs"
+    # ...and the node's registry is what answered it.
+    served_path="/v2/${SERVED_REF%:*}/manifests/"
+    reqs=$(journalctl -b 0 -q --no-pager -u kiln-registry.service -o cat | grep -c "msg=request method=GET path=$served_path")
+    if [ "$reqs" -gt 0 ]; then pass registry-served-pull "GET $served_path: $reqs"; else fail registry-served-pull "the registry logged no GET of $served_path"; fi
 
     # Pins: every image by repo@digest, exactly.
     missing=""
@@ -177,6 +181,7 @@ else
     if [ -e "$DROPIN" ]; then fail no-mirror "$DROPIN exists"; else pass no-mirror; fi
     while read -r name digest; do check_image "$name" "$digest"; done <<< "$ALL"
     check_run "@HELLO_REF@"
+    check_run "$SERVED_REF" # pulled through the mirror at first boot
 fi
 
 failed=$(systemctl --failed --plain --no-legend | awk '{print $1}' | xargs)

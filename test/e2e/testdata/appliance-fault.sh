@@ -55,7 +55,7 @@ if [ "$fault" = missing-partition ]; then
     if is_active kiln-registry.service; then fail registry-down "kiln-registry.service is active"; else pass registry-down "$(prop kiln-registry.service ActiveState)/$(prop kiln-registry.service Result)"; fi
     if [ -e "$DROPIN" ]; then fail no-mirror "$DROPIN exists"; else pass no-mirror; fi
     # Nothing of kiln is still waiting on a job.
-    jobs=$(systemctl list-jobs --no-legend --plain | grep -E 'kiln|var-lib-kiln' | oneline)
+    jobs=$(systemctl list-jobs --no-legend --plain | grep -E ' (kiln-(registry|mirror|firstboot|images-failed|preload-copy)|var-lib-kiln)' | oneline)
     if [ -z "$jobs" ]; then pass no-kiln-jobs; else fail no-kiln-jobs "$jobs"; fi
 else
     if wait_for 240 findmnt -n "$MNT"; then pass mounted; else fail mounted "$(prop var-lib-kiln-images.mount ActiveState)"; fi
