@@ -58,10 +58,10 @@ if [ "$fault" = missing-partition ]; then
     jobs=$(systemctl list-jobs --no-legend --plain | grep -E ' (kiln-(registry|mirror|firstboot|images-failed|preload-copy)|var-lib-kiln)' | oneline)
     if [ -z "$jobs" ]; then pass no-kiln-jobs; else fail no-kiln-jobs "$jobs"; fi
 else
-    if wait_for 240 findmnt -n "$MNT"; then pass mounted; else fail mounted "$(prop var-lib-kiln-images.mount ActiveState)"; fi
-    if wait_for 300 test -f "$DROPIN"; then pass mirror-on; else fail mirror-on "no $DROPIN after 300 s"; fi
+    if wait_for 240 findmnt -n "$MNT"; then mnt_wait=180; pass mounted; else mnt_wait=10; fail mounted "$(prop var-lib-kiln-images.mount ActiveState)"; fi
+    if wait_for "$mnt_wait" test -f "$DROPIN"; then pass mirror-on; else fail mirror-on "no $DROPIN after $mnt_wait s"; fi
     # The pull must fail: an error, never an image made of wrong bytes.
-    if out=$(timeout 300 podman pull "$SERVED_REF" 2>&1); then
+    if out=$(timeout 180 podman pull "$SERVED_REF" 2>&1); then
         fail pull-refused "podman pull succeeded: $(echo "$out" | tail -n1)"
     else
         pass pull-refused "$(echo "$out" | tail -n 2 | oneline 200)"
