@@ -20,6 +20,7 @@ wait_for() {
     return 1
 }
 prop() { systemctl show -p "$2" --value "$1"; }
+oneline() { tr '\n' ' ' | tr -s ' ' | cut -c1-"${1:-240}"; }
 # What= as the unit file says it (systemctl show reports the resolved device once mounted).
 unit_what() { systemctl cat var-lib-kiln-images.mount | sed -n 's/^What=//p' | tail -n1; }
 is_active() { [ "$(prop "$1" ActiveState)" = active ]; }
@@ -193,6 +194,12 @@ else
 fi
 
 failed=$(systemctl --failed --plain --no-legend | awk '{print $1}' | xargs)
-if [ -z "$failed" ]; then pass failed-units; else fail failed-units "$failed"; fi
+if [ -z "$failed" ]; then pass failed-units; else
+    # The first error line of each says why (e.g. podman.service started
+    # before the image partition was mounted: its additional store is missing).
+    why=$(for u in $failed; do journalctl -b 0 -q --no-pager -o cat -u "$u" | grep -m1 -i 'error' | cut -c1-160; done | oneline)
+    fail failed-units "$failed: $why"
+    diag $failed
+fi
 pass uptime "$(cut -d' ' -f1 /proc/uptime)s"
 sync
