@@ -196,15 +196,18 @@ func (c *contentWriter) ReadFrom(src io.Reader) (int64, error) {
 	if c.rangeErr {
 		return io.Copy(io.Discard, src)
 	}
-	var n int64
-	var err error
-	if rf, ok := c.ResponseWriter.(io.ReaderFrom); ok {
-		n, err = rf.ReadFrom(src)
-	} else {
-		n, err = io.Copy(struct{ io.Writer }{c.ResponseWriter}, src)
-	}
+	n, err := readFrom(c.ResponseWriter, src)
 	c.n += n
 	return n, err
+}
+
+// readFrom copies src to w through w's own ReadFrom when it has one (so a
+// file goes out by sendfile), hiding any other method of w from io.Copy.
+func readFrom(w http.ResponseWriter, src io.Reader) (int64, error) {
+	if rf, ok := w.(io.ReaderFrom); ok {
+		return rf.ReadFrom(src)
+	}
+	return io.Copy(struct{ io.Writer }{w}, src)
 }
 
 // page applies the spec's n/last pagination to a sorted list. It returns the

@@ -236,13 +236,7 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 
 func (c *countingWriter) ReadFrom(src io.Reader) (int64, error) {
 	c.wroteHeader = true
-	var n int64
-	var err error
-	if rf, ok := c.ResponseWriter.(io.ReaderFrom); ok {
-		n, err = rf.ReadFrom(src)
-	} else {
-		n, err = io.Copy(struct{ io.Writer }{c.ResponseWriter}, src)
-	}
+	n, err := readFrom(c.ResponseWriter, src)
 	c.n += n
 	return n, err
 }
