@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +28,8 @@ import (
 	"github.com/kiln-appliance/kiln/test/e2e/rawdisk"
 	"github.com/kiln-appliance/kiln/test/e2e/vm"
 	"github.com/kiln-appliance/kiln/test/fixtures/images"
+
+	"github.com/kiln-appliance/kiln/test/e2e/repo"
 )
 
 //go:embed testdata/appliance-boot.sh
@@ -455,10 +456,9 @@ func buildKilnBinary(t *testing.T, dir string) string {
 		t.Logf("using kiln binary %s ($KILN_E2E_KILN)", p)
 		return p
 	}
-	_, self, _, _ := runtime.Caller(0)
 	out := filepath.Join(dir, "kiln")
 	cmd := exec.Command("go", "build", "-tags", "containers_image_openpgp,exclude_graphdriver_btrfs", "-o", out, "./cmd/kiln")
-	cmd.Dir = filepath.Join(filepath.Dir(self), "..", "..")
+	cmd.Dir = repo.Root()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if msg, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/kiln: %v\n%s", err, msg)

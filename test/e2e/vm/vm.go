@@ -22,6 +22,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kiln-appliance/kiln/test/e2e/repo"
 )
 
 // Firmware files from Debian's ovmf package.
@@ -315,8 +317,7 @@ func defaultLogDir(t testing.TB) string {
 	if d := os.Getenv("KILN_E2E_LOGS"); d != "" {
 		return filepath.Join(d, sanitize(t.Name()))
 	}
-	_, self, _, _ := runtimeCaller()
-	return filepath.Join(filepath.Dir(self), "..", ".cache", "logs", sanitize(t.Name()))
+	return filepath.Join(repo.Root(), "test", "e2e", ".cache", "logs", sanitize(t.Name()))
 }
 
 func sanitize(s string) string {
