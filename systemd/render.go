@@ -35,12 +35,12 @@ const (
 	// e.g. during an upgrade reboot: systemctl start kiln-registry.target.
 	Target = "kiln-registry.target"
 
-	TmpfilesPath   = "/etc/tmpfiles.d/kiln-mirror.conf"
-	CrioDropIn     = "/etc/systemd/system/crio.service.d/10-kiln-images.conf"
+	TmpfilesPath = "/etc/tmpfiles.d/kiln-mirror.conf"
+	CrioDropIn   = "/etc/systemd/system/crio.service.d/10-kiln-images.conf"
 
 	// Preload modes (as in the recipe).
-	PreloadStore = "store"
-	PreloadCopy  = "copy"
+	PreloadStore   = "store"
+	PreloadCopy    = "copy"
 	DefaultListen  = "127.0.0.1:5050"
 	defaultDevWait = 90 * time.Second
 	defaultGate    = 2 * time.Minute
