@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
-	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
@@ -335,5 +334,3 @@ func syncDir(dir string) {
 		d.Close()
 	}
 }
-
-var _ = time.Second

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -26,12 +25,7 @@ func platform(r *recipes.Recipe) v1.Platform {
 
 // Resolve resolves every image of the recipe to a digest for its platform.
 func Resolve(ctx context.Context, r *recipes.Recipe, log io.Writer, opts ...fetch.Option) (*recipes.Lock, error) {
-	lock := &recipes.Lock{
-		APIVersion: recipes.APIVersion,
-		Kind:       recipes.KindLock,
-		Inputs:     r.LockInputs(),
-		Platform:   r.Platform(),
-	}
+	var images []recipes.LockedImage
 	for _, img := range r.Images {
 		src := img.EffectiveSource()
 		res, err := fetch.Resolve(ctx, src, r.Dir, platform(r), opts...)
@@ -43,7 +37,7 @@ func Resolve(ctx context.Context, r *recipes.Recipe, log io.Writer, opts ...fetc
 			return nil, fmt.Errorf("resolve %s: source %s has digest %s, but the name pins %s; fix the name or the source", img.Name, src, res.Digest, ref.DigestStr())
 		}
 		fmt.Fprintf(log, "locked %s -> %s\n", img.Name, res.Digest)
-		lock.Images = append(lock.Images, recipes.LockedImage{
+		images = append(images, recipes.LockedImage{
 			Name:        img.Name,
 			Source:      src,
 			Digest:      res.Digest,
@@ -52,7 +46,7 @@ func Resolve(ctx context.Context, r *recipes.Recipe, log io.Writer, opts ...fetc
 			Size:        res.Size,
 		})
 	}
-	return lock, nil
+	return recipes.NewLock(r, images), nil
 }
 
 // LockOptions say how the build gets its lock.
@@ -102,10 +96,4 @@ func upstreamHost(imageName string) (string, error) {
 		host = "docker.io"
 	}
 	return strings.ToLower(host), nil
-}
-
-// fileExists reports whether p exists (any type).
-func fileExists(p string) bool {
-	_, err := os.Lstat(p)
-	return err == nil
 }

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 
@@ -97,17 +96,10 @@ func unmount(t testing.TB, p string) {
 
 // mountsUnder lists the mount points below dir, deepest first.
 func mountsUnder(t testing.TB, dir string) []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := layers.MountsUnder(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ms []string
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			ms = append(ms, f[4])
-		}
-	}
-	sort.Sort(sort.Reverse(sort.StringSlice(ms)))
 	return ms
 }
 

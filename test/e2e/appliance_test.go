@@ -32,11 +32,27 @@ import (
 	"github.com/kiln-appliance/kiln/test/e2e/repo"
 )
 
+//go:embed testdata/appliance-lib.sh
+var applianceLib string
+
 //go:embed testdata/appliance-boot.sh
-var applianceBootCheck string
+var applianceBoot string
 
 //go:embed testdata/appliance-fault.sh
-var applianceFaultCheck string
+var applianceFault string
+
+// The check scripts with the shared helpers put in place of their #@LIB@ line.
+var (
+	applianceBootCheck  = withLib(applianceBoot)
+	applianceFaultCheck = withLib(applianceFault)
+)
+
+func withLib(script string) string {
+	if !strings.Contains(script, "#@LIB@\n") {
+		panic("appliance check script has no #@LIB@ line")
+	}
+	return strings.Replace(script, "#@LIB@\n", applianceLib, 1)
+}
 
 // The appliance's images, all built from the hello fixture (they share its
 // one layer; each has its own config, hence its own digest; the served-only

@@ -7,23 +7,7 @@
 #   missing partition (GPT entry deleted): fault=missing-partition, ...
 #   damaged blob (bytes flipped in a layer blob on the partition): fault=damaged-blob, ...
 # The test fills in the @…@ values. Every wait is bounded.
-set -u
-report() { echo "KILN-E2E: $1 $2 ${3:-}"; }
-pass() { report "$1" PASS "${2:-}"; }
-fail() { report "$1" FAIL "${2:-}"; }
-wait_for() {
-    local n=$1; shift
-    for ((i = 0; i < n; i++)); do
-        "$@" >/dev/null 2>&1 && return 0
-        sleep 1
-    done
-    return 1
-}
-prop() { systemctl show -p "$2" --value "$1"; }
-# What= as the unit file says it (systemctl show reports the resolved device once mounted).
-unit_what() { systemctl cat var-lib-kiln-images.mount | sed -n 's/^What=//p' | tail -n1; }
-is_active() { [ "$(prop "$1" ActiveState)" = active ]; }
-oneline() { tr '\n' ' ' | tr -s ' ' | cut -c1-"${1:-240}"; }
+#@LIB@
 
 MNT=/var/lib/kiln/images
 DROPIN=/etc/containers/registries.conf.d/50-kiln-mirror.conf
