@@ -45,7 +45,7 @@ bench: deps build
 
 # Each fuzz target runs briefly (FUZZTIME); corpora found failing land in testdata/fuzz.
 FUZZTIME ?= 10s
-FUZZ_TARGETS := ./builder/preload/internal/layerscan:FuzzTar ./recipes:FuzzLoad ./systemd/registry:FuzzParseName ./systemd/registry:FuzzRoute
+FUZZ_TARGETS := ./builder/preload/internal/layerscan:FuzzTar ./recipes:FuzzLoad ./systemd/agent/registry:FuzzParseName ./systemd/agent/registry:FuzzRoute
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; fn=$${t##*:}; \

@@ -17,8 +17,8 @@ import (
 	"github.com/kiln-appliance/kiln/builder/progress"
 	"github.com/kiln-appliance/kiln/builder/stage"
 	"github.com/kiln-appliance/kiln/partitions"
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
 	"github.com/kiln-appliance/kiln/recipes"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // DefaultSourceDateEpoch is the timestamp of every file kiln writes when
@@ -44,7 +44,7 @@ type Options struct {
 type Result struct {
 	Output   string
 	Layout   *partitions.Layout
-	Contents *imagefs.Contents
+	Contents *contract.Contents
 }
 
 // Build runs the whole pipeline for the recipe at recipePath. On any error,
@@ -127,7 +127,7 @@ func Build(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	}
 
 	seed := buildSeed(r, lockBytes, root)
-	partGUID := partitions.DeriveGUID(seed, imagefs.PartitionName)
+	partGUID := partitions.DeriveGUID(seed, contract.PartitionName)
 	ign, err := renderIgnition(r, contents, partGUID)
 	if err != nil {
 		return nil, err
@@ -179,13 +179,13 @@ func fetchAll(ctx context.Context, cache *fetch.Cache, r *recipes.Recipe, lock *
 }
 
 // stagePartition lays out the image partition's tree under root.
-func stagePartition(ctx context.Context, root, work string, cache *fetch.Cache, r *recipes.Recipe, images []fetchedImage, agent string, epoch int64, o Options) (*imagefs.Contents, error) {
+func stagePartition(ctx context.Context, root, work string, cache *fetch.Cache, r *recipes.Recipe, images []fetchedImage, agent string, epoch int64, o Options) (*contract.Contents, error) {
 	if err := os.MkdirAll(filepath.Join(root, "bin"), 0o755); err != nil {
 		return nil, err
 	}
 	var served, preloaded []stage.Image
-	contents := &imagefs.Contents{
-		SchemaVersion: imagefs.ContentsVersion,
+	contents := &contract.Contents{
+		SchemaVersion: contract.ContentsVersion,
 		Recipe:        r.Name,
 		Version:       r.Version,
 		Arch:          r.Arch,
@@ -204,7 +204,7 @@ func stagePartition(ctx context.Context, root, work string, cache *fetch.Cache, 
 		if fi.recipe.Preloaded() {
 			preloaded = append(preloaded, si)
 		}
-		contents.Images = append(contents.Images, imagefs.Image{
+		contents.Images = append(contents.Images, contract.Image{
 			Name:      fi.recipe.Name,
 			Digest:    fi.locked.Digest,
 			MediaType: fi.locked.MediaType,
@@ -215,7 +215,7 @@ func stagePartition(ctx context.Context, root, work string, cache *fetch.Cache, 
 		})
 	}
 	task := o.Progress.Task("stage image partition", 0)
-	if err := stage.WriteLayout(filepath.Join(root, imagefs.OCIDir), blobPath(cache), served); err != nil {
+	if err := stage.WriteLayout(filepath.Join(root, contract.OCIDir), blobPath(cache), served); err != nil {
 		task.Done(err)
 		return nil, err
 	}
@@ -225,7 +225,7 @@ func stagePartition(ctx context.Context, root, work string, cache *fetch.Cache, 
 			return nil, err
 		}
 	}
-	if err := stage.CopyFile(agent, filepath.Join(root, imagefs.AgentBinary), 0o755); err != nil {
+	if err := stage.CopyFile(agent, filepath.Join(root, contract.AgentBinary), 0o755); err != nil {
 		task.Done(err)
 		return nil, fmt.Errorf("copy agent binary %s: %w", agent, err)
 	}
@@ -263,7 +263,7 @@ func blobPath(c *fetch.Cache) stage.BlobSource { return c.Path }
 func buildSeed(r *recipes.Recipe, lockBytes []byte, root string) []byte {
 	h := sha256.New()
 	recipeBytes, _ := os.ReadFile(r.Path)
-	contents, _ := os.ReadFile(filepath.Join(root, imagefs.ContentsFile))
+	contents, _ := os.ReadFile(filepath.Join(root, contract.ContentsFile))
 	for _, b := range [][]byte{recipeBytes, lockBytes, contents} {
 		fmt.Fprintf(h, "%d:", len(b))
 		h.Write(b)

@@ -14,14 +14,14 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder/progress"
 	"github.com/kiln-appliance/kiln/partitions"
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // Report is what `kiln inspect` shows of a disk image.
 type Report struct {
 	Disk     string             `json:"disk"`
 	Layout   *partitions.Layout `json:"layout"`
-	Contents *imagefs.Contents  `json:"contents,omitempty"`
+	Contents *contract.Contents `json:"contents,omitempty"`
 	// Sizes of the image partition's parts (oci, storage, bin), bytes,
 	// hard-linked files counted once per path as kiln.json lists them.
 	Sizes map[string]int64 `json:"sizes,omitempty"`
@@ -35,7 +35,7 @@ func Inspect(disk string) (*Report, error) {
 		return nil, err
 	}
 	rep := &Report{Disk: disk, Layout: layout}
-	if _, ok := layout.Find(imagefs.PartitionName); !ok {
+	if _, ok := layout.Find(contract.PartitionName); !ok {
 		return rep, nil // a plain base image: nothing of kiln's on it
 	}
 	fsys, closer, err := partitions.OpenImagePartition(disk)
@@ -43,12 +43,12 @@ func Inspect(disk string) (*Report, error) {
 		return nil, err
 	}
 	defer closer.Close()
-	f, err := fsys.Open(imagefs.ContentsFile)
+	f, err := fsys.Open(contract.ContentsFile)
 	if err != nil {
-		return nil, fmt.Errorf("%s: image partition has no %s: %w (not built by kiln, or damaged: reflash)", disk, imagefs.ContentsFile, err)
+		return nil, fmt.Errorf("%s: image partition has no %s: %w (not built by kiln, or damaged: reflash)", disk, contract.ContentsFile, err)
 	}
 	defer f.Close()
-	rep.Contents, err = imagefs.Decode(f)
+	rep.Contents, err = contract.Decode(f)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", disk, err)
 	}
@@ -69,7 +69,7 @@ func Verify(ctx context.Context, disk string, p progress.Reporter) (*Report, err
 		return nil, err
 	}
 	if rep.Contents == nil {
-		return rep, fmt.Errorf("%s has no %s partition: nothing to verify", disk, imagefs.PartitionName)
+		return rep, fmt.Errorf("%s has no %s partition: nothing to verify", disk, contract.PartitionName)
 	}
 	fsys, closer, err := partitions.OpenImagePartition(disk)
 	if err != nil {
@@ -78,7 +78,7 @@ func Verify(ctx context.Context, disk string, p progress.Reporter) (*Report, err
 	defer closer.Close()
 
 	var total int64
-	listed := map[string]bool{imagefs.ContentsFile: true}
+	listed := map[string]bool{contract.ContentsFile: true}
 	for _, f := range rep.Contents.Files {
 		total += f.Size
 		listed[f.Path] = true
@@ -100,7 +100,7 @@ func Verify(ctx context.Context, disk string, p progress.Reporter) (*Report, err
 			return err
 		}
 		if d.Type().IsRegular() && !listed[p] {
-			problems = append(problems, fmt.Errorf("%s: not listed in %s", p, imagefs.ContentsFile))
+			problems = append(problems, fmt.Errorf("%s: not listed in %s", p, contract.ContentsFile))
 		}
 		return nil
 	})
@@ -118,7 +118,7 @@ func Verify(ctx context.Context, disk string, p progress.Reporter) (*Report, err
 	return rep, nil
 }
 
-func verifyFile(fsys fs.FS, f imagefs.File, w io.Writer) error {
+func verifyFile(fsys fs.FS, f contract.File, w io.Writer) error {
 	r, err := fsys.Open(path.Clean(f.Path))
 	if err != nil {
 		return fmt.Errorf("%s: missing: %w", f.Path, err)

@@ -12,9 +12,9 @@ import (
 	"github.com/kiln-appliance/kiln/builder/stage"
 	"github.com/kiln-appliance/kiln/ignition"
 	"github.com/kiln-appliance/kiln/partitions"
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
 	"github.com/kiln-appliance/kiln/recipes"
-	"github.com/kiln-appliance/kiln/systemd"
+	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/units"
 )
 
 // preloadImages writes the preloaded images into a containers/storage store
@@ -29,7 +29,7 @@ func preloadImages(ctx context.Context, root, work string, cache *fetch.Cache, i
 	for _, img := range images {
 		pi = append(pi, preload.Image{Name: img.Ref, LayoutDir: src, Digest: img.Manifest.Digest.String()})
 	}
-	_, err := preload.Build(ctx, filepath.Join(root, imagefs.StorageDir), pi,
+	_, err := preload.Build(ctx, filepath.Join(root, contract.StorageDir), pi,
 		preload.WithPlatform("linux", arch, ""),
 		preload.WithTime(time.Unix(epoch, 0)),
 		preload.WithProgress(o.Progress))
@@ -38,8 +38,8 @@ func preloadImages(ctx context.Context, root, work string, cache *fetch.Cache, i
 
 // renderIgnition renders the node's config: kiln's units and files for this
 // partition, plus the recipe's own SSH keys and fragments.
-func renderIgnition(r *recipes.Recipe, c *imagefs.Contents, partGUID string) ([]byte, error) {
-	units, files, err := systemd.Render(systemd.ParamsFrom(c, partGUID))
+func renderIgnition(r *recipes.Recipe, c *contract.Contents, partGUID string) ([]byte, error) {
+	units, files, err := units.Render(units.ParamsFrom(c, partGUID))
 	if err != nil {
 		return nil, err
 	}

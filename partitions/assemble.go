@@ -16,7 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/kiln-appliance/kiln/builder/progress"
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // AssembleOptions says what goes on the disk.
@@ -119,8 +119,8 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	if root != nil {
 		baseNeed += alignUp(root.Size, MiB)
 	}
-	if p, ok := base.Find(imagefs.PartitionName); ok {
-		return nil, fmt.Errorf("base image %s already has a %s partition (number %d): it is a kiln disk, not a base; build from the vendor's base image", opts.Base, imagefs.PartitionName, p.Number)
+	if p, ok := base.Find(contract.PartitionName); ok {
+		return nil, fmt.Errorf("base image %s already has a %s partition (number %d): it is a kiln disk, not a base; build from the vendor's base image", opts.Base, contract.PartitionName, p.Number)
 	}
 	// Fail before the long steps where we can.
 	if _, err := bootPartition(base); err != nil && base.labelsRead {
@@ -373,9 +373,9 @@ func writeTable(f *os.File, base *Layout, size, start, partSize int64, seed []by
 		Index: last + 1,
 		Start: uint64(start / sector),
 		End:   uint64((start+partSize)/sector - 1),
-		Type:  gpt.Type(imagefs.PartitionType),
-		Name:  imagefs.PartitionName,
-		GUID:  DeriveGUID(seed, imagefs.PartitionName),
+		Type:  gpt.Type(contract.PartitionType),
+		Name:  contract.PartitionName,
+		GUID:  DeriveGUID(seed, contract.PartitionName),
 	})
 	if err := t.Write(f, size); err != nil {
 		return fmt.Errorf("write partition table: %w", err)

@@ -21,7 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kiln-appliance/kiln/builder/progress"
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 )
 
@@ -176,9 +176,9 @@ func TestAssemble(t *testing.T) {
 	img := l.Partitions[len(l.Partitions)-1]
 	last := base.Partitions[len(base.Partitions)-1]
 	switch {
-	case img.Name != imagefs.PartitionName, img.Type != imagefs.PartitionType, img.Filesystem != FSSquashfs:
+	case img.Name != contract.PartitionName, img.Type != contract.PartitionType, img.Filesystem != FSSquashfs:
 		t.Errorf("image partition: %+v", img)
-	case img.GUID != strings.ToUpper(DeriveGUID(opts.GUIDSeed, imagefs.PartitionName)):
+	case img.GUID != strings.ToUpper(DeriveGUID(opts.GUIDSeed, contract.PartitionName)):
 		t.Errorf("image partition GUID %s not derived from the seed", img.GUID)
 	case img.Offset%MiB != 0 || img.Size%MiB != 0 || img.Offset < last.Offset+last.Size || img.Offset >= last.Offset+last.Size+MiB:
 		t.Errorf("image partition not 1 MiB aligned right after the base: %+v", img)
@@ -699,7 +699,7 @@ func testRootLast(t *testing.T, placement string) {
 	}
 	broot, _ := base.Find("root")
 	root, _ := l.Find("root")
-	img, _ := l.Find(imagefs.PartitionName)
+	img, _ := l.Find(contract.PartitionName)
 	if root.Number != broot.Number || root.GUID != broot.GUID || root.Type != broot.Type || root.Size != broot.Size {
 		t.Errorf("root changed: %+v -> %+v", broot, root)
 	}
@@ -766,6 +766,6 @@ func TestAssemble4Kn(t *testing.T) {
 	if got, err := Inspect(dev); err != nil || got.SectorSize != 4096 || len(got.Partitions) != len(l.Partitions) {
 		t.Errorf("Inspect(%s): %+v, %v", dev, got, err)
 	}
-	img, _ := l.Find(imagefs.PartitionName)
+	img, _ := l.Find(contract.PartitionName)
 	compareTrees(t, tree, loopMount(t, disk, *img))
 }

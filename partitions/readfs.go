@@ -9,7 +9,7 @@ import (
 	"github.com/diskfs/go-diskfs/backend/file"
 	"github.com/diskfs/go-diskfs/filesystem/squashfs"
 
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // OpenImagePartition opens the image partition of a kiln disk as an fs.FS,
@@ -21,12 +21,12 @@ func OpenImagePartition(disk string) (fs.FS, io.Closer, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	p, ok := layout.Find(imagefs.PartitionName)
+	p, ok := layout.Find(contract.PartitionName)
 	if !ok {
-		return nil, nil, fmt.Errorf("%s has no %s partition (partitions: %s)", disk, imagefs.PartitionName, layout.names())
+		return nil, nil, fmt.Errorf("%s has no %s partition (partitions: %s)", disk, contract.PartitionName, layout.names())
 	}
 	if p.Filesystem != FSSquashfs {
-		return nil, nil, fmt.Errorf("%s: partition %d (%s) holds no squashfs filesystem: damaged, or not built by kiln", disk, p.Number, imagefs.PartitionName)
+		return nil, nil, fmt.Errorf("%s: partition %d (%s) holds no squashfs filesystem: damaged, or not built by kiln", disk, p.Number, contract.PartitionName)
 	}
 	f, err := os.Open(disk)
 	if err != nil {

@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // TestOpenImagePartitionMatchesKernel reads the image partition with the
@@ -34,10 +34,10 @@ func TestOpenImagePartitionMatchesKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closer.Close()
-	if _, err := fs.Stat(fsys, imagefs.ContentsFile); err != nil {
+	if _, err := fs.Stat(fsys, contract.ContentsFile); err != nil {
 		t.Fatalf("stat kiln.json: %v", err)
 	}
-	p, _ := layout.Find(imagefs.PartitionName)
+	p, _ := layout.Find(contract.PartitionName)
 	mnt := loopMount(t, disk, *p)
 
 	want := walkHashes(t, os.DirFS(mnt))

@@ -1,7 +1,7 @@
 // Package preload writes container images into a containers/storage store
 // (overlay driver layout) that ships on the image partition as /storage and
 // is used on the node as a read-only additional image store (or copied into
-// the main store at first boot; see systemd/preload).
+// the main store at first boot; see systemd/agent/preloadcopy).
 //
 // The store is built with containers/image's copy from the staged OCI layout
 // into containers/storage, digests preserved, and then made host-independent

@@ -8,15 +8,15 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // ListFiles walks root in lexical order and returns every regular file with
 // its size and sha256, for kiln.json. Blobs of the OCI layout are named by
 // their digest and were verified when fetched, so they are not read again.
-func ListFiles(root string) ([]imagefs.File, error) {
-	var files []imagefs.File
-	blobPrefix := path.Join(imagefs.OCIDir, "blobs", "sha256") + "/"
+func ListFiles(root string) ([]contract.File, error) {
+	var files []contract.File
+	blobPrefix := path.Join(contract.OCIDir, "blobs", "sha256") + "/"
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -29,7 +29,7 @@ func ListFiles(root string) ([]imagefs.File, error) {
 			return err
 		}
 		rel = filepath.ToSlash(rel)
-		if rel == imagefs.ContentsFile {
+		if rel == contract.ContentsFile {
 			return nil
 		}
 		if hex, ok := strings.CutPrefix(rel, blobPrefix); ok {
@@ -37,14 +37,14 @@ func ListFiles(root string) ([]imagefs.File, error) {
 			if err != nil {
 				return err
 			}
-			files = append(files, imagefs.File{Path: rel, Size: info.Size(), Digest: "sha256:" + hex})
+			files = append(files, contract.File{Path: rel, Size: info.Size(), Digest: "sha256:" + hex})
 			return nil
 		}
 		digest, size, err := HashFile(p)
 		if err != nil {
 			return err
 		}
-		files = append(files, imagefs.File{Path: rel, Size: size, Digest: digest})
+		files = append(files, contract.File{Path: rel, Size: size, Digest: digest})
 		return nil
 	})
 	if err != nil {
@@ -54,8 +54,8 @@ func ListFiles(root string) ([]imagefs.File, error) {
 }
 
 // WriteContents writes kiln.json into root.
-func WriteContents(root string, c *imagefs.Contents) error {
-	f, err := os.OpenFile(filepath.Join(root, imagefs.ContentsFile), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+func WriteContents(root string, c *contract.Contents) error {
+	f, err := os.OpenFile(filepath.Join(root, contract.ContentsFile), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return err
 	}

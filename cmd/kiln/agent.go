@@ -3,18 +3,18 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/kiln-appliance/kiln/systemd/preload"
+	"github.com/kiln-appliance/kiln/systemd/agent/preloadcopy"
 	"time"
 
 	"github.com/spf13/cobra"
 	"go.podman.io/storage"
 	stypes "go.podman.io/storage/types"
 
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
-	"github.com/kiln-appliance/kiln/systemd"
-	"github.com/kiln-appliance/kiln/systemd/firstboot"
-	"github.com/kiln-appliance/kiln/systemd/gate"
-	"github.com/kiln-appliance/kiln/systemd/pins"
+	"github.com/kiln-appliance/kiln/systemd/agent/firstboot"
+	"github.com/kiln-appliance/kiln/systemd/agent/gate"
+	"github.com/kiln-appliance/kiln/systemd/agent/pins"
+	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/units"
 )
 
 func init() { subcommands = append(subcommands, newAgentCommand) }
@@ -33,7 +33,7 @@ func newAgentCommand() *cobra.Command {
 // partitionArg takes the one PARTITION argument (a mounted image partition).
 func partitionArg(cmd *cobra.Command, args []string) error {
 	if len(args) != 1 {
-		return usageError{fmt.Errorf("%s: want one argument, the mounted image partition (e.g. %s), got %d", cmd.CommandPath(), systemd.MountPoint, len(args))}
+		return usageError{fmt.Errorf("%s: want one argument, the mounted image partition (e.g. %s), got %d", cmd.CommandPath(), units.MountPoint, len(args))}
 	}
 	return nil
 }
@@ -52,7 +52,7 @@ func newMirrorGateCommand() *cobra.Command {
 			"With --remove, removes the drop-in instead.",
 		Args: partitionArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := imagefs.Read(args[0])
+			c, err := contract.Read(args[0])
 			if err != nil {
 				return err
 			}
@@ -90,7 +90,7 @@ func newWaitImagesCommand() *cobra.Command {
 			"On success writes --marker (when set); on timeout lists what is missing and fails.",
 		Args: partitionArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := imagefs.Read(args[0])
+			c, err := contract.Read(args[0])
 			if err != nil {
 				return err
 			}
@@ -132,7 +132,7 @@ func newWaitImagesCommand() *cobra.Command {
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Hour, "how long to wait")
 	cmd.Flags().DurationVar(&interval, "interval", 5*time.Second, "how often to look")
-	cmd.Flags().StringVar(&marker, "marker", "", "file to write once every image is present (e.g. "+systemd.Marker+")")
+	cmd.Flags().StringVar(&marker, "marker", "", "file to write once every image is present (e.g. "+units.Marker+")")
 	cmd.Flags().StringVar(&root, "root", "", "containers/storage graph root (default: from storage.conf)")
 	cmd.Flags().StringVar(&runRoot, "runroot", "", "containers/storage run root (default: from storage.conf)")
 	cmd.Flags().StringVar(&driver, "storage-driver", "", "containers/storage driver (default: from storage.conf)")
@@ -149,7 +149,7 @@ func newWritePinsCommand() *cobra.Command {
 			"by digest and by name. Reload CRI-O afterwards (systemctl reload crio).",
 		Args: partitionArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := imagefs.Read(args[0])
+			c, err := contract.Read(args[0])
 			if err != nil {
 				return err
 			}
@@ -177,10 +177,10 @@ func newPreloadCopyCommand() *cobra.Command {
 			"keeping image IDs and digests. Images already there are skipped, so running it again is cheap.",
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return preload.CopyToMainStore(cmd.Context(), from, to, preload.WithLog(cmd.OutOrStdout()))
+			return preloadcopy.CopyToMainStore(cmd.Context(), from, to, preloadcopy.WithLog(cmd.OutOrStdout()))
 		},
 	}
-	cmd.Flags().StringVar(&from, "from", preload.StorePath, "the preloaded store")
-	cmd.Flags().StringVar(&to, "to", preload.DefaultGraphRoot, "the node's main store")
+	cmd.Flags().StringVar(&from, "from", preloadcopy.StorePath, "the preloaded store")
+	cmd.Flags().StringVar(&to, "to", preloadcopy.DefaultGraphRoot, "the node's main store")
 	return cmd
 }

@@ -22,7 +22,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/partitions"
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 	"github.com/kiln-appliance/kiln/test/fixtures/images"
 )
@@ -178,9 +178,9 @@ func mountImagePartition(t *testing.T, disk string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, ok := layout.Find(imagefs.PartitionName)
+	p, ok := layout.Find(contract.PartitionName)
 	if !ok {
-		t.Fatalf("no %s partition", imagefs.PartitionName)
+		t.Fatalf("no %s partition", contract.PartitionName)
 	}
 	loop := strings.TrimSpace(run(t, "losetup", "--find", "--show", "--read-only",
 		"--offset", fmt.Sprint(p.Offset), "--sizelimit", fmt.Sprint(p.Size), disk))
@@ -228,24 +228,24 @@ func TestBuildDiskIsRealAndReadable(t *testing.T) {
 	mnt := mountImagePartition(t, disk)
 	for _, img := range rep.Contents.Images {
 		if !img.Served {
-			if _, err := os.Stat(filepath.Join(mnt, imagefs.StorageDir)); err != nil {
+			if _, err := os.Stat(filepath.Join(mnt, contract.StorageDir)); err != nil {
 				t.Errorf("preloaded %s but no store on the partition: %v", img.Name, err)
 			}
 			continue
 		}
-		raw := run(t, "skopeo", "inspect", "--raw", "oci:"+filepath.Join(mnt, imagefs.OCIDir)+":"+img.Name)
+		raw := run(t, "skopeo", "inspect", "--raw", "oci:"+filepath.Join(mnt, contract.OCIDir)+":"+img.Name)
 		sum := sha256.Sum256([]byte(raw))
 		if got := "sha256:" + hex.EncodeToString(sum[:]); got != img.Digest {
 			t.Errorf("%s: skopeo read manifest %s, lock says %s", img.Name, got, img.Digest)
 		}
-		run(t, "skopeo", "copy", "--quiet", "oci:"+filepath.Join(mnt, imagefs.OCIDir)+":"+img.Name, "dir:"+t.TempDir())
+		run(t, "skopeo", "copy", "--quiet", "oci:"+filepath.Join(mnt, contract.OCIDir)+":"+img.Name, "dir:"+t.TempDir())
 	}
-	if fi, err := os.Stat(filepath.Join(mnt, imagefs.AgentBinary)); err != nil || fi.Mode().Perm() != 0o755 {
+	if fi, err := os.Stat(filepath.Join(mnt, contract.AgentBinary)); err != nil || fi.Mode().Perm() != 0o755 {
 		t.Errorf("agent binary: %v, %v; want mode 0755", fi, err)
 	}
 	// The node's registry runs as an unprivileged dynamic user: everything
 	// it serves must be world-readable.
-	for _, dir := range []string{imagefs.OCIDir, imagefs.ContentsFile} {
+	for _, dir := range []string{contract.OCIDir, contract.ContentsFile} {
 		filepath.Walk(filepath.Join(mnt, dir), func(p string, fi os.FileInfo, err error) error {
 			if err == nil && fi.Mode()&0o004 == 0 {
 				t.Errorf("%s: mode %v is not world-readable", p, fi.Mode())
@@ -295,7 +295,7 @@ func TestVerifyFindsTampering(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, _ := layout.Find(imagefs.PartitionName)
+	p, _ := layout.Find(contract.PartitionName)
 	// Flip one byte in the middle of the image partition (file data).
 	fd, err := os.OpenFile(disk, os.O_RDWR, 0)
 	if err != nil {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kiln-appliance/kiln/systemd/registry"
+	"github.com/kiln-appliance/kiln/systemd/agent/registry"
 )
 
 func init() { subcommands = append(subcommands, newServeCommand) }

@@ -1,4 +1,4 @@
-package systemd
+package units
 
 import (
 	"bytes"
@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
-	"github.com/kiln-appliance/kiln/systemd/pins"
+	"github.com/kiln-appliance/kiln/systemd/agent/pins"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
@@ -80,9 +80,9 @@ func TestRenderAlwaysOn(t *testing.T) {
 }
 
 func TestParamsFrom(t *testing.T) {
-	c := &imagefs.Contents{
-		Registry: imagefs.Registry{Listen: "127.0.0.1:5051", AlwaysOn: true},
-		Images:   []imagefs.Image{{Name: "quay.io/acme/app:1.2", Digest: testImages[0].Digest}},
+	c := &contract.Contents{
+		Registry: contract.Registry{Listen: "127.0.0.1:5051", AlwaysOn: true},
+		Images:   []contract.Image{{Name: "quay.io/acme/app:1.2", Digest: testImages[0].Digest}},
 	}
 	p := ParamsFrom(c, testGUID)
 	if p.Listen != "127.0.0.1:5051" || !p.AlwaysOn || len(p.Images) != 1 || p.Images[0] != testImages[0] || p.PartitionGUID != testGUID {

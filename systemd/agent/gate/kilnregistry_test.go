@@ -13,8 +13,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
-	kilnregistry "github.com/kiln-appliance/kiln/systemd/registry"
+	kilnregistry "github.com/kiln-appliance/kiln/systemd/agent/registry"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // The two halves fit: kiln's own registry, serving a partition laid out as
@@ -26,7 +26,7 @@ func TestGateOpensOnKilnRegistry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := layout.Write(filepath.Join(part, imagefs.OCIDir), empty.Index)
+	p, err := layout.Write(filepath.Join(part, contract.OCIDir), empty.Index)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,8 +36,8 @@ func TestGateOpensOnKilnRegistry(t *testing.T) {
 	}
 	addr := freeAddr(t)
 	c := contents(t, addr, img, true)
-	c.SchemaVersion = imagefs.ContentsVersion
-	f, err := os.Create(filepath.Join(part, imagefs.ContentsFile))
+	c.SchemaVersion = contract.ContentsVersion
+	f, err := os.Create(filepath.Join(part, contract.ContentsFile))
 	if err != nil {
 		t.Fatal(err)
 	}

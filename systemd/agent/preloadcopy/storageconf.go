@@ -6,7 +6,7 @@
 //     node's main store, for podman and CRI-O alike;
 //   - mode "copy": CopyToMainStore copies every image of the store into the
 //     node's main store at first boot, digests preserved.
-package preload
+package preloadcopy
 
 import (
 	"bytes"

@@ -19,7 +19,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // serve runs a real registry (go-containerregistry's) on addr until the test ends.
@@ -54,7 +54,7 @@ func push(t *testing.T, addr string) v1.Image {
 }
 
 // contents is the kiln.json a partition holding img would carry.
-func contents(t *testing.T, addr string, img v1.Image, mirrorTags bool) *imagefs.Contents {
+func contents(t *testing.T, addr string, img v1.Image, mirrorTags bool) *contract.Contents {
 	t.Helper()
 	d, err := img.Digest()
 	if err != nil {
@@ -64,16 +64,16 @@ func contents(t *testing.T, addr string, img v1.Image, mirrorTags bool) *imagefs
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &imagefs.Contents{
-		Registry: imagefs.Registry{Listen: addr, MirrorTags: mirrorTags},
-		Images: []imagefs.Image{
+	return &contract.Contents{
+		Registry: contract.Registry{Listen: addr, MirrorTags: mirrorTags},
+		Images: []contract.Image{
 			{Name: "quay.io/acme/app:1.2", Digest: d.String(), MediaType: string(mt), Served: true},
 			{Name: "docker.io/library/preloaded-only:1", Digest: "sha256:" + strings.Repeat("0", 64), Served: false},
 		},
 	}
 }
 
-func newGate(t *testing.T, c *imagefs.Contents) *Gate {
+func newGate(t *testing.T, c *contract.Contents) *Gate {
 	t.Helper()
 	g, err := New(c)
 	if err != nil {

@@ -1,4 +1,4 @@
-// Package imagefs describes what lives on the kiln image partition: where each
+// Package contract describes what lives on the kiln image partition: where each
 // part sits in the filesystem, and kiln.json, the list of what is on it.
 //
 // Layout of the partition (read-only, mounted by partition GUID):
@@ -7,7 +7,7 @@
 //	/oci/               OCI image layout (index.json, oci-layout, blobs/sha256/…)
 //	/storage/           containers/storage store (overlay driver), if any image is preloaded
 //	/bin/kiln           the kiln binary the node's units run (agent, serve)
-package imagefs
+package contract
 
 import (
 	"encoding/json"

@@ -10,14 +10,14 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // BenchmarkCheck100 measures one full gate check (GET /v2/ + 100 HEADs by
 // digest) against a real loopback registry: the gate's cost per attempt.
 func BenchmarkCheck100(b *testing.B) {
 	addr := serve(b, "127.0.0.1:0", registry.New(registry.Logger(nopLogger())))
-	c := &imagefs.Contents{Registry: imagefs.Registry{Listen: addr}}
+	c := &contract.Contents{Registry: contract.Registry{Listen: addr}}
 	for i := 0; i < 100; i++ {
 		img, err := random.Image(256, 1)
 		if err != nil {
@@ -30,7 +30,7 @@ func BenchmarkCheck100(b *testing.B) {
 		}
 		d, _ := img.Digest()
 		mt, _ := img.MediaType()
-		c.Images = append(c.Images, imagefs.Image{Name: n, Digest: d.String(), MediaType: string(mt), Served: true})
+		c.Images = append(c.Images, contract.Image{Name: n, Digest: d.String(), MediaType: string(mt), Served: true})
 	}
 	g, err := New(c)
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 	"path/filepath"
 	"sort"
 
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // maxManifestSize bounds a manifest read at start (the spec's suggested limit).
@@ -79,8 +79,8 @@ func (ix *index) stats() Stats {
 // layoutRoot returns the OCI layout directory for dir: dir itself, or
 // dir/oci when dir is an image partition root (it has kiln.json).
 func layoutRoot(dir string) (string, error) {
-	if _, err := os.Stat(filepath.Join(dir, imagefs.ContentsFile)); err == nil {
-		dir = filepath.Join(dir, imagefs.OCIDir)
+	if _, err := os.Stat(filepath.Join(dir, contract.ContentsFile)); err == nil {
+		dir = filepath.Join(dir, contract.OCIDir)
 	}
 	b, err := os.ReadFile(filepath.Join(dir, "oci-layout"))
 	if err != nil {

@@ -1,17 +1,16 @@
-// Package systemd renders the on-node side of kiln: the systemd units that
+// Package units renders the on-node side of kiln: the systemd units that
 // mount the image partition, serve it as a local registry, gate the runtime's
 // mirror entry on that registry serving this content, and stop it all once
 // first boot is done; plus the files that go with them (CRI-O pins, a
 // tmpfiles.d cleanup). The programs those units run live in sub-packages
 // (registry, gate, pins, firstboot) and behind `kiln agent`.
-package systemd
+package units
 
 import (
 	"bytes"
 	"embed"
 	"fmt"
 	"net"
-	"path"
 	"regexp"
 	"sort"
 	"strconv"
@@ -19,17 +18,17 @@ import (
 	"text/template"
 	"time"
 
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
-	"github.com/kiln-appliance/kiln/systemd/gate"
-	"github.com/kiln-appliance/kiln/systemd/pins"
-	"github.com/kiln-appliance/kiln/systemd/preload"
+	"github.com/kiln-appliance/kiln/systemd/agent/gate"
+	"github.com/kiln-appliance/kiln/systemd/agent/pins"
+	"github.com/kiln-appliance/kiln/systemd/agent/preloadcopy"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // Where things live on the node.
 const (
 	MountPoint = "/var/lib/kiln/images"
 	MountUnit  = "var-lib-kiln-images.mount" // must match MountPoint (systemd-escape --path)
-	Agent      = MountPoint + "/" + imagefs.AgentBinary
+	Agent      = MountPoint + "/" + contract.AgentBinary
 	Marker     = "/var/lib/kiln/firstboot.done"
 	// Target is what to start to get the registry and its mirror entry,
 	// e.g. during an upgrade reboot: systemctl start kiln-registry.target.
@@ -87,7 +86,7 @@ type Params struct {
 
 // ParamsFrom builds Params from the partition's kiln.json and the
 // partition's unique GUID.
-func ParamsFrom(c *imagefs.Contents, partitionGUID string) Params {
+func ParamsFrom(c *contract.Contents, partitionGUID string) Params {
 	p := Params{PartitionGUID: partitionGUID, Listen: c.Registry.Listen, AlwaysOn: c.Registry.AlwaysOn, PreloadMode: c.Registry.PreloadMode}
 	for _, im := range c.Images {
 		p.Images = append(p.Images, pins.Image{Name: im.Name, Digest: im.Digest})
@@ -95,7 +94,7 @@ func ParamsFrom(c *imagefs.Contents, partitionGUID string) Params {
 	return p
 }
 
-//go:embed units/*
+//go:embed *.service *.target *.mount
 var unitFS embed.FS
 
 var guidRE = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
@@ -145,13 +144,13 @@ func Render(p Params) ([]Unit, []File, error) {
 		files = append(files,
 			// The preloaded store, read-only on the image partition, is an
 			// additional image store of the node's main store.
-			File{Path: preload.StorageConfPath, Mode: 0o644, Contents: preload.StorageConf(preload.Conf{
-				AdditionalImageStores: []string{preload.StorePath}})},
+			File{Path: preloadcopy.StorageConfPath, Mode: 0o644, Contents: preloadcopy.StorageConf(preloadcopy.Conf{
+				AdditionalImageStores: []string{preloadcopy.StorePath}})},
 			// With the store path absent, podman and CRI-O refuse to start:
 			// CRI-O waits for the partition's mount.
 			File{Path: CrioDropIn, Mode: 0o644, Contents: []byte(
 				"# Rendered by kiln: CRI-O reads the preloaded store on the image partition.\n" +
-					"[Unit]\nRequiresMountsFor=" + preload.StorePath + "\n")})
+					"[Unit]\nRequiresMountsFor=" + preloadcopy.StorePath + "\n")})
 	default:
 		return nil, nil, fmt.Errorf("render units: preload mode %q: want %q or %q", p.PreloadMode, PreloadStore, PreloadCopy)
 	}
@@ -227,7 +226,7 @@ func checkListen(listen string) error {
 }
 
 func renderUnit(name string, v values) (string, error) {
-	t, err := template.New(name).Option("missingkey=error").ParseFS(unitFS, path.Join("units", name))
+	t, err := template.New(name).Option("missingkey=error").ParseFS(unitFS, name)
 	if err != nil {
 		return "", fmt.Errorf("unit template %s: %w", name, err)
 	}

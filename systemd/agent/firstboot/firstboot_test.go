@@ -20,7 +20,7 @@ import (
 	"go.podman.io/storage"
 	stypes "go.podman.io/storage/types"
 
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // fixture writes an OCI layout with one random image tagged "app" and
@@ -168,7 +168,7 @@ func TestArrivesWhileWaiting(t *testing.T) {
 }
 
 func TestImagesFromAndMarker(t *testing.T) {
-	c := &imagefs.Contents{Images: []imagefs.Image{{Name: "a", Digest: "sha256:x", ImageID: "sha256:abc"}}}
+	c := &contract.Contents{Images: []contract.Image{{Name: "a", Digest: "sha256:x", ImageID: "sha256:abc"}}}
 	got := ImagesFrom(c)
 	if len(got) != 1 || got[0].ImageID != "abc" {
 		t.Fatalf("ImagesFrom = %+v", got)

@@ -1,4 +1,4 @@
-package systemd_test
+package units_test
 
 import (
 	"os"
@@ -7,14 +7,14 @@ import (
 	"testing"
 
 	"github.com/kiln-appliance/kiln/ignition"
-	"github.com/kiln-appliance/kiln/systemd"
-	"github.com/kiln-appliance/kiln/systemd/pins"
+	"github.com/kiln-appliance/kiln/systemd/agent/pins"
+	"github.com/kiln-appliance/kiln/systemd/units"
 )
 
 // What Render returns goes through the ignition package unchanged (the types
 // convert) and the result passes the real ignition-validate.
 func TestRenderedConfigValidates(t *testing.T) {
-	units, files, err := systemd.Render(systemd.Params{
+	units, files, err := units.Render(units.Params{
 		PartitionGUID: "0F3C1A2B-1111-4222-8333-444455556666",
 		Images:        []pins.Image{{Name: "quay.io/acme/app:1.2", Digest: "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}},
 	})

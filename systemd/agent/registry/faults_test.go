@@ -29,7 +29,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // helperEnv makes the test binary run Run (what `kiln serve` runs) instead
@@ -413,10 +413,10 @@ func TestMissingIndexChild(t *testing.T) {
 func TestImagePartitionRoot(t *testing.T) {
 	f := newFixture(t)
 	root := t.TempDir()
-	if err := os.Rename(f.dir, filepath.Join(root, imagefs.OCIDir)); err != nil {
+	if err := os.Rename(f.dir, filepath.Join(root, contract.OCIDir)); err != nil {
 		t.Fatal(err)
 	}
-	os.WriteFile(filepath.Join(root, imagefs.ContentsFile), []byte(`{"schemaVersion":1}`), 0o644)
+	os.WriteFile(filepath.Join(root, contract.ContentsFile), []byte(`{"schemaVersion":1}`), 0o644)
 	log, _ := testLogger()
 	s, err := New([]string{root}, WithLogger(log))
 	if err != nil {

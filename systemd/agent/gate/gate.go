@@ -20,8 +20,8 @@ import (
 
 	"go.podman.io/image/v5/docker/reference"
 
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
-	"github.com/kiln-appliance/kiln/systemd/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // DefaultDropIn is the registries.conf drop-in kiln owns while the mirror is on.
@@ -50,7 +50,7 @@ type Gate struct {
 // New builds a gate for a partition's kiln.json: every served image is
 // checked, and every host they come from (plus the recipe's upstreams) is
 // mirrored.
-func New(c *imagefs.Contents) (*Gate, error) {
+func New(c *contract.Contents) (*Gate, error) {
 	g := &Gate{Listen: c.Registry.Listen, MirrorTags: c.Registry.MirrorTags}
 	if g.Listen == "" {
 		g.Listen = "127.0.0.1:5050"

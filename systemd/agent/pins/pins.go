@@ -14,7 +14,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	"go.podman.io/image/v5/docker/reference"
 
-	"github.com/kiln-appliance/kiln/systemd/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 )
 
 // DefaultPath is the CRI-O drop-in kiln owns.

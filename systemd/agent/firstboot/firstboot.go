@@ -18,8 +18,8 @@ import (
 	"github.com/opencontainers/go-digest"
 	"go.podman.io/storage"
 
-	"github.com/kiln-appliance/kiln/partitions/imagefs"
-	"github.com/kiln-appliance/kiln/systemd/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // Image is one image that must be in local storage.
@@ -30,7 +30,7 @@ type Image struct {
 }
 
 // ImagesFrom lists every image of a partition's kiln.json.
-func ImagesFrom(c *imagefs.Contents) []Image {
+func ImagesFrom(c *contract.Contents) []Image {
 	var out []Image
 	for _, im := range c.Images {
 		out = append(out, Image{Name: im.Name, Digest: im.Digest, ImageID: strings.TrimPrefix(im.ImageID, "sha256:")})
