@@ -1,0 +1,180 @@
+// Package bundle is the format of kiln's field upgrade bundles: what the
+// factory writes (`kiln bundle`) and the node reads (import from a USB stick
+// or a file). It holds the manifest types, the on-stick header, signing and
+// verification (DSSE envelopes, ed25519), and the checks the node makes
+// before it changes anything: genuine, meant for it, newer, fits on its disk.
+//
+// A bundle's bytes (the stick's one partition, or the whole file of
+// `--format file`) are:
+//
+//	0        header: Magic, format version, header size, envelope length
+//	24       the DSSE envelope (JSON), its payload the Manifest
+//	...      zeros up to HeaderSize (a multiple of 4 KiB)
+//	HeaderSize  a squashfs filesystem of Manifest.Filesystem.Size bytes
+//
+// The manifest comes first and is small, so the node reads and checks it
+// without reading the rest. It pins the filesystem's sha256 and every file
+// in it, so one signature covers every byte of the bundle.
+//
+// Layout of the filesystem:
+//
+//	/oci/               OCI image layout: index.json lists every image of the
+//	                    release; blobs/ holds only the blobs on the stick
+//	/release/PATH       the release's files, by their absolute node path
+//	/bin/kiln           the kiln agent the release carries
+package bundle
+
+import (
+	"fmt"
+	"path"
+	"strings"
+)
+
+// Paths inside the bundle's filesystem.
+const (
+	OCIDir      = "oci"
+	ReleaseDir  = "release"
+	AgentBinary = "bin/kiln"
+)
+
+// PartitionName is the GPT partition name of a bundle stick's partition.
+const PartitionName = "kiln-bundle"
+
+// PartitionType is the GPT partition type GUID of kiln bundle partitions: the
+// node's udev rule matches it (ID_PART_ENTRY_TYPE). Random, generated once
+// for kiln; not registered anywhere.
+const PartitionType = "3C0A7F52-9E1D-4B8A-A6F3-5D2E8C41B907"
+
+// PayloadType is the DSSE payload type of a bundle manifest.
+const PayloadType = "application/vnd.kiln.bundle.manifest.v1+json"
+
+// SchemaVersion is the version of Manifest.
+const SchemaVersion = 1
+
+// Kinds of bundle.
+const (
+	KindFull  = "full"  // every blob of the release; applies to any earlier release
+	KindDelta = "delta" // only blobs its base releases lack; applies to those
+)
+
+// Manifest is what a bundle holds and whom it is for. Every byte count the
+// node needs for its space check is here.
+type Manifest struct {
+	SchemaVersion int    `json:"schemaVersion"`
+	Recipe        string `json:"recipe"`     // recipe name
+	Version       string `json:"version"`    // release version (semver)
+	Arch          string `json:"arch"`       // GOARCH
+	LockDigest    string `json:"lockDigest"` // sha256 of the release's lock file
+	Created       int64  `json:"created"`    // SOURCE_DATE_EPOCH of the bundle
+
+	Kind string `json:"kind"` // KindFull or KindDelta
+	// AppliesTo lists the releases a delta applies to (its bases); empty
+	// for a full bundle, which applies to any earlier release.
+	AppliesTo []Release `json:"appliesTo,omitempty"`
+
+	Images []Image `json:"images"` // every image of the release, sorted by name
+	Blobs  []Blob  `json:"blobs"`  // every blob the images name, sorted by digest
+	Space  Space   `json:"space"`
+
+	ReleaseFiles []ReleaseFile `json:"releaseFiles"` // sorted by path
+	Agent        File          `json:"agent"`        // the kiln agent, at AgentBinary
+	// Trust is the key set the node trusts once this release is confirmed
+	// (key rotation: the bundle itself is signed by a key the node trusts now).
+	Trust []Key `json:"trust"`
+
+	Filesystem Filesystem `json:"filesystem"`
+	// Files lists every regular file in the filesystem, sorted by path.
+	Files []File `json:"files"`
+}
+
+// Release names one release of the recipe.
+type Release struct {
+	Version    string `json:"version"`
+	LockDigest string `json:"lockDigest"`
+}
+
+// Image is one container image of the release.
+type Image struct {
+	Name      string   `json:"name"`      // the reference workloads use
+	Digest    string   `json:"digest"`    // manifest digest
+	MediaType string   `json:"mediaType"` // manifest media type
+	Size      int64    `json:"size"`      // manifest + config + layers, bytes
+	Served    bool     `json:"served"`
+	Preloaded bool     `json:"preloaded"`
+	ImageID   string   `json:"imageID"` // config digest (containers/storage image ID)
+	Blobs     []string `json:"blobs"`   // config then layers, digests (details in Manifest.Blobs)
+}
+
+// Blob is one blob (manifest, config or layer) of the release.
+type Blob struct {
+	Digest    string `json:"digest"`
+	Size      int64  `json:"size"`
+	MediaType string `json:"mediaType"`
+	// OnStick: the blob is in the bundle's /oci/blobs. A delta leaves out
+	// what its bases hold.
+	OnStick bool `json:"onStick"`
+	// Unpacked is a layer's size once uncompressed (what containers/storage
+	// stores), for the layers on the stick; 0 otherwise.
+	Unpacked int64 `json:"unpacked,omitempty"`
+}
+
+// Space is what the node needs free on /var before it starts an import.
+type Space struct {
+	CopyBytes     int64 `json:"copyBytes"`     // the blobs on the stick, copied into the release store
+	UnpackedBytes int64 `json:"unpackedBytes"` // their layers unpacked in containers/storage
+}
+
+// Need is the free space the node's import requires: the copied blobs and
+// their unpacked layers.
+func (s Space) Need() int64 { return s.CopyBytes + s.UnpackedBytes }
+
+// ReleaseFile is one file the release owns on the node, stored in the
+// bundle at ReleaseDir + Path.
+type ReleaseFile struct {
+	Path   string `json:"path"` // absolute node path, under one of ReleasePaths
+	Mode   uint32 `json:"mode"` // permission bits
+	Size   int64  `json:"size"`
+	Digest string `json:"digest"`
+}
+
+// File is one regular file in the bundle's filesystem.
+type File struct {
+	Path   string `json:"path"` // slash-separated, relative to the filesystem root
+	Size   int64  `json:"size"`
+	Digest string `json:"digest"` // sha256:…
+}
+
+// Filesystem is the squashfs after the header.
+type Filesystem struct {
+	Size   int64  `json:"size"`   // bytes (a multiple of 4 KiB)
+	Digest string `json:"digest"` // sha256 of those bytes
+}
+
+// Key is a trusted public key.
+type Key struct {
+	KeyID     string `json:"keyid"`     // KeyID of the key
+	PublicKey string `json:"publicKey"` // PKIX PEM ("PUBLIC KEY"), as `kiln key generate` writes
+}
+
+// ReleasePaths are the node directories a release may own files in: Podman
+// quadlets, static pod manifests, and the release's own configuration. A
+// release file anywhere else is refused (by the recipe, the bundle writer
+// and the node alike), so an upgrade can never replace system files.
+var ReleasePaths = []string{
+	"/etc/containers/systemd/",
+	"/etc/kubernetes/manifests/",
+	"/etc/kiln/release/",
+}
+
+// CheckReleasePath says why p cannot be a release file's node path, or nil.
+func CheckReleasePath(p string) error {
+	if !strings.HasPrefix(p, "/") || path.Clean(p) != p {
+		return fmt.Errorf("%q is not a clean absolute path; write it like /etc/containers/systemd/app.container", p)
+	}
+	for _, dir := range ReleasePaths {
+		if rest, ok := strings.CutPrefix(p, dir); ok && rest != "" {
+			return nil
+		}
+	}
+	return fmt.Errorf("%q is outside the directories a release may own (%s)", p, strings.Join(ReleasePaths, ", "))
+}
