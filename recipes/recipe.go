@@ -1,6 +1,9 @@
 package recipes
 
-import "path/filepath"
+import (
+	"path/filepath"
+	"strconv"
+)
 
 // Defaults, applied by Load and assumed by the accessors when a field is unset.
 const (
@@ -13,6 +16,7 @@ const (
 	DefaultPreloadMode = PreloadStore
 	DefaultIgnition    = "3.3.0"
 	DefaultUser        = "core"
+	DefaultFileMode    = "0644"
 
 	defaultServe      = true
 	defaultPreload    = false
@@ -111,6 +115,16 @@ func (r *Recipe) Image(name string) (Image, bool) {
 		}
 	}
 	return Image{}, false
+}
+
+// FileMode is the file's permission bits (Mode, or DefaultFileMode).
+func (f ReleaseFile) FileMode() uint32 {
+	m := f.Mode
+	if m == "" {
+		m = DefaultFileMode
+	}
+	n, _ := strconv.ParseUint(m, 8, 32) // validated by Load
+	return uint32(n)
 }
 
 func ptr[T any](v T) *T { return &v }
