@@ -87,9 +87,12 @@ func TestHeaderEveryBitFlipIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hdr := EncodeHeader(env)
-	if int64(len(hdr)) != HeaderSize(len(env)) || len(hdr)%4096 != 0 {
-		t.Fatalf("header is %d bytes", len(hdr))
+	hdr, err := EncodeHeader(env, HeaderSize(len(env))+4096)
+	if err != nil || len(hdr)%4096 != 0 {
+		t.Fatalf("header is %d bytes: %v", len(hdr), err)
+	}
+	if _, err := EncodeHeader(env, HeaderSize(len(env))+8192); err == nil {
+		t.Error("a header two pages too large was accepted")
 	}
 	h, err := ReadHeader(bytes.NewReader(hdr))
 	if err != nil || !bytes.Equal(h.Envelope, env) {

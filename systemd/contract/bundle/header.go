@@ -30,19 +30,24 @@ type Header struct {
 	Size     int64  // header bytes, zero padded; the filesystem starts here
 }
 
-// HeaderSize is the size of the header holding an envelope of n bytes.
+// HeaderSize is the smallest header holding an envelope of n bytes. A writer
+// may reserve one 4 KiB page more (it sizes the header before the final
+// envelope, which can come out a few bytes shorter); no more is valid.
 func HeaderSize(n int) int64 { return (int64(headerFixed+n) + align - 1) / align * align }
 
-// EncodeHeader returns the header bytes for envelope, padded with zeros.
-func EncodeHeader(envelope []byte) []byte {
-	size := HeaderSize(len(envelope))
+// EncodeHeader returns the header bytes for envelope, padded with zeros to
+// size (HeaderSize(len(envelope)) or one page more).
+func EncodeHeader(envelope []byte, size int64) ([]byte, error) {
+	if min := HeaderSize(len(envelope)); size != min && size != min+align {
+		return nil, fmt.Errorf("bundle header of %d bytes cannot hold a %d-byte envelope (want %d)", size, len(envelope), min)
+	}
 	b := make([]byte, size)
 	copy(b, Magic)
 	binary.LittleEndian.PutUint32(b[8:], FormatVersion)
 	binary.LittleEndian.PutUint32(b[12:], uint32(size))
 	binary.LittleEndian.PutUint64(b[16:], uint64(len(envelope)))
 	copy(b[headerFixed:], envelope)
-	return b
+	return b, nil
 }
 
 // ReadHeader reads the header at the start of r: only the header's own
@@ -64,14 +69,14 @@ func ReadHeader(r io.ReaderAt) (*Header, error) {
 	}
 	size := int64(binary.LittleEndian.Uint32(fixed[12:]))
 	n := binary.LittleEndian.Uint64(fixed[16:])
-	if n == 0 || n > maxEnvelope || HeaderSize(int(n)) != size {
+	if n == 0 || n > maxEnvelope || (size != HeaderSize(int(n)) && size != HeaderSize(int(n))+align) {
 		return nil, fmt.Errorf("bundle header: damaged (envelope length %d, header size %d)", n, size)
 	}
 	b := make([]byte, size)
 	if _, err := r.ReadAt(b, 0); err != nil {
 		return nil, fmt.Errorf("read bundle header (%d bytes): %w", size, err)
 	}
-	if !bytes.Equal(b, EncodeHeader(b[headerFixed:headerFixed+n])) {
+	if want, _ := EncodeHeader(b[headerFixed:headerFixed+n], size); !bytes.Equal(b, want) {
 		return nil, fmt.Errorf("bundle header: damaged (bytes after the envelope are not zero)")
 	}
 	return &Header{Envelope: b[headerFixed : headerFixed+n], Size: size}, nil
