@@ -43,13 +43,7 @@ func renderIgnition(r *recipes.Recipe, c *contract.Contents, partGUID string) ([
 	if err != nil {
 		return nil, err
 	}
-	cfg := ignition.Config{Version: r.Ignition.Version, User: r.Ignition.User, SSHKeys: r.Ignition.SSHKeys}
-	for _, u := range units {
-		cfg.Units = append(cfg.Units, ignition.Unit(u))
-	}
-	for _, f := range files {
-		cfg.Files = append(cfg.Files, ignition.File(f))
-	}
+	cfg := ignition.Config{Version: r.Ignition.Version, User: r.Ignition.User, SSHKeys: r.Ignition.SSHKeys, Units: units, Files: files}
 	for _, p := range r.Ignition.Fragments {
 		data, err := os.ReadFile(r.Resolve(p))
 		if err != nil {
