@@ -25,6 +25,7 @@
 package bundle
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"path"
 	"strings"
@@ -36,6 +37,20 @@ const (
 	ReleaseDir  = "release"
 	AgentBinary = "bin/kiln"
 )
+
+// TrustDir is where a node keeps the public keys it accepts bundles from,
+// one PEM file each, named by TrustFileName. The factory build writes the
+// recipe's trust there through Ignition; a confirmed release replaces the
+// set with its manifest's Trust.
+const TrustDir = "/etc/kiln/trust"
+
+// TrustFileName is the file name of a trusted key in TrustDir: the first 16
+// hex digits of the sha256 of its PEM, so names never collide and never
+// need escaping.
+func TrustFileName(pemBytes []byte) string {
+	sum := sha256.Sum256(pemBytes)
+	return fmt.Sprintf("%x.pub", sum[:8])
+}
 
 // PartitionName is the GPT partition name of a bundle stick's partition.
 const PartitionName = "kiln-bundle"

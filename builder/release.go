@@ -1,0 +1,41 @@
+package builder
+
+import (
+	"fmt"
+	"os"
+	"path"
+
+	"github.com/kiln-appliance/kiln/ignition"
+	"github.com/kiln-appliance/kiln/recipes"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+)
+
+// releaseFiles are the Ignition files a release puts on the node: the keys
+// it accepts upgrade bundles from (bundle.TrustDir) and its release files.
+// An upgrade bundle carries the same set for the next release.
+func releaseFiles(r *recipes.Recipe) ([]ignition.File, error) {
+	var files []ignition.File
+	for _, k := range r.Trust {
+		data, err := os.ReadFile(r.Resolve(k))
+		if err != nil {
+			return nil, fmt.Errorf("trust key: %w", err)
+		}
+		pub, err := bundle.ParsePublicKey(data)
+		if err != nil {
+			return nil, fmt.Errorf("trust key %s: %w", r.Resolve(k), err)
+		}
+		pemBytes, err := bundle.EncodePublicKey(pub) // canonical: the same key, the same file
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, ignition.File{Path: path.Join(bundle.TrustDir, bundle.TrustFileName(pemBytes)), Mode: 0o644, Contents: pemBytes})
+	}
+	for _, f := range r.Release.Files {
+		data, err := os.ReadFile(r.Resolve(f.Source))
+		if err != nil {
+			return nil, fmt.Errorf("release file %s: %w", f.Path, err)
+		}
+		files = append(files, ignition.File{Path: f.Path, Mode: int(f.FileMode()), Contents: data})
+	}
+	return files, nil
+}
