@@ -10,8 +10,6 @@ import (
 	"github.com/diskfs/go-diskfs/backend/file"
 	"github.com/diskfs/go-diskfs/filesystem/squashfs"
 	"github.com/diskfs/go-diskfs/partition/gpt"
-
-	"github.com/kiln-appliance/kiln/builder/progress"
 )
 
 // StickStart is where a stick image's one partition starts (1 MiB, as
@@ -25,7 +23,7 @@ type FilesystemOptions struct {
 	Offset          int64  // byte offset in Disk
 	Compression     string // "" or "none", "zstd", "gzip", "xz", "lz4"
 	SourceDateEpoch int64
-	Progress        progress.Reporter // may be nil
+	Progress        Reporter // may be nil
 }
 
 // WriteFilesystem packs the tree into Disk at Offset as a read-only squashfs,

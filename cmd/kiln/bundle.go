@@ -33,6 +33,9 @@ carries only the blobs none of them holds and applies only to those releases. Wi
 a full bundle that applies to any earlier release. See docs/bundles.md.`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if o.Output == "" || o.Key == "" {
+				return usageError{fmt.Errorf("both -o OUTPUT and --key NAME.key are needed (usage: kiln %s)", cmd.Use)}
+			}
 			if o.Format != bundle.FormatImage && o.Format != bundle.FormatFile {
 				return usageError{fmt.Errorf("--format %q: want image or file", o.Format)}
 			}
@@ -55,8 +58,6 @@ a full bundle that applies to any earlier release. See docs/bundles.md.`,
 	cmd.Flags().StringVar(&o.Key, "key", "", "private key to sign with (NAME.key from kiln key generate; required)")
 	cmd.Flags().StringVar(&o.CacheDir, "cache", "", "blob cache directory (default $XDG_CACHE_HOME/kiln)")
 	cmd.Flags().StringVar(&o.Agent, "agent", "", "kiln binary for the node's arch (default: this binary, when the arches match)")
-	cmd.MarkFlagRequired("output")
-	cmd.MarkFlagRequired("key")
 	fetch.register(cmd)
 	return cmd
 }
