@@ -50,8 +50,10 @@ func loadBase(ctx context.Context, p string, cache *fetch.Cache, o Options) (*ba
 	default:
 		if l, lerr := partitions.Inspect(p); lerr == nil {
 			b, err = baseFromDisk(p, l)
-		} else {
+		} else if isLock(p) {
 			b, err = baseFromLock(ctx, p, cache, o)
+		} else {
+			err = errors.New("not a kiln disk, kiln.json, bundle or lock file")
 		}
 	}
 	if err != nil {
@@ -145,13 +147,20 @@ func baseFromBundle(p string, offset int64) (*base, error) {
 	return b, nil
 }
 
+// isLock tells a lock file by its kind line (ReadLock then says what else
+// is wrong with it).
+func isLock(p string) bool {
+	data, err := os.ReadFile(p)
+	return err == nil && len(data) < 1<<20 && bytes.Contains(data, []byte("kind: "+recipes.KindLock))
+}
+
 // baseFromLock reads a lock and the recipe beside it (for the recipe's name,
 // version and trust); the blobs come from the images' manifests, fetched
 // into the cache if they are not there yet.
 func baseFromLock(ctx context.Context, p string, cache *fetch.Cache, o Options) (*base, error) {
 	lock, err := recipes.ReadLock(p)
 	if err != nil {
-		return nil, fmt.Errorf("not a kiln disk, kiln.json, bundle or lock file: %w", err)
+		return nil, err
 	}
 	r, err := recipeBeside(p)
 	if err != nil {

@@ -77,6 +77,19 @@ func bundlePartition(l *partitions.Layout) *partitions.Partition {
 // Inspect reads a bundle's header and manifest, without checking the
 // signature or the content.
 func Inspect(p string) (*Report, error) {
+	rep, err := readHeader(p)
+	if err != nil {
+		return nil, err
+	}
+	rep.Manifest, rep.SignedBy, err = bundle.Unverified(rep.envelope)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p, err)
+	}
+	return rep, nil
+}
+
+// readHeader finds the bundle in p and reads its header.
+func readHeader(p string) (*Report, error) {
 	format, l, err := locate(p)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p, err)
@@ -95,10 +108,6 @@ func Inspect(p string) (*Report, error) {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
 	rep.Header, rep.envelope = h.Size, h.Envelope
-	rep.Manifest, rep.SignedBy, err = bundle.Unverified(h.Envelope)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", p, err)
-	}
 	return rep, nil
 }
 
@@ -112,9 +121,9 @@ func Verify(ctx context.Context, p string, keys []ed25519.PublicKey, rp progress
 	if rp == nil {
 		rp = progress.Discard()
 	}
-	rep, err := Inspect(p)
+	rep, err := readHeader(p)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("failed verification: %w", err)
 	}
 	fail := func(what string, err error) (*Report, error) {
 		return rep, fmt.Errorf("%s failed verification: %s: %w", p, what, err)
@@ -152,7 +161,7 @@ func Verify(ctx context.Context, p string, keys []ed25519.PublicKey, rp progress
 	if len(problems) > 0 {
 		err := errors.Join(problems...)
 		task.Done(err)
-		return fail(fmt.Sprintf("content (%d problems; the bundle is damaged or was modified: make or copy it again)", len(problems)), err)
+		return fail(fmt.Sprintf("content (%d problem(s); the bundle is damaged or was modified: make or copy it again)", len(problems)), err)
 	}
 	task.Done(nil)
 	return rep, nil
@@ -243,12 +252,14 @@ func checkFrame(f *os.File, rep *Report) error {
 		return err
 	}
 	start := rep.Offset
+	partEnd := start + (content+partitions.MiB-1)/partitions.MiB*partitions.MiB
 	for _, region := range []struct {
 		name     string
 		from, to int64
 	}{
 		{"partition table", 0, start},
-		{"padding after the filesystem", start + content, size},
+		{"padding after the filesystem", start + content, partEnd},
+		{"backup partition table", partEnd, size},
 	} {
 		if err := sameBytes(f, exp, region.from, region.to); err != nil {
 			return fmt.Errorf("%s: %w", region.name, err)

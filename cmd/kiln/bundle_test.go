@@ -255,6 +255,21 @@ func TestBundles(t *testing.T) {
 		}
 	})
 
+	t.Run("from the lock, the kiln.json or both: the same delta", func(t *testing.T) {
+		mnt := mountImagePartition(t, disk10)
+		for i, from := range [][]string{
+			{"--from", recipesLock(r10)},
+			{"--from", filepath.Join(mnt, "kiln.json")},
+			{"--from", recipesLock(r10), "--from", disk10},
+		} {
+			p := filepath.Join(rs.dir, fmt.Sprintf("from-%d.img", i))
+			rs.mustKiln(t, append([]string{"bundle", r11, "-o", p, "--key", rs.key}, from...)...)
+			if a, b := sha256File(t, p), sha256File(t, b11); a != b {
+				t.Errorf("bundle %v differs from the bundle --from the disk", from)
+			}
+		}
+	})
+
 	t.Run("inspect and verify", func(t *testing.T) {
 		text := rs.mustKiln(t, "inspect", b11)
 		for _, want := range []string{"acme 1.1.0", "delta bundle", "Applies to: 1.0.0", appImage + "1.1", "/etc/containers/systemd/app.container"} {
@@ -308,14 +323,14 @@ func TestBundles(t *testing.T) {
 			{"gap before the partition", 64 << 10, "partition table"},
 			{"bundle magic", rep.Offset + 1, "bundle"},
 			{"header size", rep.Offset + 12, "bundle header"},
-			{"envelope", rep.Offset + 200, ""},
+			{"envelope", rep.Offset + 200, "signature"},
 			{"header padding", fsStart - 1, "bundle header"},
 			{"squashfs superblock", fsStart + 40, "content"},
 			{"first file data", fsStart + 4096, "content"},
 			{"middle of the filesystem", (fsStart + fsEnd) / 2, "content"},
 			{"squashfs tables", fsEnd - 100, "content"},
 			{"padding after the filesystem", fsEnd + 10, "padding"},
-			{"backup GPT", fi.Size() - 512 + 20, "GPT"},
+			{"backup GPT", fi.Size() - 512 + 20, "backup partition table"},
 		} {
 			t.Run(c.where, func(t *testing.T) {
 				bad := filepath.Join(t.TempDir(), "bad.img")
@@ -330,6 +345,7 @@ func TestBundles(t *testing.T) {
 				fd.WriteAt(b, c.off)
 				fd.Close()
 				out, code := rs.kiln(t, "verify", bad, "--key", rs.pub)
+				t.Logf("%s", out)
 				if code != 1 {
 					t.Fatalf("flipped bit at byte %d: exit %d, want 1\n%s", c.off, code, out)
 				}
@@ -389,6 +405,7 @@ func TestBundleBadInput(t *testing.T) {
 				args = append(args, "-o", out)
 			}
 			msg, code := rs.kiln(t, args...)
+			t.Logf("%s", msg)
 			if code != c.code || !strings.Contains(msg, c.want) {
 				t.Errorf("exit %d, want %d with %q:\n%s", code, c.code, c.want, msg)
 			}
