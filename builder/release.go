@@ -1,6 +1,7 @@
 package builder
 
 import (
+	"crypto/ed25519"
 	"fmt"
 	"os"
 	"path"
@@ -15,15 +16,11 @@ import (
 // An upgrade bundle carries the same set for the next release.
 func releaseFiles(r *recipes.Recipe) ([]ignition.File, error) {
 	var files []ignition.File
-	for _, k := range r.Trust {
-		data, err := os.ReadFile(r.Resolve(k))
-		if err != nil {
-			return nil, fmt.Errorf("trust key: %w", err)
-		}
-		pub, err := bundle.ParsePublicKey(data)
-		if err != nil {
-			return nil, fmt.Errorf("trust key %s: %w", r.Resolve(k), err)
-		}
+	keys, err := TrustKeys(r)
+	if err != nil {
+		return nil, err
+	}
+	for _, pub := range keys {
 		pemBytes, err := bundle.EncodePublicKey(pub) // canonical: the same key, the same file
 		if err != nil {
 			return nil, err
@@ -38,4 +35,21 @@ func releaseFiles(r *recipes.Recipe) ([]ignition.File, error) {
 		files = append(files, ignition.File{Path: f.Path, Mode: int(f.FileMode()), Contents: data})
 	}
 	return files, nil
+}
+
+// TrustKeys reads the recipe's trusted public keys.
+func TrustKeys(r *recipes.Recipe) ([]ed25519.PublicKey, error) {
+	var keys []ed25519.PublicKey
+	for _, k := range r.Trust {
+		data, err := os.ReadFile(r.Resolve(k))
+		if err != nil {
+			return nil, fmt.Errorf("trust key: %w", err)
+		}
+		pub, err := bundle.ParsePublicKey(data)
+		if err != nil {
+			return nil, fmt.Errorf("trust key %s: %w", r.Resolve(k), err)
+		}
+		keys = append(keys, pub)
+	}
+	return keys, nil
 }

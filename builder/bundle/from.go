@@ -12,6 +12,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/fetch"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/recipes"
@@ -188,7 +189,7 @@ func baseFromLock(ctx context.Context, p string, cache *fetch.Cache, o Options) 
 			b.blobs[d.Digest.String()] = true
 		}
 	}
-	b.trust, err = trustKeys(r)
+	b.trust, err = builder.TrustKeys(r)
 	return b, err
 }
 
@@ -202,23 +203,6 @@ func recipeBeside(lockPath string) (*recipes.Recipe, error) {
 		}
 	}
 	return nil, errors.New("no recipe beside the lock file (" + path.Base(stem) + ".yaml): a lock alone does not say which release it is")
-}
-
-// trustKeys reads the recipe's trusted public keys.
-func trustKeys(r *recipes.Recipe) ([]ed25519.PublicKey, error) {
-	var keys []ed25519.PublicKey
-	for _, k := range r.Trust {
-		data, err := os.ReadFile(r.Resolve(k))
-		if err != nil {
-			return nil, fmt.Errorf("trust key: %w", err)
-		}
-		pub, err := bundle.ParsePublicKey(data)
-		if err != nil {
-			return nil, fmt.Errorf("trust key %s: %w", r.Resolve(k), err)
-		}
-		keys = append(keys, pub)
-	}
-	return keys, nil
 }
 
 // offsetReader reads an io.ReaderAt from offset on.

@@ -4,19 +4,18 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
-	"path"
 	"sort"
 	"strings"
 
+	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/progress"
 	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
 
@@ -177,7 +176,7 @@ func checkFiles(ctx context.Context, fsys fs.FS, m *bundle.Manifest, w io.Writer
 			return append(problems, err)
 		}
 		listed[f.Path] = true
-		if err := checkFile(fsys, f, w); err != nil {
+		if err := builder.VerifyFile(fsys, contract.File(f), "the manifest", w); err != nil {
 			problems = append(problems, err)
 		}
 	}
@@ -195,26 +194,6 @@ func checkFiles(ctx context.Context, fsys fs.FS, m *bundle.Manifest, w io.Writer
 	}
 	sort.Slice(problems, func(i, j int) bool { return problems[i].Error() < problems[j].Error() })
 	return problems
-}
-
-func checkFile(fsys fs.FS, f bundle.File, w io.Writer) error {
-	r, err := fsys.Open(path.Clean(f.Path))
-	if err != nil {
-		return fmt.Errorf("%s: missing: %w", f.Path, err)
-	}
-	defer r.Close()
-	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(h, w), r)
-	if err != nil {
-		return fmt.Errorf("%s: unreadable: %w", f.Path, err)
-	}
-	if n != f.Size {
-		return fmt.Errorf("%s: size %d, the manifest says %d", f.Path, n, f.Size)
-	}
-	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != f.Digest {
-		return fmt.Errorf("%s: digest %s, the manifest says %s", f.Path, got, f.Digest)
-	}
-	return nil
 }
 
 // checkFrame checks every byte outside the header and filesystem: a file

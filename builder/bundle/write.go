@@ -108,7 +108,7 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	if err != nil {
 		return nil, err
 	}
-	trust, err := trustKeys(r)
+	trust, err := builder.TrustKeys(r)
 	if err != nil {
 		return nil, err
 	}

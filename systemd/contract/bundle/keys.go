@@ -1,10 +1,12 @@
 package bundle
 
 import (
+	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
 
 	"github.com/secure-systems-lab/go-securesystemslib/dsse"
@@ -46,18 +48,11 @@ func EncodePublicKey(pub ed25519.PublicKey) ([]byte, error) {
 
 // ParsePrivateKey reads a PKCS#8 PEM ed25519 private key.
 func ParsePrivateKey(data []byte) (ed25519.PrivateKey, error) {
-	block, rest := pem.Decode(data)
-	switch {
-	case block == nil:
-		return nil, fmt.Errorf("not a PEM key file (make one with `kiln key generate`)")
-	case block.Type == pemPublic:
-		return nil, fmt.Errorf("this is a public key; signing needs the private key (the .key file)")
-	case block.Type != pemPrivate:
-		return nil, fmt.Errorf("PEM block %q: want %q (PKCS#8, as `kiln key generate` writes)", block.Type, pemPrivate)
-	case len(rest) > 0 && !isSpace(rest):
-		return nil, fmt.Errorf("more than one PEM block: give a file holding one key")
+	der, err := onePEM(data, pemPrivate, pemPublic, "this is a public key; signing needs the private key (the .key file)")
+	if err != nil {
+		return nil, err
 	}
-	k, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+	k, err := x509.ParsePKCS8PrivateKey(der)
 	if err != nil {
 		return nil, fmt.Errorf("private key: %w", err)
 	}
@@ -70,18 +65,11 @@ func ParsePrivateKey(data []byte) (ed25519.PrivateKey, error) {
 
 // ParsePublicKey reads a PKIX PEM ed25519 public key.
 func ParsePublicKey(data []byte) (ed25519.PublicKey, error) {
-	block, rest := pem.Decode(data)
-	switch {
-	case block == nil:
-		return nil, fmt.Errorf("not a PEM key file (make one with `kiln key generate`)")
-	case block.Type == pemPrivate:
-		return nil, fmt.Errorf("this is a private key; give the public key (the .pub file), never ship the private one")
-	case block.Type != pemPublic:
-		return nil, fmt.Errorf("PEM block %q: want %q (PKIX, as `kiln key generate` writes)", block.Type, pemPublic)
-	case len(rest) > 0 && !isSpace(rest):
-		return nil, fmt.Errorf("more than one PEM block: give a file holding one key")
+	der, err := onePEM(data, pemPublic, pemPrivate, "this is a private key; give the public key (the .pub file), never ship the private one")
+	if err != nil {
+		return nil, err
 	}
-	k, err := x509.ParsePKIXPublicKey(block.Bytes)
+	k, err := x509.ParsePKIXPublicKey(der)
 	if err != nil {
 		return nil, fmt.Errorf("public key: %w", err)
 	}
@@ -90,6 +78,23 @@ func ParsePublicKey(data []byte) (ed25519.PublicKey, error) {
 		return nil, fmt.Errorf("public key is %T; kiln verifies ed25519 keys only", k)
 	}
 	return pub, nil
+}
+
+// onePEM returns the bytes of the one PEM block of type want in data; a
+// block of type other gets the hint otherMsg.
+func onePEM(data []byte, want, other, otherMsg string) ([]byte, error) {
+	block, rest := pem.Decode(data)
+	switch {
+	case block == nil:
+		return nil, fmt.Errorf("not a PEM key file (make one with `kiln key generate`)")
+	case block.Type == other:
+		return nil, errors.New(otherMsg)
+	case block.Type != want:
+		return nil, fmt.Errorf("PEM block %q: want %q, as `kiln key generate` writes", block.Type, want)
+	case len(bytes.TrimSpace(rest)) > 0:
+		return nil, fmt.Errorf("more than one PEM block: give a file holding one key")
+	}
+	return block.Bytes, nil
 }
 
 // KeyID names a public key: its SSH SHA256 fingerprint ("SHA256:…"), the
@@ -109,13 +114,4 @@ func TrustedKey(pub ed25519.PublicKey) (Key, error) {
 		return Key{}, err
 	}
 	return Key{KeyID: id, PublicKey: string(p)}, nil
-}
-
-func isSpace(b []byte) bool {
-	for _, c := range b {
-		if c != ' ' && c != '\n' && c != '\r' && c != '\t' {
-			return false
-		}
-	}
-	return true
 }

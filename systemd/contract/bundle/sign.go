@@ -102,9 +102,7 @@ func Unverified(envelope []byte) (*Manifest, []string, error) {
 // no byte of it can change without verification noticing.
 func parseEnvelope(b []byte) (*dsse.Envelope, error) {
 	var env dsse.Envelope
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&env); err != nil {
+	if err := decodeStrict(b, &env); err != nil {
 		return nil, fmt.Errorf("bundle envelope: %w", err)
 	}
 	if env.PayloadType != PayloadType {
@@ -164,13 +162,24 @@ func (m *Manifest) Encode() ([]byte, error) {
 // Decode parses a manifest strictly.
 func Decode(b []byte) (*Manifest, error) {
 	var m Manifest
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&m); err != nil {
+	if err := decodeStrict(b, &m); err != nil {
 		return nil, fmt.Errorf("bundle manifest: %w", err)
 	}
 	if m.SchemaVersion != SchemaVersion {
 		return nil, fmt.Errorf("bundle manifest: schema version %d, this kiln reads %d", m.SchemaVersion, SchemaVersion)
 	}
 	return &m, nil
+}
+
+// decodeStrict decodes JSON refusing unknown fields and trailing data.
+func decodeStrict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return errors.New("data after the JSON value")
+	}
+	return nil
 }
