@@ -127,18 +127,30 @@ func unpackedSize(ctx context.Context, p string, progress io.Writer) (int64, err
 		return 0, err
 	}
 	defer f.Close()
+	magic := make([]byte, 4)
+	n, _ := f.ReadAt(magic, 0)
+	magic = magic[:n]
+	gz := len(magic) >= 2 && magic[0] == 0x1f && magic[1] == 0x8b
+	zst := len(magic) == 4 && magic[0] == 0x28 && magic[1] == 0xb5 && magic[2] == 0x2f && magic[3] == 0xfd
+	if !gz && !zst { // a plain tar: its size is its unpacked size
+		st, err := f.Stat()
+		if err != nil {
+			return 0, err
+		}
+		countBytes(progress, st.Size())
+		return st.Size(), nil
+	}
 	br := bufio.NewReaderSize(io.TeeReader(ctxReader{ctx, f}, progress), 1<<20)
-	magic, _ := br.Peek(4)
 	var r io.Reader = br
 	switch {
-	case len(magic) >= 2 && magic[0] == 0x1f && magic[1] == 0x8b:
+	case gz:
 		zr, err := gzip.NewReader(br)
 		if err != nil {
 			return 0, err
 		}
 		defer zr.Close()
 		r = zr
-	case len(magic) == 4 && magic[0] == 0x28 && magic[1] == 0xb5 && magic[2] == 0x2f && magic[3] == 0xfd:
+	case zst:
 		zr, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1))
 		if err != nil {
 			return 0, err
@@ -159,4 +171,14 @@ func (c ctxReader) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	return c.r.Read(p)
+}
+
+// countBytes reports n bytes done to a progress writer without reading them.
+func countBytes(w io.Writer, n int64) {
+	var buf [64 << 10]byte
+	for n > 0 {
+		c := min(n, int64(len(buf)))
+		w.Write(buf[:c])
+		n -= c
+	}
 }
