@@ -10,7 +10,7 @@ BIN       := out/kiln
 
 # Debian packages the build and the tests need.
 APT_PKGS := gdisk squashfs-tools e2fsprogs dosfstools mtools fdisk skopeo podman \
-            ignition zstd xz-utils util-linux
+            ignition zstd xz-utils util-linux openssl
 APT_E2E  := qemu-system-x86 ovmf debootstrap systemd
 
 .PHONY: all build test demo bench e2e fuzz deps deps-e2e clean vet
