@@ -36,10 +36,16 @@ func WriteFilesystem(ctx context.Context, o FilesystemOptions) (int64, error) {
 	})
 }
 
-// StickSize is the size of a stick image whose partition holds content
-// bytes: the partition rounded up to 1 MiB, the GPT before it and the
-// backup GPT in a last MiB.
-func StickSize(content int64) int64 { return StickStart + alignUp(content, MiB) + MiB }
+// The stick's partition holds exactly the bundle's bytes (a multiple of
+// 4 KiB); the backup GPT (33 sectors) follows it, padded to 4 KiB. No MiB
+// rounding: on a delta of a few hundred MiB that would be measurable overhead.
+const stickAlign = 4096
+
+// StickPartitionEnd is where a stick image's partition of content bytes ends.
+func StickPartitionEnd(content int64) int64 { return StickStart + alignUp(content, stickAlign) }
+
+// StickSize is the size of a stick image whose partition holds content bytes.
+func StickSize(content int64) int64 { return StickPartitionEnd(content) + alignUp(33*512, stickAlign) }
 
 // WriteStickTable writes the GPT of a stick image of StickSize(content)
 // bytes: one partition of the given type and name from StickStart, with
@@ -57,7 +63,7 @@ func WriteStickTable(f *os.File, content int64, partType, name string, seed []by
 		Partitions: []*gpt.Partition{{
 			Index: 1,
 			Start: uint64(StickStart / 512),
-			End:   uint64((StickStart+alignUp(content, MiB))/512 - 1),
+			End:   uint64(StickPartitionEnd(content)/512 - 1),
 			Type:  gpt.Type(partType),
 			Name:  name,
 			GUID:  DeriveGUID(seed, name),

@@ -29,6 +29,7 @@ type base struct {
 	release bundle.Release
 	blobs   map[string]bool
 	trust   []ed25519.PublicKey // keys its nodes trust, when known
+	agent   string              // digest of the agent its nodes run, when known
 }
 
 // loadBase reads a --from argument: a kiln disk, its kiln.json, a bundle
@@ -113,6 +114,9 @@ func baseOfContents(c *contract.Contents) *base {
 		if hex, ok := strings.CutPrefix(f.Path, prefix); ok {
 			b.blobs["sha256:"+hex] = true
 		}
+		if f.Path == contract.AgentBinary {
+			b.agent = f.Digest
+		}
 	}
 	return b
 }
@@ -134,7 +138,7 @@ func baseFromBundle(p string, offset int64) (*base, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &base{recipe: m.Recipe, arch: m.Arch, release: bundle.Release{Version: m.Version, LockDigest: m.LockDigest}, blobs: map[string]bool{}}
+	b := &base{recipe: m.Recipe, arch: m.Arch, release: bundle.Release{Version: m.Version, LockDigest: m.LockDigest}, blobs: map[string]bool{}, agent: m.Agent.Digest}
 	for _, bl := range m.Blobs {
 		b.blobs[bl.Digest] = true
 	}

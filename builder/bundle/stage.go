@@ -61,11 +61,13 @@ func stageTree(ctx context.Context, tree string, cache *fetch.Cache, r *recipes.
 		m.ReleaseFiles = append(m.ReleaseFiles, bundle.ReleaseFile{Path: f.Path, Mode: f.FileMode(), Size: size, Digest: digest})
 	}
 	sort.Slice(m.ReleaseFiles, func(i, j int) bool { return m.ReleaseFiles[i].Path < m.ReleaseFiles[j].Path })
-	if err := os.MkdirAll(filepath.Join(tree, path.Dir(bundle.AgentBinary)), 0o755); err != nil {
-		return err
-	}
-	if err := stage.CopyFile(agent, filepath.Join(tree, bundle.AgentBinary), 0o755); err != nil {
-		return fmt.Errorf("copy agent binary %s: %w", agent, err)
+	if m.AgentOnStick {
+		if err := os.MkdirAll(filepath.Join(tree, path.Dir(bundle.AgentBinary)), 0o755); err != nil {
+			return err
+		}
+		if err := stage.CopyFile(agent, filepath.Join(tree, bundle.AgentBinary), 0o755); err != nil {
+			return fmt.Errorf("copy agent binary %s: %w", agent, err)
+		}
 	}
 	files, err := stage.ListFiles(tree)
 	if err != nil {
@@ -73,9 +75,6 @@ func stageTree(ctx context.Context, tree string, cache *fetch.Cache, r *recipes.
 	}
 	for _, f := range files {
 		m.Files = append(m.Files, bundle.File(f))
-		if f.Path == bundle.AgentBinary {
-			m.Agent = bundle.File(f)
-		}
 	}
 	return nil
 }

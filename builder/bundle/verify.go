@@ -231,7 +231,7 @@ func checkFrame(f *os.File, rep *Report) error {
 		return err
 	}
 	start := rep.Offset
-	partEnd := start + (content+partitions.MiB-1)/partitions.MiB*partitions.MiB
+	partEnd := partitions.StickPartitionEnd(content)
 	for _, region := range []struct {
 		name     string
 		from, to int64

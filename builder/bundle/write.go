@@ -23,6 +23,7 @@ import (
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/fetch"
 	"github.com/kiln-appliance/kiln/builder/progress"
+	"github.com/kiln-appliance/kiln/builder/stage"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
@@ -166,6 +167,15 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 		return false
 	}
 	layers := describeImages(m, r, images, held)
+	agentDigest, agentSize, err := stage.HashFile(agent)
+	if err != nil {
+		return nil, fmt.Errorf("agent binary: %w", err)
+	}
+	m.Agent = bundle.File{Path: bundle.AgentBinary, Size: agentSize, Digest: agentDigest}
+	m.AgentOnStick = len(bases) == 0
+	for _, b := range bases {
+		m.AgentOnStick = m.AgentOnStick || b.agent != agentDigest
+	}
 	for _, k := range trust {
 		tk, err := bundle.TrustedKey(k)
 		if err != nil {

@@ -21,7 +21,7 @@
 //	/oci/               OCI image layout: index.json lists every image of the
 //	                    release; blobs/ holds only the blobs on the stick
 //	/release/PATH       the release's files, by their absolute node path
-//	/bin/kiln           the kiln agent the release carries
+//	/bin/kiln           the kiln agent the release runs (a delta may leave it out)
 package bundle
 
 import (
@@ -92,7 +92,11 @@ type Manifest struct {
 	Space  Space   `json:"space"`
 
 	ReleaseFiles []ReleaseFile `json:"releaseFiles"` // sorted by path
-	Agent        File          `json:"agent"`        // the kiln agent, at AgentBinary
+	// Agent is the kiln agent the release runs. AgentOnStick: it is at
+	// AgentBinary; a delta leaves it out when every base runs this very
+	// agent (same digest), and the node keeps the one it has.
+	Agent        File `json:"agent"`
+	AgentOnStick bool `json:"agentOnStick"`
 	// Trust is the key set the node trusts once this release is confirmed
 	// (key rotation: the bundle itself is signed by a key the node trusts now).
 	Trust []Key `json:"trust"`

@@ -46,6 +46,7 @@ func testManifest(t *testing.T, pub ed25519.PublicKey) *Manifest {
 		},
 		Space:        Space{CopyBytes: 600},
 		ReleaseFiles: []ReleaseFile{{Path: "/etc/containers/systemd/app.container", Mode: 0o644}},
+		Agent:        File{Path: AgentBinary, Size: 1, Digest: d("7")},
 		Trust:        []Key{k},
 	}
 }

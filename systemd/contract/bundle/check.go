@@ -157,6 +157,12 @@ func (m *Manifest) Validate() error {
 			bad("release files not sorted, or listed twice, at %s", f.Path)
 		}
 	}
+	if m.Kind == KindFull && !m.AgentOnStick {
+		bad("a full bundle must carry its agent")
+	}
+	if m.Agent.Path != AgentBinary {
+		bad("agent path %q, want %s", m.Agent.Path, AgentBinary)
+	}
 	if len(m.Trust) == 0 {
 		bad("no trusted keys: a node could never take another bundle")
 	}
