@@ -374,3 +374,27 @@ func TestDocsListEveryField(t *testing.T) {
 	}
 	walk(reflect.TypeFor[Recipe]())
 }
+
+// TestCheckFilesTrustAndRelease: trust keys must exist and be ed25519 public
+// keys; release files must exist.
+func TestCheckFilesTrustAndRelease(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "base.raw"), nil, 0o644)
+	os.WriteFile(filepath.Join(dir, "bad.pub"), []byte("ssh-ed25519 AAAA\n"), 0o644)
+	recipe := head + oneImage + "version: 1.0.0\ntrust: [bad.pub, gone.pub]\nrelease:\n  files:\n    - {path: /etc/kiln/release/a.conf, source: a.conf}\n"
+	path := filepath.Join(dir, "r.yaml")
+	os.WriteFile(path, []byte(recipe), 0o644)
+	r, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = r.CheckFiles()
+	want := []string{
+		path + ":8:9: trust[0]: " + dir + "/bad.pub: not a PEM key file (make one with `kiln key generate`)",
+		path + ":8:18: trust[1]: public key file " + dir + "/gone.pub: no such file or directory",
+		path + ":11:52: release.files[0].source: release file " + dir + "/a.conf: no such file or directory",
+	}
+	if err == nil || err.Error() != strings.Join(want, "\n") {
+		t.Errorf("got\n%v\nwant\n%s", err, strings.Join(want, "\n"))
+	}
+}

@@ -391,7 +391,7 @@ func writeBundle(ctx context.Context, out *os.File, tree string, m *bundle.Manif
 	}
 	h := sha256.New()
 	task := o.Progress.Task("hash bundle filesystem", fsSize)
-	_, err = io.Copy(io.MultiWriter(h, task), io.NewSectionReader(out, start+hdrSize, fsSize))
+	_, err = io.CopyBuffer(io.MultiWriter(h, task), io.NewSectionReader(out, start+hdrSize, fsSize), make([]byte, 1<<20))
 	task.Done(err)
 	if err != nil {
 		return 0, fmt.Errorf("hash bundle filesystem: %w", err)

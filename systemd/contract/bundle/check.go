@@ -180,7 +180,7 @@ func (m *Manifest) CheckFilesystem(r io.ReaderAt, offset int64, progress io.Writ
 	if progress != nil {
 		w = io.MultiWriter(h, progress)
 	}
-	n, err := io.Copy(w, io.NewSectionReader(r, offset, m.Filesystem.Size))
+	n, err := io.CopyBuffer(w, io.NewSectionReader(r, offset, m.Filesystem.Size), make([]byte, 1<<20))
 	if err != nil {
 		return fmt.Errorf("read bundle filesystem: %w", err)
 	}
