@@ -392,7 +392,7 @@ func TestCheckFilesTrustAndRelease(t *testing.T) {
 	want := []string{
 		path + ":8:9: trust[0]: " + dir + "/bad.pub: not a PEM key file (make one with `kiln key generate`)",
 		path + ":8:18: trust[1]: public key file " + dir + "/gone.pub: no such file or directory",
-		path + ":11:52: release.files[0].source: release file " + dir + "/a.conf: no such file or directory",
+		path + ":11:48: release.files[0].source: release file " + dir + "/a.conf: no such file or directory",
 	}
 	if err == nil || err.Error() != strings.Join(want, "\n") {
 		t.Errorf("got\n%v\nwant\n%s", err, strings.Join(want, "\n"))
