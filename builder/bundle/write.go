@@ -11,7 +11,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"io"
-	"math"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -369,10 +369,18 @@ func describeImages(m *bundle.Manifest, r *recipes.Recipe, images []*fetch.Image
 
 // writeBundle writes header and filesystem (and, for an image, the GPT) into
 // out and returns its size. The header is sized before the filesystem
-// exists, from a manifest whose filesystem size and digest are
-// placeholders at least as long as the real ones.
+// exists, from a manifest whose filesystem fields are placeholders at least
+// as long as the real ones (maxFilesystem bounds the size), so the
+// filesystem is written once, in place, and hashed while it is written.
 func writeBundle(ctx context.Context, out *os.File, tree string, m *bundle.Manifest, priv ed25519.PrivateKey, epoch int64, o Options) (int64, error) {
-	m.Filesystem = bundle.Filesystem{Size: math.MaxInt64, Digest: "sha256:" + strings.Repeat("0", 64)}
+	bound, err := maxFilesystem(tree)
+	if err != nil {
+		return 0, err
+	}
+	m.Filesystem = bundle.Filesystem{Size: bound, ChunkSize: bundle.ChunkSize}
+	for range (bound + bundle.ChunkSize - 1) / bundle.ChunkSize {
+		m.Filesystem.Chunks = append(m.Filesystem.Chunks, "sha256:"+strings.Repeat("0", 64))
+	}
 	placeholder, err := bundle.Sign(m, priv)
 	if err != nil {
 		return 0, err
@@ -382,21 +390,24 @@ func writeBundle(ctx context.Context, out *os.File, tree string, m *bundle.Manif
 	if o.Format == FormatImage {
 		start = partitions.StickStart
 	}
+	task := o.Progress.Task("hash bundle filesystem", 0)
+	hasher := startChunkHasher(out, start+hdrSize, bundle.ChunkSize, defaultLag, task)
 	fsSize, err := partitions.WriteFilesystem(ctx, partitions.FilesystemOptions{
 		Tree: tree, Disk: out.Name(), Offset: start + hdrSize,
 		Compression: o.Compression, SourceDateEpoch: epoch, Progress: o.Progress,
 	})
+	chunks, herr := hasher.finish(fsSize)
+	if err == nil {
+		err = herr
+	}
+	task.Done(err)
 	if err != nil {
 		return 0, err
 	}
-	h := sha256.New()
-	task := o.Progress.Task("hash bundle filesystem", fsSize)
-	_, err = io.CopyBuffer(io.MultiWriter(h, task), io.NewSectionReader(out, start+hdrSize, fsSize), make([]byte, 1<<20))
-	task.Done(err)
-	if err != nil {
-		return 0, fmt.Errorf("hash bundle filesystem: %w", err)
+	if fsSize > bound {
+		return 0, fmt.Errorf("kiln bug: the bundle filesystem (%d bytes) is larger than its bound (%d)", fsSize, bound)
 	}
-	m.Filesystem = bundle.Filesystem{Size: fsSize, Digest: fmt.Sprintf("sha256:%x", h.Sum(nil))}
+	m.Filesystem = bundle.Filesystem{Size: fsSize, ChunkSize: bundle.ChunkSize, Chunks: chunks}
 	if err := m.Validate(); err != nil {
 		return 0, fmt.Errorf("kiln bug: %w", err)
 	}
@@ -406,7 +417,7 @@ func writeBundle(ctx context.Context, out *os.File, tree string, m *bundle.Manif
 	}
 	hdr, err := bundle.EncodeHeader(env, hdrSize)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("kiln bug: %w", err)
 	}
 	if _, err := out.WriteAt(hdr, start); err != nil {
 		return 0, fmt.Errorf("write bundle header: %w", err)
@@ -419,6 +430,26 @@ func writeBundle(ctx context.Context, out *os.File, tree string, m *bundle.Manif
 		return 0, err
 	}
 	return partitions.StickSize(content), nil
+}
+
+// maxFilesystem bounds the size of the squashfs of tree: its files plus
+// 1/32 and 8 MiB for metadata, far more than squashfs needs.
+func maxFilesystem(tree string) (int64, error) {
+	var total int64
+	err := filepath.WalkDir(tree, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			total += info.Size()
+		}
+		return nil
+	})
+	return (total + total/32 + 8<<20 + 4095) &^ 4095, err
 }
 
 // guidSeed derives the stick's GUIDs from the signed envelope: the same

@@ -10,7 +10,8 @@
 //	0        header: Magic, format version, header size, envelope length
 //	24       the DSSE envelope (JSON), its payload the Manifest
 //	...      zeros up to HeaderSize (a multiple of 4 KiB)
-//	HeaderSize  a squashfs filesystem of Manifest.Filesystem.Size bytes
+//	HeaderSize  a squashfs filesystem of Manifest.Filesystem.Size bytes,
+//	            pinned by the sha256 of each of its 64 MiB chunks
 //
 // The manifest comes first and is small, so the node reads and checks it
 // without reading the rest. It pins the filesystem's sha256 and every file
@@ -163,11 +164,18 @@ type File struct {
 	Digest string `json:"digest"` // sha256:…
 }
 
-// Filesystem is the squashfs after the header.
+// Filesystem is the squashfs after the header, pinned chunk by chunk: the
+// sha256 of each ChunkSize bytes (the last chunk may be shorter). Chunks let
+// the factory hash while mksquashfs writes and the node verify in parallel
+// and name the damaged byte range.
 type Filesystem struct {
-	Size   int64  `json:"size"`   // bytes (a multiple of 4 KiB)
-	Digest string `json:"digest"` // sha256 of those bytes
+	Size      int64    `json:"size"`      // bytes (a multiple of 4 KiB)
+	ChunkSize int64    `json:"chunkSize"` // ChunkSize
+	Chunks    []string `json:"chunks"`    // sha256:… of each chunk, in order
 }
+
+// ChunkSize is the size of the filesystem's hashed chunks.
+const ChunkSize = 64 << 20
 
 // Key is a trusted public key.
 type Key struct {

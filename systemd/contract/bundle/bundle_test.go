@@ -47,6 +47,7 @@ func testManifest(t *testing.T, pub ed25519.PublicKey) *Manifest {
 		Space:        Space{CopyBytes: 600},
 		ReleaseFiles: []ReleaseFile{{Path: "/etc/containers/systemd/app.container", Mode: 0o644}},
 		Agent:        File{Path: AgentBinary, Size: 1, Digest: d("7")},
+		Filesystem:   Filesystem{Size: 4096, ChunkSize: ChunkSize, Chunks: []string{d("6")}},
 		Trust:        []Key{k},
 	}
 }
@@ -92,8 +93,8 @@ func TestHeaderEveryBitFlipIsRefused(t *testing.T) {
 	if err != nil || len(hdr)%4096 != 0 {
 		t.Fatalf("header is %d bytes: %v", len(hdr), err)
 	}
-	if _, err := EncodeHeader(env, HeaderSize(len(env))+8192); err == nil {
-		t.Error("a header two pages too large was accepted")
+	if _, err := EncodeHeader(env, HeaderSize(len(env))+MaxSlack+4096); err == nil {
+		t.Error("a header with more than MaxSlack padding was accepted")
 	}
 	h, err := ReadHeader(bytes.NewReader(hdr))
 	if err != nil || !bytes.Equal(h.Envelope, env) {
@@ -225,5 +226,30 @@ func TestKeyFilesAreStandard(t *testing.T) {
 	}
 	if _, err := ParsePublicKey([]byte("ssh-ed25519 AAAA")); err == nil {
 		t.Error("non-PEM accepted")
+	}
+}
+
+func TestCheckFilesystemNamesTheChunk(t *testing.T) {
+	fs := bytes.Repeat([]byte{7}, 3*4096)
+	var chunks []string
+	for i := 0; i < 3; i++ {
+		c, err := HashRange(bytes.NewReader(fs), int64(i*4096), 4096, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		chunks = append(chunks, c)
+	}
+	m := &Manifest{Filesystem: Filesystem{Size: int64(len(fs)), ChunkSize: 4096, Chunks: chunks}}
+	disk := append(make([]byte, 100), fs...)
+	if err := m.CheckFilesystem(bytes.NewReader(disk), 100, nil); err != nil {
+		t.Fatal(err)
+	}
+	disk[100+5000] ^= 1
+	err := m.CheckFilesystem(bytes.NewReader(disk), 100, nil)
+	if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), "bytes 4096-8191 of the filesystem (chunk 1)") {
+		t.Fatalf("got %v", err)
+	}
+	if err := m.CheckFilesystem(bytes.NewReader(disk[:len(disk)-1]), 100, nil); err == nil || !strings.Contains(err.Error(), "truncated") {
+		t.Fatalf("short: %v", err)
 	}
 }

@@ -163,6 +163,9 @@ func (m *Manifest) Validate() error {
 	if m.Agent.Path != AgentBinary {
 		bad("agent path %q, want %s", m.Agent.Path, AgentBinary)
 	}
+	if f := m.Filesystem; f.ChunkSize <= 0 || f.Size <= 0 || f.Size%4096 != 0 || int64(len(f.Chunks)) != (f.Size+f.ChunkSize-1)/max(f.ChunkSize, 1) {
+		bad("filesystem of %d bytes in chunks of %d: %d chunk digests do not cover it", f.Size, f.ChunkSize, len(f.Chunks))
+	}
 	if len(m.Trust) == 0 {
 		bad("no trusted keys: a node could never take another bundle")
 	}
@@ -172,25 +175,50 @@ func (m *Manifest) Validate() error {
 	return nil
 }
 
-// CheckFilesystem re-hashes the filesystem (its bytes at offset in r)
-// against the manifest, copying what it reads to progress (may be nil).
+// CheckFilesystem re-hashes the filesystem (its bytes at offset in r),
+// chunk by chunk, against the manifest, copying what it reads to progress
+// (may be nil). It names every damaged chunk.
 func (m *Manifest) CheckFilesystem(r io.ReaderAt, offset int64, progress io.Writer) error {
+	fsys := m.Filesystem
+	var bad []string
+	buf := make([]byte, 1<<20)
+	for i, want := range fsys.Chunks {
+		from := int64(i) * fsys.ChunkSize
+		n := min(fsys.ChunkSize, fsys.Size-from)
+		got, err := HashRange(r, offset+from, n, progress, buf)
+		if err != nil {
+			return fmt.Errorf("read bundle filesystem: %w", err)
+		}
+		if got != want {
+			bad = append(bad, fmt.Sprintf("bytes %d-%d of the filesystem (chunk %d)", from, from+n-1, i))
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("%w: %s differ from the signed manifest", ErrDamaged, strings.Join(bad, ", "))
+	}
+	return nil
+}
+
+// HashRange returns the sha256 of n bytes of r at off ("sha256:…"), copying
+// them to progress (may be nil); buf is the read buffer (nil: 1 MiB). A
+// short read is an error.
+func HashRange(r io.ReaderAt, off, n int64, progress io.Writer, buf []byte) (string, error) {
 	h := sha256.New()
 	var w io.Writer = h
 	if progress != nil {
 		w = io.MultiWriter(h, progress)
 	}
-	n, err := io.CopyBuffer(w, io.NewSectionReader(r, offset, m.Filesystem.Size), make([]byte, 1<<20))
+	if buf == nil {
+		buf = make([]byte, 1<<20)
+	}
+	got, err := io.CopyBuffer(w, io.NewSectionReader(r, off, n), buf)
 	if err != nil {
-		return fmt.Errorf("read bundle filesystem: %w", err)
+		return "", err
 	}
-	if n != m.Filesystem.Size {
-		return fmt.Errorf("%w: filesystem truncated: %d of %d bytes (copied incompletely?)", ErrDamaged, n, m.Filesystem.Size)
+	if got != n {
+		return "", fmt.Errorf("truncated: %d of %d bytes at byte %d", got, n, off)
 	}
-	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != m.Filesystem.Digest {
-		return fmt.Errorf("%w: filesystem digest %s, the manifest says %s", ErrDamaged, got, m.Filesystem.Digest)
-	}
-	return nil
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // Bytes prints a byte count for people: 1.5 GiB, 300 MiB, 12 KiB, 17 B.

@@ -20,6 +20,10 @@ const (
 	maxEnvelope = 64 << 20 // a manifest of 100,000 blobs is ~25 MB: anything larger is not ours
 )
 
+// MaxSlack is the most zero padding a header may have beyond what its
+// envelope needs.
+const MaxSlack = 16 * align
+
 // ErrNotBundle means the bytes do not start with a bundle header.
 var ErrNotBundle = errors.New("not a kiln bundle (no " + Magic + " header)")
 
@@ -31,14 +35,14 @@ type Header struct {
 }
 
 // HeaderSize is the smallest header holding an envelope of n bytes. A writer
-// may reserve one 4 KiB page more (it sizes the header before the final
-// envelope, which can come out a few bytes shorter); no more is valid.
+// may reserve up to MaxSlack more (it sizes the header before the final
+// envelope, which can come out shorter); no more is valid.
 func HeaderSize(n int) int64 { return (int64(headerFixed+n) + align - 1) / align * align }
 
 // EncodeHeader returns the header bytes for envelope, padded with zeros to
-// size (HeaderSize(len(envelope)) or one page more).
+// size (from HeaderSize(len(envelope)) to MaxSlack more, in 4 KiB pages).
 func EncodeHeader(envelope []byte, size int64) ([]byte, error) {
-	if min := HeaderSize(len(envelope)); size != min && size != min+align {
+	if min := HeaderSize(len(envelope)); size < min || size > min+MaxSlack || size%align != 0 {
 		return nil, fmt.Errorf("bundle header of %d bytes cannot hold a %d-byte envelope (want %d)", size, len(envelope), min)
 	}
 	b := make([]byte, size)
@@ -69,7 +73,7 @@ func ReadHeader(r io.ReaderAt) (*Header, error) {
 	}
 	size := int64(binary.LittleEndian.Uint32(fixed[12:]))
 	n := binary.LittleEndian.Uint64(fixed[16:])
-	if n == 0 || n > maxEnvelope || (size != HeaderSize(int(n)) && size != HeaderSize(int(n))+align) {
+	if n == 0 || n > maxEnvelope || size < HeaderSize(int(n)) || size > HeaderSize(int(n))+MaxSlack || size%align != 0 {
 		return nil, fmt.Errorf("bundle header: damaged (envelope length %d, header size %d)", n, size)
 	}
 	b := make([]byte, size)
