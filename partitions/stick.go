@@ -75,6 +75,9 @@ func WriteStickTable(f *os.File, content int64, partType, name string, seed []by
 	return nil
 }
 
+// TreeSize is the total size of the regular files under root.
+func TreeSize(root string) (int64, error) { return treeSize(root) }
+
 // OpenSquashfs opens the squashfs at offset in the file at path (size bytes)
 // as an fs.FS, read with go-diskfs's reader: no root, no loop device.
 func OpenSquashfs(path string, offset, size int64) (fs.FS, io.Closer, error) {

@@ -11,7 +11,6 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -435,20 +434,7 @@ func writeBundle(ctx context.Context, out *os.File, tree string, m *bundle.Manif
 // maxFilesystem bounds the size of the squashfs of tree: its files plus
 // 1/32 and 8 MiB for metadata, far more than squashfs needs.
 func maxFilesystem(tree string) (int64, error) {
-	var total int64
-	err := filepath.WalkDir(tree, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.Type().IsRegular() {
-			info, err := d.Info()
-			if err != nil {
-				return err
-			}
-			total += info.Size()
-		}
-		return nil
-	})
+	total, err := partitions.TreeSize(tree)
 	return (total + total/32 + 8<<20 + 4095) &^ 4095, err
 }
 
