@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path"
 	"strings"
@@ -130,7 +131,7 @@ func baseFromBundle(p string, offset int64) (*base, error) {
 		return nil, err
 	}
 	defer f.Close()
-	h, err := bundle.ReadHeader(&offsetReader{f, offset})
+	h, err := bundle.ReadHeader(io.NewSectionReader(f, offset, toEnd))
 	if err != nil {
 		return nil, err
 	}
@@ -208,13 +209,3 @@ func recipeBeside(lockPath string) (*recipes.Recipe, error) {
 	}
 	return nil, errors.New("no recipe beside the lock file (" + path.Base(stem) + ".yaml): a lock alone does not say which release it is")
 }
-
-// offsetReader reads an io.ReaderAt from offset on.
-type offsetReader struct {
-	r interface {
-		ReadAt([]byte, int64) (int, error)
-	}
-	off int64
-}
-
-func (o *offsetReader) ReadAt(p []byte, off int64) (int, error) { return o.r.ReadAt(p, o.off+off) }

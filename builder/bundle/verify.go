@@ -102,7 +102,7 @@ func readHeader(p string) (*Report, error) {
 		return nil, err
 	}
 	defer f.Close()
-	h, err := bundle.ReadHeader(io.NewSectionReader(f, rep.Offset, math64))
+	h, err := bundle.ReadHeader(io.NewSectionReader(f, rep.Offset, toEnd))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
@@ -110,7 +110,8 @@ func readHeader(p string) (*Report, error) {
 	return rep, nil
 }
 
-const math64 = 1<<63 - 1
+// toEnd is a section length that reaches the end of any file.
+const toEnd = 1<<63 - 1
 
 // Verify checks a bundle end to end with the given trusted keys: the
 // signature, the manifest, the filesystem's digest, every file in it

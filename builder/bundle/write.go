@@ -9,8 +9,10 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -43,7 +45,6 @@ type Options struct {
 	// Agent is the kiln binary the release carries; empty: this executable.
 	Agent           string
 	CacheDir        string // blob cache; fetch.DefaultDir() when empty
-	Compression     string // of the filesystem; default none (layers are compressed)
 	SourceDateEpoch int64  // 0: $SOURCE_DATE_EPOCH, else builder.DefaultSourceDateEpoch
 	Progress        progress.Reporter
 	Log             io.Writer
@@ -285,16 +286,19 @@ func readPrivateKey(p string) (ed25519.PrivateKey, error) {
 // checkReleaseInputs checks the files a bundle reads from the recipe: trust
 // keys and release files (the base image is not needed).
 func checkReleaseInputs(r *recipes.Recipe) error {
-	if err := r.CheckFiles(); err != nil {
-		var keep recipes.ErrorList
-		for _, e := range err.(recipes.ErrorList) {
-			if e.Field != "base.path" {
-				keep = append(keep, e)
-			}
+	err := r.CheckFiles()
+	var list recipes.ErrorList
+	if !errors.As(err, &list) {
+		return err
+	}
+	var keep recipes.ErrorList
+	for _, e := range list {
+		if e.Field != "base.path" {
+			keep = append(keep, e)
 		}
-		if len(keep) > 0 {
-			return keep
-		}
+	}
+	if len(keep) > 0 {
+		return keep
 	}
 	return nil
 }
@@ -305,7 +309,7 @@ func readFreshLock(r *recipes.Recipe) (*recipes.Lock, error) {
 	p := recipes.LockPath(r.Path)
 	lock, err := recipes.ReadLock(p)
 	if err != nil {
-		if os.IsNotExist(err) || strings.Contains(err.Error(), "no such file") {
+		if errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("no lock file %s: run `kiln lock %s` (and build the release) first", p, r.Path)
 		}
 		return nil, err
@@ -393,7 +397,7 @@ func writeBundle(ctx context.Context, out *os.File, tree string, m *bundle.Manif
 	hasher := startChunkHasher(out, start+hdrSize, bundle.ChunkSize, defaultLag, task)
 	fsSize, err := partitions.WriteFilesystem(ctx, partitions.FilesystemOptions{
 		Tree: tree, Disk: out.Name(), Offset: start + hdrSize,
-		Compression: o.Compression, SourceDateEpoch: epoch, Progress: o.Progress,
+		SourceDateEpoch: epoch, Progress: o.Progress, // uncompressed: layers are compressed already
 	})
 	chunks, herr := hasher.finish(fsSize)
 	if err == nil {

@@ -5,6 +5,7 @@ package main
 // 1.2, checked with sgdisk, the kernel's squashfs and skopeo.
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -12,7 +13,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kiln-appliance/kiln/builder/bundle"
 	"github.com/kiln-appliance/kiln/partitions"
@@ -435,3 +438,40 @@ func TestBundleBadInput(t *testing.T) {
 }
 
 func recipesLock(recipe string) string { return strings.TrimSuffix(recipe, ".yaml") + ".lock" }
+
+// Ctrl-C during a bundle leaves the previous output as it was, no temp file
+// and no staging tree.
+func TestBundleInterruptLeavesNothing(t *testing.T) {
+	rs := newReleases(t)
+	r11 := rs.recipe(t, "acme", "1.1.0", releaseFiles)
+	rs.mustKiln(t, "lock", r11)
+	out := filepath.Join(rs.dir, "out.img")
+	os.WriteFile(out, []byte("previous disk"), 0o644)
+	interrupted := 0
+	for _, delay := range []time.Duration{250 * time.Millisecond, 400 * time.Millisecond, 600 * time.Millisecond, 900 * time.Millisecond} {
+		cmd := exec.Command(kilnBin, "bundle", r11, "-o", out, "--key", rs.key)
+		cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+rs.cache)
+		var buf bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &buf, &buf
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(delay)
+		cmd.Process.Signal(syscall.SIGINT)
+		if err := cmd.Wait(); err == nil {
+			os.WriteFile(out, []byte("previous disk"), 0o644)
+			continue // finished before the signal
+		}
+		interrupted++
+		if code := cmd.ProcessState.ExitCode(); code != 130 {
+			t.Errorf("after SIGINT at %v: exit %d, want 130\n%s", delay, code, buf.String())
+		}
+		assertUntouched(t, rs.dir, out)
+		if left, _ := filepath.Glob(filepath.Join(rs.cache, "kiln", "bundle-*")); len(left) > 0 {
+			t.Errorf("after SIGINT at %v: staging left behind: %v", delay, left)
+		}
+	}
+	if interrupted == 0 {
+		t.Error("every bundle finished before SIGINT: nothing was tested")
+	}
+}
