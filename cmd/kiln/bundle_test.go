@@ -5,7 +5,6 @@ package main
 // 1.2, checked with sgdisk, the kernel's squashfs and skopeo.
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -13,7 +12,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -449,22 +447,14 @@ func TestBundleInterruptLeavesNothing(t *testing.T) {
 	os.WriteFile(out, []byte("previous disk"), 0o644)
 	interrupted := 0
 	for _, delay := range []time.Duration{250 * time.Millisecond, 400 * time.Millisecond, 600 * time.Millisecond, 900 * time.Millisecond} {
-		cmd := exec.Command(kilnBin, "bundle", r11, "-o", out, "--key", rs.key)
-		cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+rs.cache)
-		var buf bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &buf, &buf
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(delay)
-		cmd.Process.Signal(syscall.SIGINT)
-		if err := cmd.Wait(); err == nil {
+		code, msg, finished := interrupt(t, rs.cache, delay, "bundle", r11, "-o", out, "--key", rs.key)
+		if finished {
 			os.WriteFile(out, []byte("previous disk"), 0o644)
 			continue // finished before the signal
 		}
 		interrupted++
-		if code := cmd.ProcessState.ExitCode(); code != 130 {
-			t.Errorf("after SIGINT at %v: exit %d, want 130\n%s", delay, code, buf.String())
+		if code != 130 {
+			t.Errorf("after SIGINT at %v: exit %d, want 130\n%s", delay, code, msg)
 		}
 		assertUntouched(t, rs.dir, out)
 		if left, _ := filepath.Glob(filepath.Join(rs.cache, "kiln", "bundle-*")); len(left) > 0 {

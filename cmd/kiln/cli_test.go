@@ -466,21 +466,12 @@ func TestInterruptLeavesNothing(t *testing.T) {
 	out := filepath.Join(f.dir, "out.raw")
 	os.WriteFile(out, []byte("previous disk"), 0o644)
 	for _, delay := range []time.Duration{300 * time.Millisecond, time.Second, 2500 * time.Millisecond} {
-		cmd := exec.Command(kilnBin, "build", f.recipe, "-o", out)
-		cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+f.cache)
-		var buf bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &buf, &buf
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(delay)
-		cmd.Process.Signal(syscall.SIGINT)
-		err := cmd.Wait()
-		if err == nil {
+		code, msg, finished := interrupt(t, f.cache, delay, "build", f.recipe, "-o", out)
+		if finished {
 			continue // finished before the signal: nothing to check at this delay
 		}
-		if code := cmd.ProcessState.ExitCode(); code != 130 {
-			t.Errorf("after SIGINT at %v: exit %d, want 130\n%s", delay, code, buf.String())
+		if code != 130 {
+			t.Errorf("after SIGINT at %v: exit %d, want 130\n%s", delay, code, msg)
 		}
 		assertUntouched(t, f.dir, out)
 		leftovers, _ := filepath.Glob(filepath.Join(f.cache, "kiln", "build-*"))
@@ -488,6 +479,23 @@ func TestInterruptLeavesNothing(t *testing.T) {
 			t.Errorf("after SIGINT at %v: staging left behind: %v", delay, leftovers)
 		}
 	}
+}
+
+// interrupt runs kiln with args and sends it SIGINT after delay; finished
+// says it was done before.
+func interrupt(t *testing.T, cache string, delay time.Duration, args ...string) (code int, out string, finished bool) {
+	t.Helper()
+	cmd := exec.Command(kilnBin, args...)
+	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+cache)
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(delay)
+	cmd.Process.Signal(syscall.SIGINT)
+	err := cmd.Wait()
+	return cmd.ProcessState.ExitCode(), buf.String(), err == nil
 }
 
 // assertUntouched checks the previous output is as it was and no temp file is left.
