@@ -247,25 +247,35 @@ func checkBase(r *recipes.Recipe, b *base) error {
 	return nil
 }
 
-// checkSigner makes sure the nodes will accept the signature: the key must
-// be one the new release trusts or (key rotation) one a --from release's
-// nodes trust.
+// checkSigner makes sure the nodes will accept the signature: every --from
+// release that says whom its nodes trust (a bundle; a lock, through its
+// recipe) must trust the key — that is how a release rotates keys: signed
+// with the old key, it carries the new set. When no --from says, the key
+// must be in the new recipe's trust.
 func checkSigner(priv ed25519.PrivateKey, trust []ed25519.PublicKey, bases []*base) (string, error) {
 	pub := priv.Public().(ed25519.PublicKey)
 	id, err := bundle.KeyID(pub)
 	if err != nil {
 		return "", err
 	}
-	known := append([]ed25519.PublicKey(nil), trust...)
+	known := false
 	for _, b := range bases {
-		known = append(known, b.trust...)
-	}
-	for _, k := range known {
-		if k.Equal(pub) {
-			return id, nil
+		if b.trust == nil {
+			continue
+		}
+		known = true
+		if !trusts(b.trust, pub) {
+			return "", fmt.Errorf("signing key %s is not trusted by the nodes running %s (--from %s), so they would refuse the bundle: sign with a key they trust (to rotate keys, sign with the old key and list the new one under trust)", id, b.release.Version, b.from)
 		}
 	}
-	return "", fmt.Errorf("signing key %s is not in the recipe's trust (nor trusted by a --from release), so the appliances would refuse the bundle: sign with a trusted key, or add its .pub to trust", id)
+	if !known && !trusts(trust, pub) {
+		return "", fmt.Errorf("signing key %s is not in the recipe's trust, so the appliances would refuse the bundle: sign with a trusted key, or add its .pub to trust", id)
+	}
+	return id, nil
+}
+
+func trusts(keys []ed25519.PublicKey, pub ed25519.PublicKey) bool {
+	return slices.ContainsFunc(keys, func(k ed25519.PublicKey) bool { return k.Equal(pub) })
 }
 
 func readPrivateKey(p string) (ed25519.PrivateKey, error) {

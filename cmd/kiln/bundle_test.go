@@ -405,6 +405,7 @@ func TestBundleBadInput(t *testing.T) {
 		{"no key", []string{"bundle", r11}, 2, "key"},
 		{"public key to sign", []string{"bundle", r11, "--key", rs.pub}, 1, "this is a public key"},
 		{"untrusted key", []string{"bundle", r11, "--key", rs.otherKey}, 1, "is not in the recipe's trust"},
+		{"key the base does not trust", []string{"bundle", same, "--key", rs.otherKey, "--from", b11}, 1, "is not trusted by the nodes running 1.1.0"},
 		{"empty bundle", []string{"bundle", same, "--key", rs.key, "--from", b11}, 1, "the bundle would be empty"},
 		{"output is a directory", []string{"bundle", r11, "--key", rs.key, "-o", outDir}, 1, "is a directory"},
 		{"output is a block device", []string{"bundle", r11, "--key", rs.key, "-o", dev}, 1, "not a regular file"},
@@ -463,5 +464,36 @@ func TestBundleInterruptLeavesNothing(t *testing.T) {
 	}
 	if interrupted == 0 {
 		t.Error("every bundle finished before SIGINT: nothing was tested")
+	}
+}
+
+// Key rotation: release 1.2 trusts only a new key; its bundle is signed with
+// the old key, which the 1.1 nodes trust, and carries the new set.
+func TestBundleKeyRotation(t *testing.T) {
+	rs := newReleases(t)
+	r11 := rs.recipe(t, "acme", "1.1.0", releaseFiles)
+	r12 := rs.recipe(t, "acme", "1.2.0", releaseFiles)
+	replaceInFile(t, r12, "trust: ["+rs.pub+"]", "trust: ["+rs.otherPub+"]")
+	rs.mustKiln(t, "lock", r11)
+	rs.mustKiln(t, "lock", r12)
+	b11 := filepath.Join(rs.dir, "b11.img")
+	rs.mustKiln(t, "bundle", r11, "-o", b11, "--key", rs.key)
+
+	b12 := filepath.Join(rs.dir, "b12.img")
+	if out, code := rs.kiln(t, "bundle", r12, "-o", b12, "--key", rs.key); code != 1 || !strings.Contains(out, "not in the recipe's trust") {
+		t.Errorf("old key, nothing says the nodes trust it: exit %d\n%s", code, out)
+	}
+	if out, code := rs.kiln(t, "bundle", r12, "-o", b12, "--key", rs.otherKey, "--from", b11); code != 1 || !strings.Contains(out, "not trusted by the nodes running 1.1.0") {
+		t.Errorf("new key, which the 1.1 nodes do not trust: exit %d\n%s", code, out)
+	}
+	rs.mustKiln(t, "bundle", r12, "-o", b12, "--key", rs.key, "--from", b11)
+	rs.mustKiln(t, "verify", b12, "--key", rs.pub)
+	if out, code := rs.kiln(t, "verify", b12, "--key", rs.otherPub); code != 1 {
+		t.Errorf("verify with the new key: exit %d\n%s", code, out)
+	}
+	m := inspectBundle(t, rs, b12).Manifest
+	otherPEM, _ := os.ReadFile(rs.otherPub)
+	if len(m.Trust) != 1 || m.Trust[0].PublicKey != string(otherPEM) {
+		t.Errorf("the 1.2 bundle carries trust %+v, want only the new key", m.Trust)
 	}
 }
