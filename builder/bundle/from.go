@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/vincent-petithory/dataurl"
 
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/fetch"
@@ -89,7 +91,48 @@ func baseFromDisk(p string, l *partitions.Layout) (*base, error) {
 	if err != nil {
 		return nil, err
 	}
-	return baseOfContents(c), nil
+	b := baseOfContents(c)
+	b.trust, err = diskTrust(p)
+	return b, err
+}
+
+// diskTrust reads the keys a disk's nodes trust from its Ignition config
+// (the files under bundle.TrustDir, as the factory build writes them); nil
+// when it trusts none (built before trust existed, or without it).
+func diskTrust(disk string) ([]ed25519.PublicKey, error) {
+	raw, err := partitions.ReadIgnition(disk)
+	if err != nil {
+		return nil, err
+	}
+	var cfg struct {
+		Storage struct {
+			Files []struct {
+				Path     string `json:"path"`
+				Contents struct {
+					Source *string `json:"source"`
+				} `json:"contents"`
+			} `json:"files"`
+		} `json:"storage"`
+	}
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		return nil, fmt.Errorf("ignition config: %w", err)
+	}
+	var keys []ed25519.PublicKey
+	for _, f := range cfg.Storage.Files {
+		if path.Dir(f.Path) != bundle.TrustDir || f.Contents.Source == nil {
+			continue
+		}
+		u, err := dataurl.DecodeString(*f.Contents.Source)
+		if err != nil {
+			return nil, fmt.Errorf("ignition config: %s: %w", f.Path, err)
+		}
+		k, err := bundle.ParsePublicKey(u.Data)
+		if err != nil {
+			return nil, fmt.Errorf("ignition config: %s: %w", f.Path, err)
+		}
+		keys = append(keys, k)
+	}
+	return keys, nil
 }
 
 func baseFromContents(p string) (*base, error) {

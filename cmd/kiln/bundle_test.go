@@ -284,6 +284,17 @@ func TestBundles(t *testing.T) {
 		}
 	})
 
+	t.Run("the disk says whom its nodes trust", func(t *testing.T) {
+		r13 := rs.recipe(t, "acme", "1.3.0", releaseFiles)
+		replaceInFile(t, r13, "trust: ["+rs.pub+"]", "trust: ["+rs.otherPub+"]")
+		rs.mustKiln(t, "lock", r13)
+		p := filepath.Join(rs.dir, "rotate.img")
+		if out, code := rs.kiln(t, "bundle", r13, "-o", p, "--key", rs.otherKey, "--from", disk10); code != 1 || !strings.Contains(out, "not trusted by the nodes running 1.0.0") {
+			t.Errorf("signed with a key the 1.0 disk does not trust: exit %d\n%s", code, out)
+		}
+		rs.mustKiln(t, "bundle", r13, "-o", p, "--key", rs.key, "--from", disk10)
+	})
+
 	t.Run("inspect and verify", func(t *testing.T) {
 		text := rs.mustKiln(t, "inspect", b11)
 		for _, want := range []string{"acme 1.1.0", "delta bundle", "Applies to: 1.0.0", appImage + "1.1", "/etc/containers/systemd/app.container"} {
