@@ -128,19 +128,19 @@ func Verify(ctx context.Context, p string, keys []ed25519.PublicKey, rp progress
 	fail := func(what string, err error) (*Report, error) {
 		return rep, fmt.Errorf("%s failed verification: %s: %w", p, what, err)
 	}
-	m, id, err := bundle.Verify(rep.envelope, keys)
-	if err != nil {
-		return fail("signature", err)
-	}
-	rep.Manifest, rep.Verified = m, id
-	if err := m.Validate(); err != nil {
-		return fail("manifest", err)
-	}
 	f, err := os.Open(p)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	m, _, id, err := bundle.Open(io.NewSectionReader(f, rep.Offset, toEnd), keys)
+	switch {
+	case errors.Is(err, bundle.ErrUntrusted):
+		return fail("signature", err)
+	case err != nil:
+		return fail("manifest", err)
+	}
+	rep.Manifest, rep.Verified = m, id
 	if err := checkFrame(f, rep); err != nil {
 		return fail("layout", err)
 	}

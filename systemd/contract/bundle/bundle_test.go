@@ -67,6 +67,20 @@ func TestSignVerify(t *testing.T) {
 	if !bytes.Equal(env, again) {
 		t.Error("signing the same manifest twice gave different envelopes")
 	}
+	hdr, _ := EncodeHeader(env, HeaderSize(len(env)))
+	if om, h, _, err := Open(bytes.NewReader(hdr), []ed25519.PublicKey{pub}); err != nil || om.Version != "1.1.0" || h.Size != int64(len(hdr)) {
+		t.Errorf("Open: %v", err)
+	}
+	if _, _, _, err := Open(bytes.NewReader(hdr), []ed25519.PublicKey{other}); !errors.Is(err, ErrUntrusted) {
+		t.Errorf("Open with another key: %v, want ErrUntrusted", err)
+	}
+	bad := testManifest(t, pub)
+	bad.Space.CopyBytes++ // signed, but inconsistent
+	badEnv, _ := Sign(bad, priv)
+	badHdr, _ := EncodeHeader(badEnv, HeaderSize(len(badEnv)))
+	if _, _, _, err := Open(bytes.NewReader(badHdr), []ed25519.PublicKey{pub}); !errors.Is(err, ErrDamaged) {
+		t.Errorf("Open of an inconsistent manifest: %v, want ErrDamaged", err)
+	}
 	got, id, err := Verify(env, []ed25519.PublicKey{other, pub})
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/secure-systems-lab/go-securesystemslib/dsse"
 	"github.com/secure-systems-lab/go-securesystemslib/signerverifier"
@@ -182,4 +183,24 @@ func decodeStrict(b []byte, v any) error {
 		return errors.New("data after the JSON value")
 	}
 	return nil
+}
+
+// Open is the node's first step with a bundle at the start of r (a stick's
+// partition, or a bundle file): it reads only the header, checks the
+// signature against trusted, then the manifest's consistency. The
+// filesystem starts at the returned header's Size; CheckNode, CheckSpace and
+// CheckFilesystem come next.
+func Open(r io.ReaderAt, trusted []ed25519.PublicKey) (m *Manifest, h *Header, keyID string, err error) {
+	h, err = ReadHeader(r)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	m, keyID, err = Verify(h.Envelope, trusted)
+	if err != nil {
+		return nil, h, "", err
+	}
+	if err := m.Validate(); err != nil {
+		return nil, h, keyID, err
+	}
+	return m, h, keyID, nil
 }
