@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kiln-appliance/kiln/test/golden"
 )
 
 func sampleConfig() Config {
@@ -58,17 +60,7 @@ func TestRenderGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden := filepath.Join("testdata", "sample.ign.golden")
-	if os.Getenv("UPDATE_GOLDEN") != "" {
-		os.WriteFile(golden, out, 0o644)
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (set UPDATE_GOLDEN=1 to create)", err)
-	}
-	if string(out) != string(want) {
-		t.Fatalf("render changed:\n got %s\nwant %s", out, want)
-	}
+	golden.Check(t, filepath.Join("testdata", "sample.ign.golden"), out)
 }
 
 func TestRenderMergesFragments(t *testing.T) {

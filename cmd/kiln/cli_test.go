@@ -6,6 +6,7 @@ package main
 // ignition-validate).
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
@@ -18,7 +19,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/partitions"
@@ -403,7 +403,9 @@ func TestBadInput(t *testing.T) {
 				tt.edit(t, f)
 			}
 			out := filepath.Join(f.dir, "out.raw")
-			os.WriteFile(out, []byte("previous disk"), 0o644)
+			if err := os.WriteFile(out, []byte("previous disk"), 0o644); err != nil {
+				t.Fatal(err)
+			}
 			args := []string{"build", f.recipe, "-o", out}
 			if tt.args != nil {
 				args = tt.args(f)
@@ -442,6 +444,9 @@ func TestCorruptBlobIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(f.dir, "out.raw")
+	if err := os.WriteFile(out, []byte("previous disk"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	msg, code := kiln(t, f, "build", f.recipe, "-o", out)
 	if code == 0 || !strings.Contains(msg, layers[0]) {
 		t.Fatalf("build with a corrupt blob: exit %d, want an error naming %s:\n%s", code, layers[0], msg)
@@ -464,28 +469,39 @@ func TestStaleLockIsRefused(t *testing.T) {
 func TestInterruptLeavesNothing(t *testing.T) {
 	f := newFixture(t, "base.raw", "fit", "true")
 	out := filepath.Join(f.dir, "out.raw")
-	os.WriteFile(out, []byte("previous disk"), 0o644)
-	for _, delay := range []time.Duration{300 * time.Millisecond, time.Second, 2500 * time.Millisecond} {
+	if err := os.WriteFile(out, []byte("previous disk"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Interrupt as each long step starts (its progress line), so every run
+	// is cut short at a known place; a build that finishes anyway fails.
+	for _, step := range []string{"stage image partition", "write image filesystem", "copy base partitions"} {
 		cmd := exec.Command(kilnBin, "build", f.recipe, "-o", out)
 		cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+f.cache)
-		var buf bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &buf, &buf
+		stderr, err := cmd.StderrPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(delay)
-		cmd.Process.Signal(syscall.SIGINT)
-		err := cmd.Wait()
-		if err == nil {
-			continue // finished before the signal: nothing to check at this delay
+		var log bytes.Buffer
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			log.WriteString(sc.Text() + "\n")
+			if strings.HasPrefix(sc.Text(), step+": started") {
+				cmd.Process.Signal(syscall.SIGINT)
+				break
+			}
 		}
-		if code := cmd.ProcessState.ExitCode(); code != 130 {
-			t.Errorf("after SIGINT at %v: exit %d, want 130\n%s", delay, code, buf.String())
+		io.Copy(&log, stderr)
+		err = cmd.Wait()
+		if code := cmd.ProcessState.ExitCode(); err == nil || code != 130 {
+			t.Errorf("SIGINT when %q started: exit %d, want 130\n%s", step, code, log.String())
 		}
 		assertUntouched(t, f.dir, out)
 		leftovers, _ := filepath.Glob(filepath.Join(f.cache, "kiln", "build-*"))
 		if len(leftovers) > 0 {
-			t.Errorf("after SIGINT at %v: staging left behind: %v", delay, leftovers)
+			t.Errorf("SIGINT when %q started: staging left behind: %v", step, leftovers)
 		}
 	}
 }
@@ -493,7 +509,10 @@ func TestInterruptLeavesNothing(t *testing.T) {
 // assertUntouched checks the previous output is as it was and no temp file is left.
 func assertUntouched(t *testing.T, dir, out string) {
 	t.Helper()
-	if b, err := os.ReadFile(out); err == nil && string(b) != "previous disk" {
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Errorf("failed build removed or hid the previous %s: %v", out, err)
+	} else if string(b) != "previous disk" {
 		t.Errorf("failed build replaced %s", out)
 	}
 	tmps, _ := filepath.Glob(filepath.Join(dir, ".*kiln-tmp-*"))

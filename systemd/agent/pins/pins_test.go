@@ -1,8 +1,6 @@
 package pins
 
 import (
-	"bytes"
-	"flag"
 	"os"
 	"path/filepath"
 	"sort"
@@ -12,9 +10,9 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/test/golden"
 )
 
-var update = flag.Bool("update", false, "rewrite testdata/*.golden")
 
 var (
 	dA = "sha256:" + strings.Repeat("a", 64)
@@ -34,19 +32,7 @@ func TestRenderGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join("testdata", "pins.golden")
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("rendered pins differ from %s (go test -update if intended):\n%s", path, got)
-	}
+	golden.Check(t, filepath.Join("testdata", "pins.golden"), got)
 }
 
 // The written file is what CRI-O reads: parse it as TOML, as CRI-O does, and
