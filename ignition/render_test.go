@@ -36,6 +36,7 @@ func ignitionValidate(t *testing.T, cfg []byte) {
 }
 
 func TestRenderValidates(t *testing.T) {
+	t.Parallel()
 	for _, v := range []string{"", "3.3.0"} { // Debian's ignition-validate (2.14) knows up to 3.4.0-experimental
 		out, err := Render(Config{Version: v, Units: sampleConfig().Units, Files: sampleConfig().Files, SSHKeys: sampleConfig().SSHKeys})
 		if err != nil {
@@ -56,6 +57,7 @@ func TestRenderValidates(t *testing.T) {
 }
 
 func TestRenderGolden(t *testing.T) {
+	t.Parallel()
 	out, err := Render(sampleConfig())
 	if err != nil {
 		t.Fatal(err)
@@ -64,6 +66,7 @@ func TestRenderGolden(t *testing.T) {
 }
 
 func TestRenderMergesFragments(t *testing.T) {
+	t.Parallel()
 	c := sampleConfig()
 	c.Fragments = []Fragment{
 		{Name: "old.ign", Data: []byte(`{"ignition":{"version":"3.1.0"},"storage":{"files":[{"path":"/etc/motd","contents":{"source":"data:,hi"}}]}}`)},
@@ -84,6 +87,7 @@ func TestRenderMergesFragments(t *testing.T) {
 }
 
 func TestRenderErrors(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		cfg  Config

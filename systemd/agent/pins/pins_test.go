@@ -28,6 +28,7 @@ var images = []contract.Image{
 }
 
 func TestRenderGolden(t *testing.T) {
+	t.Parallel()
 	got, err := Render(images)
 	if err != nil {
 		t.Fatal(err)
@@ -38,6 +39,7 @@ func TestRenderGolden(t *testing.T) {
 // The written file is what CRI-O reads: parse it as TOML, as CRI-O does, and
 // check that every image is pinned by digest and by its name.
 func TestWriteParses(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "crio.conf.d", "50-kiln-pins.conf")
 	if err := Write(path, images); err != nil {
 		t.Fatal(err)
@@ -87,6 +89,7 @@ func TestWriteParses(t *testing.T) {
 }
 
 func TestErrors(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		im   contract.Image
