@@ -15,7 +15,6 @@ import (
 	"github.com/kiln-appliance/kiln/test/golden"
 )
 
-
 const testGUID = "0F3C1A2B-1111-4222-8333-444455556666"
 
 var testImages = []contract.Image{

@@ -13,7 +13,6 @@ import (
 	"github.com/kiln-appliance/kiln/test/golden"
 )
 
-
 var (
 	dA = "sha256:" + strings.Repeat("a", 64)
 	dB = "sha256:" + strings.Repeat("b", 64)
