@@ -41,6 +41,13 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "build kiln: %v\n%s", err, out)
 		os.Exit(1)
 	}
+	// The node's edition, beside kiln, as `make build` leaves it: builds use it.
+	build = exec.Command("go", "build", "-tags", "containers_image_openpgp,exclude_graphdriver_btrfs,nodeonly", "-o", filepath.Join(dir, "kiln-agent"), ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build kiln-agent: %v\n%s", err, out)
+		os.Exit(1)
+	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
@@ -242,6 +249,12 @@ func TestBuildDiskIsRealAndReadable(t *testing.T) {
 	}
 	if fi, err := os.Stat(filepath.Join(mnt, contract.AgentBinary)); err != nil || fi.Mode().Perm() != 0o755 {
 		t.Errorf("agent binary: %v, %v; want mode 0755", fi, err)
+	}
+	// The node gets the node's edition from beside kiln, not kiln itself.
+	onDisk, _ := os.ReadFile(filepath.Join(mnt, contract.AgentBinary))
+	nodeEdition, _ := os.ReadFile(filepath.Join(filepath.Dir(kilnBin), "kiln-agent"))
+	if len(onDisk) == 0 || !bytes.Equal(onDisk, nodeEdition) {
+		t.Errorf("%s on the partition (%d bytes) is not kiln-agent (%d bytes)", contract.AgentBinary, len(onDisk), len(nodeEdition))
 	}
 	// The node's registry runs as an unprivileged dynamic user: everything
 	// it serves must be world-readable.
