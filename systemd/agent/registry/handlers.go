@@ -14,6 +14,8 @@ import (
 	"sort"
 	"strconv"
 	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
 func writeJSON(w http.ResponseWriter, contentType string, body []byte) {
@@ -277,5 +279,5 @@ func (s *Server) referrers(w http.ResponseWriter, r *http.Request, repo *reposit
 	if at != "" {
 		w.Header().Set("OCI-Filters-Applied", "artifactType")
 	}
-	writeJSON(w, mediaTypeIndex, s.ix.referrersIndex(repo, rt.ref, at))
+	writeJSON(w, ocispec.MediaTypeImageIndex, s.ix.referrersIndex(repo, rt.ref, at))
 }
