@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
@@ -20,7 +22,7 @@ var (
 	dC = "sha256:" + strings.Repeat("c", 64)
 )
 
-var images = []Image{
+var images = []contract.Image{
 	{Name: "quay.io/acme/app:1.2", Digest: dA},
 	{Name: "nginx", Digest: dB},                                       // Docker Hub short name, no tag
 	{Name: "registry.example.com:5000/tools/debug@" + dC, Digest: dA}, // index digest in the name, platform digest apart
@@ -101,23 +103,23 @@ func TestWriteParses(t *testing.T) {
 func TestErrors(t *testing.T) {
 	tests := []struct {
 		name string
-		im   Image
+		im   contract.Image
 		want string
 	}{
-		{"upper case", Image{Name: "Quay.io/Acme/App:1", Digest: dA}, "not a valid image reference"},
-		{"empty name", Image{Digest: dA}, "not a valid image reference"},
-		{"short digest", Image{Name: "quay.io/a/b:1", Digest: "sha256:abc"}, "digest"},
-		{"no digest", Image{Name: "quay.io/a/b:1"}, "digest"},
+		{"upper case", contract.Image{Name: "Quay.io/Acme/App:1", Digest: dA}, "not a valid image reference"},
+		{"empty name", contract.Image{Digest: dA}, "not a valid image reference"},
+		{"short digest", contract.Image{Name: "quay.io/a/b:1", Digest: "sha256:abc"}, "digest"},
+		{"no digest", contract.Image{Name: "quay.io/a/b:1"}, "digest"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := Render([]Image{tt.im})
+			_, err := Render([]contract.Image{tt.im})
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("error %v, want %q", err, tt.want)
 			}
 			// Nothing is written when the input is bad.
 			path := filepath.Join(t.TempDir(), "pins.conf")
-			if err := Write(path, []Image{tt.im}); err == nil {
+			if err := Write(path, []contract.Image{tt.im}); err == nil {
 				t.Fatal("Write accepted bad input")
 			}
 			if _, err := os.Stat(path); !os.IsNotExist(err) {
