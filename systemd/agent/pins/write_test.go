@@ -32,7 +32,8 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// parsePins reads pinned_images from a drop-in, as CRI-O would.
+// parsePins reads pinned_images from a drop-in, as CRI-O would, and fails
+// on keys CRI-O would not know.
 func parsePins(t *testing.T, path string) []string {
 	t.Helper()
 	var conf struct {
@@ -42,8 +43,12 @@ func parsePins(t *testing.T, path string) []string {
 			} `toml:"image"`
 		} `toml:"crio"`
 	}
-	if _, err := toml.DecodeFile(path, &conf); err != nil {
+	md, err := toml.DecodeFile(path, &conf)
+	if err != nil {
 		t.Fatalf("%s is not TOML CRI-O can read: %v", path, err)
+	}
+	if u := md.Undecoded(); len(u) > 0 {
+		t.Errorf("keys CRI-O would not know: %v", u)
 	}
 	return conf.Crio.Image.PinnedImages
 }
