@@ -276,12 +276,12 @@ func readFrom(w http.ResponseWriter, src io.Reader) (int64, error) {
 	return io.Copy(struct{ io.Writer }{w}, src)
 }
 
-// page applies the spec's n/last pagination to a sorted list. It returns the
+// page applies the spec's n/last pagination to a list in lexicalOrder. It returns the
 // page and, when more follow, the query of the next page's Link.
 func page(all []string, q url.Values) (items []string, next string, aerr *apiError) {
 	start := 0
 	if last := q.Get("last"); last != "" {
-		start = sort.SearchStrings(all, last)
+		start = sort.Search(len(all), func(i int) bool { return lexicalOrder(all[i], last) >= 0 })
 		if start < len(all) && all[start] == last {
 			start++
 		}

@@ -11,7 +11,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strings"
 
 	"github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/specs-go"
@@ -48,7 +50,7 @@ type manifest struct {
 // it may fetch.
 type repository struct {
 	tags      map[string]string // tag → manifest digest
-	tagList   []string          // sorted
+	tagList   []string          // in lexicalOrder
 	manifests map[string]bool
 	blobs     map[string]bool
 }
@@ -56,7 +58,7 @@ type repository struct {
 // index is everything the server knows, loaded once at start.
 type index struct {
 	repos     map[string]*repository
-	repoList  []string // sorted
+	repoList  []string // in lexicalOrder
 	manifests map[string]*manifest
 	blobs     map[string]blobFile
 	referrers map[string][]string // subject digest → referrer digests, sorted
@@ -361,10 +363,10 @@ func (l *loader) finish() {
 		for t := range r.tags {
 			r.tagList = append(r.tagList, t)
 		}
-		sort.Strings(r.tagList)
+		sortLexical(r.tagList)
 		ix.repoList = append(ix.repoList, name)
 	}
-	sort.Strings(ix.repoList)
+	sortLexical(ix.repoList)
 }
 
 // referrersIndex renders the referrers of subject within repo as an OCI
@@ -388,4 +390,16 @@ func (ix *index) referrersIndex(r *repository, subject, artifactType string) []b
 	var buf bytes.Buffer
 	json.NewEncoder(&buf).Encode(out)
 	return buf.Bytes()
+}
+
+func sortLexical(list []string) { slices.SortFunc(list, lexicalOrder) }
+
+// lexicalOrder is the order the spec wants tag lists in: "lexical order
+// (i.e. case-insensitive alphanumeric order)"; byte order breaks ties, so
+// the order is total and pagination by `last` is exact.
+func lexicalOrder(a, b string) int {
+	if c := strings.Compare(strings.ToLower(a), strings.ToLower(b)); c != 0 {
+		return c
+	}
+	return strings.Compare(a, b)
 }

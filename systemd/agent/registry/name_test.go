@@ -73,7 +73,8 @@ func TestParseRoute(t *testing.T) {
 		{"/v2/localhost:5000/a/manifests/1", route{routeManifest, "localhost:5000/a", "1"}, ""},
 		{"/v2/quay.io/a/blobs/uploads", route{}, codeDigestInvalid},
 		{"/v2/quay.io/a/tags/x", route{}, codeNameUnknown},
-		{"/v2/a/manifests/1", route{}, codeNameInvalid},
+		{"/v2/a/manifests/1", route{}, codeNameUnknown}, // spec-valid, but no host: not here
+		{"/v2/a/B/manifests/1", route{}, codeNameInvalid},
 		{"/v2/../a/manifests/1", route{}, codeNameInvalid},
 		{"/v2/quay.io/../../a/manifests/1", route{}, codeNameInvalid},
 		{"/v2/quay.io/a%2F..%2F..%2Fb/manifests/1", route{}, codeNameInvalid},

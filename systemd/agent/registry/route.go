@@ -76,7 +76,14 @@ func parseRoute(escapedPath string) (route, *apiError) {
 	}
 	r.name = strings.Join(nameParts, "/")
 	if err := validName(r.name); err != nil {
-		return route{}, newError(400, codeNameInvalid, err.Error())
+		// A name the spec allows but kiln never serves (no upstream host, as
+		// "app") names a repository that is not here: 404, as the spec wants
+		// for one that does not exist. Anything else is malformed.
+		if specName(r.name) {
+			return route{}, newError(http.StatusNotFound, codeNameUnknown, "repository "+r.name+
+				" is not on this node (kiln serves names with their upstream host, e.g. quay.io/acme/app)")
+		}
+		return route{}, newError(http.StatusBadRequest, codeNameInvalid, err.Error())
 	}
 	if r.kind == routeTags || r.kind == routeUpload {
 		return r, nil

@@ -220,7 +220,8 @@ func TestRoutes(t *testing.T) {
 		{"backslash", "GET", `/v2/quay.io/acme\app/manifests/1.2`, nil, 400, codeNameInvalid, nil, nil},
 		{"NUL", "GET", "/v2/quay.io/acme/app%00/manifests/1.2", nil, 400, codeNameInvalid, nil, nil},
 		{"empty component", "GET", "/v2/quay.io//app/manifests/1.2", nil, 400, codeNameInvalid, nil, nil},
-		{"no host", "GET", "/v2/app/manifests/1.2", nil, 400, codeNameInvalid, nil, nil},
+		{"no host", "GET", "/v2/app/manifests/1.2", nil, 404, codeNameUnknown, nil, nil}, // spec-valid name: not here
+		{"no host, bad name", "GET", "/v2/App/manifests/1.2", nil, 400, codeNameInvalid, nil, nil},
 		{"uppercase", "GET", "/v2/quay.io/Acme/app/manifests/1.2", nil, 400, codeNameInvalid, nil, nil},
 		{"digest traversal", "GET", app + "/blobs/..%2F..%2Fetc%2Fpasswd", nil, 400, codeDigestInvalid, nil, nil},
 		{"no endpoint", "GET", app + "/things/x", nil, 404, codeNameUnknown, nil, nil},
