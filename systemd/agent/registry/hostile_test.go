@@ -212,3 +212,27 @@ func serverSocket(t *testing.T, c net.Conn) string {
 	t.Fatalf("no server socket %s → %s in /proc/net/tcp", local, remote)
 	return ""
 }
+
+// TestContentTypeIsTheManifests: when index.json's descriptor names another
+// media type than the manifest's own mediaType field, the manifest's wins
+// (the spec: clients reject a Content-Type that differs from that field).
+func TestContentTypeIsTheManifests(t *testing.T) {
+	dir, _ := bigImage(t, 100)
+	idx := filepath.Join(dir, "index.json")
+	b, err := os.ReadFile(idx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const oci, docker = "application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"
+	if !bytes.Contains(b, []byte(oci)) {
+		t.Fatalf("fixture index.json has no %s: %s", oci, b)
+	}
+	if err := os.WriteFile(idx, bytes.ReplaceAll(b, []byte(oci), []byte(docker)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	log, _ := testLogger()
+	resp, body := get(t, "GET", "http://"+serve(t, must(New([]string{dir}, WithLogger(log))))+"/v2/quay.io/acme/big/manifests/1", nil)
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != oci || !bytes.Contains(body, []byte(`"mediaType":"`+oci)) {
+		t.Errorf("status %d, Content-Type %q, want %s (the manifest's own mediaType); body %s", resp.StatusCode, resp.Header.Get("Content-Type"), oci, body)
+	}
+}

@@ -199,9 +199,12 @@ func (l *loader) loadManifest(root string, d ocispec.Descriptor, where string) e
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return fmt.Errorf("%s: manifest %s (%s) is not JSON: %w", where, d.Digest, path, err)
 	}
-	m := &manifest{digest: d.Digest.String(), mediaType: d.MediaType, data: data, annotations: raw.Annotations, artifactType: raw.ArtifactType}
+	// Content-Type is the manifest's own mediaType when it has one (clients
+	// reject a response whose Content-Type differs from it), else the
+	// descriptor's.
+	m := &manifest{digest: d.Digest.String(), mediaType: raw.MediaType, data: data, annotations: raw.Annotations, artifactType: raw.ArtifactType}
 	if m.mediaType == "" {
-		m.mediaType = raw.MediaType
+		m.mediaType = d.MediaType
 	}
 	if m.mediaType == "" {
 		return fmt.Errorf("%s: manifest %s has no media type", where, d.Digest)
