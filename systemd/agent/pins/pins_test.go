@@ -1,8 +1,6 @@
 package pins
 
 import (
-	"bytes"
-	"flag"
 	"os"
 	"path/filepath"
 	"sort"
@@ -10,9 +8,8 @@ import (
 	"testing"
 
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/test/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite testdata/*.golden")
 
 var (
 	dA = "sha256:" + strings.Repeat("a", 64)
@@ -28,28 +25,18 @@ var images = []contract.Image{
 }
 
 func TestRenderGolden(t *testing.T) {
+	t.Parallel()
 	got, err := Render(images)
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join("testdata", "pins.golden")
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("rendered pins differ from %s (go test -update if intended):\n%s", path, got)
-	}
+	golden.Check(t, filepath.Join("testdata", "pins.golden"), got)
 }
 
 // The written file is what CRI-O reads: parse it as TOML, as CRI-O does, and
 // check that every image is pinned by digest and by its name.
 func TestWriteParses(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "crio.conf.d", "50-kiln-pins.conf")
 	if err := Write(path, images); err != nil {
 		t.Fatal(err)
@@ -85,6 +72,7 @@ func TestWriteParses(t *testing.T) {
 }
 
 func TestErrors(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		im   contract.Image

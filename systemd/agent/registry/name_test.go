@@ -10,6 +10,7 @@ import (
 const hexDigest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
 func TestParseName(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		in                string
 		repo, tag, digest string
@@ -55,6 +56,7 @@ func TestParseName(t *testing.T) {
 }
 
 func TestParseRoute(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		path string
 		want route
