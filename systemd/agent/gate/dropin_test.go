@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // registriesConf is the part of registries.conf (v2) the drop-in sets.
@@ -56,5 +58,17 @@ func TestDropInQuotesAsTOML(t *testing.T) {
 	old := fmt.Sprintf("[[registry]]\nprefix = %q\n", upstreams[0])
 	if _, err := toml.Decode(old, &conf); err == nil || !strings.Contains(old, `\a`) {
 		t.Errorf("%q parsed: the test does not tell the quotings apart", old)
+	}
+}
+
+// TestNewRefusesListen: a kiln.json whose listen address the factory would
+// never write (not loopback; a newline that would end the drop-in's comment)
+// is refused before anything is written.
+func TestNewRefusesListen(t *testing.T) {
+	for _, listen := range []string{"0.0.0.0:5050", "127.0.0.1:5050\n[[registry]]", "127.0.0.1:80"} {
+		c := &contract.Contents{Registry: contract.Registry{Listen: listen}}
+		if _, err := New(c); err == nil || !strings.Contains(err.Error(), "listen") {
+			t.Errorf("New with listen %q: %v, want an error about the listen address", listen, err)
+		}
 	}
 }

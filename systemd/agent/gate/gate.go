@@ -46,6 +46,11 @@ func New(c *contract.Contents) (*Gate, error) {
 	if g.Listen == "" {
 		g.Listen = contract.DefaultListen
 	}
+	// The same rule the factory applied: the address also goes into the
+	// drop-in's comment and mirror locations.
+	if err := contract.CheckListen(g.Listen); err != nil {
+		return nil, fmt.Errorf("kiln.json: registry listen address %v", err)
+	}
 	hosts := map[string]bool{}
 	for _, h := range c.Registry.Upstreams {
 		hosts[h] = true
