@@ -26,9 +26,10 @@ type Options struct {
 	Output      string // the disk image to write
 	CacheDir    string // blob cache; fetch.DefaultDir() when empty
 	RefreshLock bool   // re-resolve tags and rewrite the lock
-	// Agent is the kiln binary to place on the image partition for the node
-	// to run. Empty means this very executable, which works only when the
-	// recipe's arch is the host's.
+	// Agent is the node's kiln binary to place on the image partition
+	// (`make build` writes it as out/kiln-agent: kiln built with the nodeonly
+	// tag). Empty means kiln-agent beside this executable, else this very
+	// executable; either works only when the recipe's arch is the host's.
 	Agent           string
 	SourceDateEpoch int64 // 0: $SOURCE_DATE_EPOCH, else DefaultSourceDateEpoch
 	Progress        progress.Reporter
@@ -77,6 +78,7 @@ func Build(ctx context.Context, recipePath string, o Options) (*Result, error) {
 	defer b.cleanup()
 	steps := []func(context.Context) error{
 		b.createOutput, // first: an unwritable output fails now, not after an hour of fetching
+		b.sweepLeftovers,
 		b.lockImages,
 		b.fetchImages,
 		b.stagePartition,
@@ -125,8 +127,8 @@ func newBuild(recipePath string, o Options) (*build, error) {
 // createOutput creates the temporary file the disk is written to, beside
 // the output.
 func (b *build) createOutput(context.Context) error {
-	if b.o.Output == "" {
-		return fmt.Errorf("no output file given (-o DISK)")
+	if err := checkOutput(b.o.Output); err != nil {
+		return err
 	}
 	f, err := CreateTemp(b.o.Output)
 	b.out = f
@@ -204,6 +206,15 @@ func sourceDateEpoch(v int64) (int64, error) {
 	return DefaultSourceDateEpoch, nil
 }
 
+// NodeBinaryName is the node's edition of kiln (built with -tags nodeonly:
+// serve and agent only), looked for beside the kiln executable.
+const NodeBinaryName = "kiln-agent"
+
+func fileExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular()
+}
+
 var elfMachine = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
 
 // agentBinary finds the kiln binary the node will run and checks it is a
@@ -218,6 +229,11 @@ func agentBinary(path, arch string) (string, error) {
 			return "", fmt.Errorf("find this kiln binary for the node: %w; pass --agent", err)
 		}
 		path = exe
+		// The node's edition links none of the factory's libraries: a quarter
+		// of the size, and the registry starts without their package inits.
+		if node := filepath.Join(filepath.Dir(exe), NodeBinaryName); fileExists(node) {
+			path = node
+		}
 	}
 	f, err := elf.Open(path)
 	if err != nil {

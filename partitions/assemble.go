@@ -61,11 +61,12 @@ type AssembleOptions struct {
 	Progress Reporter
 }
 
-// Placements of the image partition (AssembleOptions.Placement).
+// Placements of the image partition (AssembleOptions.Placement), as the
+// recipe spells them.
 const (
-	PlaceAuto       = "auto"
-	PlaceBeforeRoot = "before-root"
-	PlaceEnd        = "end"
+	PlaceAuto       = contract.PlaceAuto
+	PlaceBeforeRoot = contract.PlaceBeforeRoot
+	PlaceEnd        = contract.PlaceEnd
 )
 
 // kilnNamespace is the name-based UUID namespace of GUIDs kiln derives.

@@ -23,6 +23,7 @@ const oneImage = `images:
 `
 
 func TestLoadExamples(t *testing.T) {
+	t.Parallel()
 	files, err := filepath.Glob("examples/*.yaml")
 	if err != nil || len(files) < 2 {
 		t.Fatalf("want at least two examples, got %v (%v)", files, err)
@@ -53,6 +54,7 @@ func mustAbs(t *testing.T, p string) string {
 }
 
 func TestDefaults(t *testing.T) {
+	t.Parallel()
 	r, err := Parse("r.yaml", []byte(head+oneImage))
 	if err != nil {
 		t.Fatal(err)
@@ -84,6 +86,7 @@ func TestDefaults(t *testing.T) {
 }
 
 func TestAccessors(t *testing.T) {
+	t.Parallel()
 	r, err := Parse("r.yaml", []byte(head+`arch: arm64
 imagePartition: {headroom: 0}
 registry: {mirrorTags: false}
@@ -123,6 +126,7 @@ images:
 // TestLoadErrors pins the exact message, with its position, for each class
 // of bad input.
 func TestLoadErrors(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name, yaml, want string
 	}{
@@ -236,6 +240,7 @@ func TestLoadErrors(t *testing.T) {
 // order, and no second error for a field that already has one.
 // TestLoadAccepts covers YAML forms that must load.
 func TestLoadAccepts(t *testing.T) {
+	t.Parallel()
 	for name, y := range map[string]string{
 		"document markers": "---\n" + head + oneImage + "...\n",
 		"trailing ---":     head + oneImage + "---\n# the end\n",
@@ -256,6 +261,7 @@ func TestLoadAccepts(t *testing.T) {
 }
 
 func TestLoadManyErrors(t *testing.T) {
+	t.Parallel()
 	_, err := Parse("r.yaml", []byte(`apiVersion: kiln.dev/v1alpha1
 kind: Appliance
 name: [acme]
@@ -279,6 +285,7 @@ r.yaml:7:12: images[0].serve: expected true or false, got "yes"`
 }
 
 func TestLoadFileErrors(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	if _, err := Load(filepath.Join(dir, "missing.yaml")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("missing file: %v", err)
@@ -293,6 +300,7 @@ func TestLoadFileErrors(t *testing.T) {
 }
 
 func TestCheckFiles(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	write := func(p string) {
 		t.Helper()
@@ -352,6 +360,7 @@ images:
 // TestDocsListEveryField keeps docs/recipes.md in step with the types: every
 // YAML field of a recipe has a row in its tables.
 func TestDocsListEveryField(t *testing.T) {
+	t.Parallel()
 	doc, err := os.ReadFile("../docs/recipes.md")
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,7 @@ const (
 	DefaultHeadroom    = 10
 	DefaultFilesystem  = "squashfs"
 	DefaultCompression = "none"
-	DefaultPlacement   = "auto"
+	DefaultPlacement   = contract.PlaceAuto
 	DefaultPreloadMode = contract.PreloadStore
 	DefaultIgnition    = "3.3.0"
 	DefaultUser        = "core"
@@ -33,7 +33,7 @@ var (
 	Arches           = []string{"amd64", "arm64"}
 	Filesystems      = []string{"squashfs"}
 	Compressions     = []string{"none", "zstd", "gzip", "xz", "lz4"}
-	Placements       = []string{"auto", "before-root", "end"}
+	Placements       = contract.Placements
 	PreloadModes     = contract.PreloadModes
 	IgnitionVersions = []string{"3.3.0", "3.4.0"}
 )

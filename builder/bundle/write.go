@@ -30,6 +30,9 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
 
+// workDirPrefix names the staging trees in the cache directory.
+const workDirPrefix = "bundle-"
+
 // Output formats.
 const (
 	FormatImage = "image" // a stick image: GPT, one kiln-bundle partition
@@ -192,7 +195,8 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	}
 
 	// The staging tree lives in the cache directory so blobs are hard links.
-	work, err := os.MkdirTemp(cacheDir, "bundle-")
+	builder.SweepLeftovers(o.Output, cacheDir, workDirPrefix, o.Log)
+	work, err := builder.MkdirWork(cacheDir, workDirPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("staging directory: %w", err)
 	}

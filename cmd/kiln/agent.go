@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/kiln-appliance/kiln/systemd/agent/preloadcopy"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -13,6 +12,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/agent/firstboot"
 	"github.com/kiln-appliance/kiln/systemd/agent/gate"
 	"github.com/kiln-appliance/kiln/systemd/agent/pins"
+	"github.com/kiln-appliance/kiln/systemd/agent/preloadcopy"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 

@@ -2,7 +2,6 @@ package units
 
 import (
 	"bytes"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,9 +12,8 @@ import (
 
 	"github.com/kiln-appliance/kiln/ignition"
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/test/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite testdata/*.golden")
 
 const testGUID = "0F3C1A2B-1111-4222-8333-444455556666"
 
@@ -50,7 +48,7 @@ func TestRenderGolden(t *testing.T) {
 			for _, f := range files {
 				fmt.Fprintf(&b, "### file %s mode=%#o\n%s\n", f.Path, f.Mode, f.Contents)
 			}
-			golden(t, filepath.Join("testdata", tt.name+".golden"), b.Bytes())
+			golden.Check(t, filepath.Join("testdata", tt.name+".golden"), b.Bytes())
 		})
 	}
 }
@@ -149,23 +147,6 @@ func mustRun(t *testing.T, name string, args ...string) {
 	t.Helper()
 	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
 		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
-	}
-}
-
-func golden(t *testing.T, path string, got []byte) {
-	t.Helper()
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to create it)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from the rendered output (run go test -update if the change is intended):\n%s", path, got)
 	}
 }
 

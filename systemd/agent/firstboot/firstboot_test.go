@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -154,8 +155,13 @@ func TestArrivesWhileWaiting(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- Wait(ctx, store, []contract.Image{im}, 100*time.Millisecond, nil) }()
-	time.Sleep(500 * time.Millisecond)
+	log := &lineSignal{seen: make(chan struct{})}
+	go func() { done <- Wait(ctx, store, []contract.Image{im}, 100*time.Millisecond, log) }()
+	select { // Wait has looked, and found the image missing
+	case <-log.seen:
+	case err := <-done:
+		t.Fatalf("Wait returned before the image arrived: %v", err)
+	}
 	select {
 	case err := <-done:
 		t.Fatalf("Wait returned before the image arrived: %v", err)
@@ -176,4 +182,15 @@ func TestMarker(t *testing.T) {
 	if _, err := os.Stat(marker); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// lineSignal closes seen at the first write: Wait logs once it has looked.
+type lineSignal struct {
+	once sync.Once
+	seen chan struct{}
+}
+
+func (l *lineSignal) Write(p []byte) (int, error) {
+	l.once.Do(func() { close(l.seen) })
+	return len(p), nil
 }
