@@ -24,7 +24,8 @@ import (
 //   - a full bundle's build throughput against `cp` of the same blob bytes,
 //     measured in the same run, both followed by sync (target ≥ 0.8).
 //
-// KILN_BENCH_SIZES (MiB of release 1.0, comma-separated) overrides the size.
+// KILN_BENCH_SIZES (MiB of release 1.0, comma-separated) overrides the size;
+// KILN_BENCH_KEEP=1 keeps the inputs (cache, recipes, key) to time by hand.
 //
 //	go test -tags … -run '^$' -bench BenchmarkBundle -benchtime 1x ./cmd/kiln
 func BenchmarkBundle(b *testing.B) {
@@ -47,7 +48,11 @@ func benchBundle(b *testing.B, total int64) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer os.RemoveAll(dir)
+	if os.Getenv("KILN_BENCH_KEEP") == "" {
+		defer os.RemoveAll(dir)
+	} else {
+		b.Logf("keeping %s (KILN_BENCH_KEEP)", dir)
+	}
 	const n, replaced = 24, 6
 	old, err := images.RandomImages(filepath.Join(dir, "oci10"), n, total, 0.3, 1)
 	if err != nil {
