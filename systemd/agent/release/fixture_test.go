@@ -174,7 +174,9 @@ func (n *node) machine(boot string, extra ...Option) *Machine {
 
 type removerFunc func(context.Context, []contract.Image) error
 
-func (f removerFunc) RemoveImages(ctx context.Context, ims []contract.Image) error { return f(ctx, ims) }
+func (f removerFunc) RemoveImages(ctx context.Context, ims []contract.Image) error {
+	return f(ctx, ims)
+}
 
 // op is one transition as the tests (and the crash helper) name it.
 type op struct {
