@@ -25,7 +25,8 @@ func newAgentCommand() *cobra.Command {
 		Use:   "agent",
 		Short: "On-node programs run by kiln's systemd units",
 	}
-	agent.AddCommand(newMirrorGateCommand(), newWaitImagesCommand(), newWritePinsCommand(), newPreloadCopyCommand())
+	agent.AddCommand(newMirrorGateCommand(), newWaitImagesCommand(), newWritePinsCommand(), newPreloadCopyCommand(),
+		newStatusCommand(), newReleaseCommand())
 	return agent
 }
 

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kiln-appliance/kiln/builder/stage"
 	"github.com/kiln-appliance/kiln/systemd/agent/pins"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -125,12 +126,7 @@ func newNode(t testing.TB) *node {
 	n := &node{root: t.TempDir()}
 	testReleases["1.0.0"].importBlobs(t, n.root)
 	c := &contract.Contents{SchemaVersion: contract.ContentsVersion, Version: "1.0.0", Images: testReleases["1.0.0"].record().Images}
-	f, err := os.Create(filepath.Join(n.root, contract.MountPoint, contract.ContentsFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := c.Encode(f); err != nil {
+	if err := stage.WriteContents(filepath.Join(n.root, contract.MountPoint), c); err != nil {
 		t.Fatal(err)
 	}
 	return n

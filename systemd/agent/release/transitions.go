@@ -94,7 +94,7 @@ func (m *Machine) Confirm(ctx context.Context, version string) (*contract.State,
 		case s.Trying == nil && s.Current.Version == version:
 			return errUnchanged
 		default:
-			return fmt.Errorf("confirm %s: %w (%s)", version, ErrNoSuch, describe(s))
+			return fmt.Errorf("confirm %s: %w (%s): only the release being tried can be confirmed", version, ErrNoSuch, describe(s))
 		}
 		if s.Previous != nil {
 			retire(s, *s.Previous)
@@ -118,7 +118,7 @@ func (m *Machine) Rollback(ctx context.Context, version, reason string) (*contra
 		case s.Trying == nil && lastWas(s, "rollback", version):
 			return errUnchanged
 		default:
-			return fmt.Errorf("roll back %s: %w (%s)", version, ErrNoSuch, describe(s))
+			return fmt.Errorf("roll back %s: %w (%s): only the release being tried can be rolled back", version, ErrNoSuch, describe(s))
 		}
 		retire(s, *s.Trying)
 		s.Trying, s.Attempts, s.TryingBoot = nil, 0, ""
@@ -136,7 +136,7 @@ func (m *Machine) Abandon(ctx context.Context, version string) (*contract.State,
 		case s.Staged == nil && lastWas(s, "abandon", version):
 			return errUnchanged
 		default:
-			return fmt.Errorf("abandon %s: %w (%s)", version, ErrNoSuch, describe(s))
+			return fmt.Errorf("abandon %s: %w (%s): only a staged release can be abandoned", version, ErrNoSuch, describe(s))
 		}
 		retire(s, *s.Staged)
 		s.Staged = nil
