@@ -96,6 +96,7 @@ func TestKilledAtEveryStep(t *testing.T) {
 	}{
 		{"init", nil, op{Action: "init"}},
 		{"stage", []op{{Action: "init"}, {Action: "import", Version: "1.1.0"}}, op{Action: "stage", Version: "1.1.0"}},
+		{"import", []op{{Action: "init"}}, op{Action: "import+stage", Version: "1.1.0"}},
 		{"begin", []op{{Action: "init"}, {Action: "import", Version: "1.1.0"}, {Action: "stage", Version: "1.1.0"}}, op{Action: "begin", Boot: "b1"}},
 		{"confirm", trying13, op{Action: "confirm", Version: "1.3.0"}},
 		{"rollback", trying13, op{Action: "rollback", Version: "1.3.0"}},

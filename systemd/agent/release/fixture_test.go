@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kiln-appliance/kiln/builder/stage"
+	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 	"github.com/kiln-appliance/kiln/systemd/agent/pins"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -89,6 +90,14 @@ func (tr testRelease) importBlobs(t testing.TB, root string) {
 	if tr.factory {
 		dir = filepath.Join(root, contract.MountPoint, contract.OCIDir, "blobs", "sha256")
 	}
+	if err := tr.fill(dir, func(string) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fill writes tr's blobs into dir as an import does: each whole or not at
+// all (temp file, rename), step called before each.
+func (tr testRelease) fill(dir string, step func(string) error) error {
 	var all []string
 	for _, name := range sortedKeys(tr.images) {
 		if tr.factory || name != "quay.io/acme/base:1" {
@@ -99,13 +108,14 @@ func (tr testRelease) importBlobs(t testing.TB, root string) {
 		all = append(all, tr.files[p])
 	}
 	for _, c := range all {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
+		if err := step("copy blob " + sha(c)); err != nil {
+			return err
 		}
-		if err := os.WriteFile(filepath.Join(dir, strings.TrimPrefix(sha(c), "sha256:")), []byte(c), 0o644); err != nil {
-			t.Fatal(err)
+		if err := atomicfile.WriteFile(filepath.Join(dir, strings.TrimPrefix(sha(c), "sha256:")), []byte(c), 0o644); err != nil {
+			return err
 		}
 	}
+	return nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -194,6 +204,11 @@ func (n *node) run(t testing.TB, m *Machine, o op) (*contract.State, error) {
 		return nil, nil
 	case "stage":
 		return m.Stage(ctx, testReleases[o.Version].record())
+	case "import+stage":
+		tr := testReleases[o.Version]
+		return m.Import(ctx, tr.record(), func(_ context.Context, dir string) error {
+			return tr.fill(dir, func(s string) error { m.step(s); return nil })
+		})
 	case "begin":
 		return m.Begin(ctx)
 	case "confirm":

@@ -257,3 +257,54 @@ func TestDamagedBlobInstallsNothing(t *testing.T) {
 		t.Errorf("%s changed to %q", f.Path, after)
 	}
 }
+
+var errPulled = errors.New("read /media/stick/oci/blobs/sha256/…: input/output error")
+
+// Import runs its fill only once the node agrees to take the release, and
+// records nothing when the fill fails (the stick was pulled out); what the
+// failed fill left is collected by the next converge.
+func TestImport(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := newNode(t)
+	n.mustRun(t, op{Action: "init"}, op{Action: "import", Version: "1.1.0"}, op{Action: "stage", Version: "1.1.0"})
+	called := false
+	_, err := n.machine("b").Import(ctx, testReleases["1.2.0"].record(), func(context.Context, string) error { called = true; return nil })
+	if !errors.Is(err, ErrBusy) || called {
+		t.Errorf("import while staged: %v, fill called: %v", err, called)
+	}
+	n.mustRun(t, op{Action: "abandon", Version: "1.1.0"})
+
+	stateBefore := mustRead(t, filepath.Join(n.root, contract.StateFile))
+	pinsBefore := mustRead(t, filepath.Join(n.root, contract.PinsDropIn))
+	tr := testReleases["1.2.0"]
+	_, err = n.machine("b").Import(ctx, tr.record(), func(_ context.Context, dir string) error {
+		copied := 0
+		return tr.fill(dir, func(string) error {
+			if copied++; copied == 3 {
+				return errPulled
+			}
+			return nil
+		})
+	})
+	if !errors.Is(err, errPulled) || !strings.Contains(err.Error(), "import 1.2.0") {
+		t.Fatalf("import with a failing fill: %v", err)
+	}
+	if got := mustRead(t, filepath.Join(n.root, contract.StateFile)); string(got) != string(stateBefore) {
+		t.Errorf("a failed import changed the state:\n%s", got)
+	}
+	if got := mustRead(t, filepath.Join(n.root, contract.PinsDropIn)); string(got) != string(pinsBefore) {
+		t.Errorf("a failed import changed the pins:\n%s", got)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(n.root, contract.ReleaseStore, "blobs", "sha256")); len(entries) != 2 {
+		t.Errorf("the failed fill left %d blobs, want the 2 it copied", len(entries))
+	}
+	n.mustRun(t, op{Action: "converge"})
+	n.checkConverged(t)
+
+	// Plugged in again: the import goes through.
+	n.mustRun(t, op{Action: "import+stage", Version: "1.2.0"})
+	if s := n.checkConverged(t); versions(s) != "1.0.0/-/1.2.0/-" {
+		t.Errorf("after the import: %s", versions(s))
+	}
+}

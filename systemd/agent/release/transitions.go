@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"path/filepath"
 	"strings"
 
 	"github.com/coreos/go-semver/semver"
@@ -26,10 +27,22 @@ var (
 // already be in the release store. Staging the same release again changes
 // nothing.
 func (m *Machine) Stage(ctx context.Context, r contract.Release) (*contract.State, error) {
+	return m.Import(ctx, r, nil)
+}
+
+// Fill puts a release's blobs into the release store's blob directory
+// (blobs/sha256/<hex>, each verified as it is written), and its images into
+// the node's containers/storage.
+type Fill func(ctx context.Context, blobDir string) error
+
+// Import stages r after fill has put its content on the node. fill runs only
+// once the node has agreed to take r (nothing staged or trying, r newer than
+// current), and under the state lock, so no converge collects its blobs
+// while they are copied. When fill fails nothing is recorded; the blobs it
+// left are reused by the next import (fill may skip blobs already there) or
+// collected by the next converge.
+func (m *Machine) Import(ctx context.Context, r contract.Release, fill Fill) (*contract.State, error) {
 	if err := checkRelease(r); err != nil {
-		return nil, fmt.Errorf("stage %s: %w", r.Version, err)
-	}
-	if err := m.checkBlobs(r); err != nil {
 		return nil, fmt.Errorf("stage %s: %w", r.Version, err)
 	}
 	return m.transition(ctx, "stage", func(s *contract.State) error {
@@ -45,6 +58,14 @@ func (m *Machine) Stage(ctx context.Context, r contract.Release) (*contract.Stat
 			return fmt.Errorf("stage: %w", err)
 		} else if c <= 0 {
 			return fmt.Errorf("stage %s: %w (%s): rollback uses the node's own previous release, never an older one", r.Version, ErrNotNewer, s.Current.Version)
+		}
+		if fill != nil {
+			if err := fill(ctx, filepath.Join(m.path(contract.ReleaseStore), "blobs", "sha256")); err != nil {
+				return fmt.Errorf("import %s: %w", r.Version, err)
+			}
+		}
+		if err := m.checkBlobs(r); err != nil {
+			return fmt.Errorf("stage %s: %w", r.Version, err)
 		}
 		s.Staged = &r
 		s.Last = m.result("stage", r.Version, true, "")
