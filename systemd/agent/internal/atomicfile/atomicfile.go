@@ -78,3 +78,32 @@ func SyncDir(dir string) error {
 	}
 	return nil
 }
+
+// CleanTemps removes the temp files a killed Write of path left beside it.
+// Readers that take every file in a directory (CRI-O reads every file in
+// crio.conf.d, whatever its name) must not find one.
+func CleanTemps(path string) error {
+	stale, err := filepath.Glob(filepath.Join(filepath.Dir(path), "."+globEscape(filepath.Base(path))+".tmp-*"))
+	if err != nil {
+		return fmt.Errorf("clean temp files of %s: %w", path, err)
+	}
+	for _, p := range stale {
+		if err := Remove(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// globEscape quotes the characters filepath.Match treats specially.
+func globEscape(s string) string {
+	var b []byte
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '*', '?', '[', '\\':
+			b = append(b, '\\')
+		}
+		b = append(b, s[i])
+	}
+	return string(b)
+}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -94,5 +95,32 @@ func TestWriteFailedFillKeepsOld(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
 		t.Errorf("%d entries in the directory, want only the file", len(entries))
+	}
+}
+
+// CleanTemps removes exactly the temp files of one target.
+func TestCleanTemps(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "50-kiln-pins.conf")
+	keep := []string{"50-kiln-pins.conf", "other.conf", ".other.conf.tmp-1", ".50-kiln-pins.confx.tmp-2"}
+	for _, name := range append([]string{".50-kiln-pins.conf.tmp-123", ".50-kiln-pins.conf.tmp-abc"}, keep...) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := CleanTemps(path); err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(dir)
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.Name())
+	}
+	sort.Strings(keep)
+	if strings.Join(got, " ") != strings.Join(keep, " ") {
+		t.Errorf("left %v, want %v", got, keep)
+	}
+	if err := CleanTemps(filepath.Join(dir, "missing", "f")); err != nil {
+		t.Errorf("no directory: %v", err)
 	}
 }
