@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.podman.io/storage"
+	stypes "go.podman.io/storage/types"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
 	"github.com/kiln-appliance/kiln/systemd/contract"
@@ -43,7 +45,16 @@ func (f *releaseFlags) machine(cmd *cobra.Command) (*release.Machine, error) {
 	default:
 		return nil, usageError{fmt.Errorf("--apply-pins %q: want reload, restart or none", f.apply)}
 	}
-	return release.New(release.WithRoot(f.root), release.WithPinApplier(a), release.WithLog(cmd.OutOrStdout())), nil
+	images := release.StorageImages{Log: cmd.OutOrStdout(), Open: func() (storage.Store, error) {
+		return openNodeStore(func(opts *stypes.StoreOptions) {
+			if f.root != "/" { // a test's tree: its own store
+				opts.GraphRoot = filepath.Join(f.root, opts.GraphRoot)
+				opts.RunRoot = filepath.Join(f.root, opts.RunRoot)
+			}
+		})
+	}}
+	return release.New(release.WithRoot(f.root), release.WithPinApplier(a), release.WithImageRemover(images),
+		release.WithLog(cmd.OutOrStdout())), nil
 }
 
 func newStatusCommand() *cobra.Command {

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 
+	"go.podman.io/storage/pkg/reexec"
+
 	"github.com/kiln-appliance/kiln/systemd/agent/pins"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -26,6 +28,10 @@ type helperJob struct {
 }
 
 func TestMain(m *testing.M) {
+	// containers/storage applies layers in a re-executed child.
+	if reexec.Init() {
+		return
+	}
 	if job := os.Getenv(helperEnv); job != "" {
 		var j helperJob
 		if err := json.Unmarshal([]byte(job), &j); err != nil {
