@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
+	"strings"
 )
 
 // The node's release state: one file, the only record of which release the
@@ -25,6 +27,30 @@ const (
 	// StateLock is held (flock) by whatever changes the release state.
 	StateLock = "/run/kiln/state.lock"
 )
+
+// ReleaseDirs are the node directories a release may own files in: Podman
+// quadlets, static pod manifests, the release's own configuration. A release
+// file anywhere else is refused, so an upgrade can never replace system
+// files; the files found here when the node first records its state are the
+// factory release's.
+var ReleaseDirs = []string{
+	"/etc/containers/systemd/",
+	"/etc/kubernetes/manifests/",
+	"/etc/kiln/release/",
+}
+
+// CheckReleasePath says why p cannot be a release file's node path, or nil.
+func CheckReleasePath(p string) error {
+	if !strings.HasPrefix(p, "/") || path.Clean(p) != p {
+		return fmt.Errorf("%q is not a clean absolute path; write it like /etc/containers/systemd/app.container", p)
+	}
+	for _, dir := range ReleaseDirs {
+		if rest, ok := strings.CutPrefix(p, dir); ok && rest != "" {
+			return nil
+		}
+	}
+	return fmt.Errorf("%q is outside the directories a release may own (%s)", p, strings.Join(ReleaseDirs, ", "))
+}
 
 // StateVersion is the schema version of StateFile.
 const StateVersion = 1

@@ -134,8 +134,16 @@ type node struct {
 
 func newNode(t testing.TB) *node {
 	n := &node{root: t.TempDir()}
-	testReleases["1.0.0"].importBlobs(t, n.root)
+	// The factory release's files, as Ignition writes them.
+	for p, content := range testReleases["1.0.0"].files {
+		if err := atomicfile.WriteFile(filepath.Join(n.root, p), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	c := &contract.Contents{SchemaVersion: contract.ContentsVersion, Version: "1.0.0", Images: testReleases["1.0.0"].record().Images}
+	if err := os.MkdirAll(filepath.Join(n.root, contract.MountPoint), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if err := stage.WriteContents(filepath.Join(n.root, contract.MountPoint), c); err != nil {
 		t.Fatal(err)
 	}
@@ -197,8 +205,8 @@ func (o op) String() string { return strings.TrimSpace(o.Action + " " + o.Versio
 func (n *node) run(t testing.TB, m *Machine, o op) (*contract.State, error) {
 	ctx := context.Background()
 	switch o.Action {
-	case "init":
-		return m.Init(ctx, testReleases["1.0.0"].record())
+	case "init": // as kiln agent release begin does it: kiln.json lists no files
+		return m.Init(ctx, contract.Release{Version: "1.0.0", Images: testReleases["1.0.0"].record().Images})
 	case "import":
 		testReleases[o.Version].importBlobs(t, n.root)
 		return nil, nil

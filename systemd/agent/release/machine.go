@@ -103,8 +103,10 @@ func FactoryRelease(c *contract.Contents) contract.Release {
 }
 
 // Init records factory as the current release when the node has no state
-// yet, and converges. On a node with state it only converges: the factory
-// release never overrides a recorded one.
+// yet, and converges. A factory release that lists no files gets the files
+// the node has under contract.ReleaseDirs (Ignition's), their contents kept
+// in the release store for a rollback. On a node with state Init only
+// converges: the factory release never overrides a recorded one.
 func (m *Machine) Init(ctx context.Context, factory contract.Release) (*contract.State, error) {
 	if err := checkRelease(factory); err != nil {
 		return nil, fmt.Errorf("factory release: %w", err)
@@ -112,6 +114,11 @@ func (m *Machine) Init(ctx context.Context, factory contract.Release) (*contract
 	return m.transition(ctx, "init", func(s *contract.State) error {
 		if s.SchemaVersion != 0 {
 			return errUnchanged
+		}
+		if len(factory.Files) == 0 {
+			if err := m.captureFiles(&factory); err != nil {
+				return err
+			}
 		}
 		*s = contract.State{SchemaVersion: contract.StateVersion, Current: factory}
 		return nil

@@ -2,6 +2,7 @@ package release
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -181,7 +182,7 @@ func TestRefused(t *testing.T) {
 		{"stage a file in kiln's state", []op{{Action: "import", Version: "1.2.0"}}, func(m *Machine) error {
 			_, err := m.Stage(context.Background(), bad)
 			return err
-		}, nil, "not a release file"},
+		}, nil, "outside the directories a release may own"},
 		{"stage a non-semver version", nil, func(m *Machine) error {
 			r := testReleases["1.2.0"].record()
 			r.Version = "two"
@@ -275,6 +276,8 @@ func TestImport(t *testing.T) {
 	}
 	n.mustRun(t, op{Action: "abandon", Version: "1.1.0"})
 
+	storeDir := filepath.Join(n.root, contract.ReleaseStore, "blobs", "sha256")
+	blobsBefore, _ := os.ReadDir(storeDir)
 	stateBefore := mustRead(t, filepath.Join(n.root, contract.StateFile))
 	pinsBefore := mustRead(t, filepath.Join(n.root, contract.PinsDropIn))
 	tr := testReleases["1.2.0"]
@@ -296,8 +299,8 @@ func TestImport(t *testing.T) {
 	if got := mustRead(t, filepath.Join(n.root, contract.PinsDropIn)); string(got) != string(pinsBefore) {
 		t.Errorf("a failed import changed the pins:\n%s", got)
 	}
-	if entries, _ := os.ReadDir(filepath.Join(n.root, contract.ReleaseStore, "blobs", "sha256")); len(entries) != 2 {
-		t.Errorf("the failed fill left %d blobs, want the 2 it copied", len(entries))
+	if entries, _ := os.ReadDir(storeDir); len(entries) != len(blobsBefore)+2 {
+		t.Errorf("the store holds %d blobs after the failed fill, want the %d kept and the 2 it copied", len(entries), len(blobsBefore))
 	}
 	n.mustRun(t, op{Action: "converge"})
 	n.checkConverged(t)
@@ -332,4 +335,60 @@ func TestStaleTempFilesRemoved(t *testing.T) {
 		}
 	}
 	n.checkConverged(t)
+}
+
+// The first Init records the files Ignition wrote under the release
+// directories as the factory release's, contents kept in the store (hidden
+// files and files elsewhere are not a release's); a factory release that
+// lists its files (contents on the image partition) is taken as it is.
+// Either way a rollback to the factory release puts its files back.
+func TestInitRecordsFactoryFiles(t *testing.T) {
+	t.Parallel()
+	n := newNode(t)
+	for _, p := range []string{"/etc/containers/systemd/.app.container.swp", "/etc/containers/registries.conf.d/admin.conf"} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(n.root, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(n.root, p), []byte("not a release file"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.mustRun(t, op{Action: "init"})
+	s := n.checkConverged(t)
+	want := testReleases["1.0.0"].record()
+	if got, _ := json.Marshal(s.Current.Files); string(got) != string(mustJSON(t, want.Files)) {
+		t.Errorf("factory files recorded:\n%s\nwant\n%s", got, mustJSON(t, want.Files))
+	}
+	if len(s.Current.Blobs) != len(want.Files) {
+		t.Errorf("factory blobs in the store: %v", s.Current.Blobs)
+	}
+
+	listed := newNode(t)
+	testReleases["1.0.0"].importBlobs(t, listed.root) // file contents on the image partition
+	if _, err := listed.machine("b").Init(context.Background(), want); err != nil {
+		t.Fatal(err)
+	}
+	if s := listed.checkConverged(t); len(s.Current.Blobs) != 0 {
+		t.Errorf("a factory release that lists its files got store blobs: %v", s.Current.Blobs)
+	}
+
+	for _, n := range []*node{n, listed} {
+		n.mustRun(t, op{Action: "import", Version: "1.1.0"}, op{Action: "stage", Version: "1.1.0"},
+			op{Action: "begin", Boot: "b1"}, op{Action: "rollback", Version: "1.1.0"})
+		for p, content := range testReleases["1.0.0"].files {
+			if got, err := os.ReadFile(filepath.Join(n.root, p)); err != nil || string(got) != content {
+				t.Errorf("after rollback to the factory release: %s = %q, %v", p, got, err)
+			}
+		}
+		n.checkConverged(t)
+	}
+}
+
+func mustJSON(t testing.TB, v any) []byte {
+	t.Helper()
+	data, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
 }

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path"
 	"path/filepath"
-	"strings"
 
 	"github.com/coreos/go-semver/semver"
 	"github.com/opencontainers/go-digest"
@@ -218,11 +216,8 @@ func checkRelease(r contract.Release) error {
 	}
 	seen := map[string]bool{}
 	for _, f := range r.Files {
-		if !strings.HasPrefix(f.Path, "/") || path.Clean(f.Path) != f.Path || f.Path == "/" {
-			return fmt.Errorf("release file %q: not a clean absolute path", f.Path)
-		}
-		if strings.HasPrefix(f.Path+"/", "/var/lib/kiln/") {
-			return fmt.Errorf("release file %q: kiln's own state is not a release file", f.Path)
+		if err := contract.CheckReleasePath(f.Path); err != nil {
+			return fmt.Errorf("release file: %w", err)
 		}
 		if seen[f.Path] {
 			return fmt.Errorf("release file %q listed twice", f.Path)
