@@ -97,7 +97,8 @@ func (m *Machine) Load() (*contract.State, error) {
 }
 
 // FactoryRelease is the release a factory disk holds: the image partition's
-// version and images. Its blobs are on the partition, none in the store.
+// version and images (their blobs are on the partition). kiln.json lists no
+// release files; Init records the ones Ignition wrote.
 func FactoryRelease(c *contract.Contents) contract.Release {
 	return contract.Release{Version: c.Version, Images: c.Images}
 }
@@ -188,7 +189,11 @@ func (m *Machine) lock() (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("release state lock: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); errors.Is(err, syscall.EWOULDBLOCK) {
+		fmt.Fprintf(m.log, "waiting for another kiln agent (an import or a boot step) to finish with the release state\n")
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+	}
+	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("release state lock %s: %w", p, err)
 	}

@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -391,4 +393,65 @@ func mustJSON(t testing.TB, v any) []byte {
 		t.Fatal(err)
 	}
 	return data
+}
+
+// Two agents never change the state at once: the second waits for the
+// first (here, an import still copying) and says so.
+func TestLockSerialises(t *testing.T) {
+	t.Parallel()
+	n := newNode(t)
+	n.mustRun(t, op{Action: "init"})
+	copying, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		tr := testReleases["1.1.0"]
+		_, err := n.machine("b").Import(context.Background(), tr.record(), func(_ context.Context, dir string) error {
+			close(copying)
+			<-release
+			return tr.fill(dir, func(string) error { return nil })
+		})
+		done <- err
+	}()
+	<-copying
+	var log lockedBuffer
+	converged := make(chan error, 1)
+	go func() {
+		_, err := n.machine("b", WithLog(&log)).Converge(context.Background())
+		converged <- err
+	}()
+	for !strings.Contains(log.String(), "waiting for another kiln agent") {
+		select {
+		case err := <-converged:
+			t.Fatalf("converge ran while an import held the state: %v", err)
+		default:
+			time.Sleep(time.Millisecond)
+		}
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-converged; err != nil {
+		t.Fatal(err)
+	}
+	if s := n.checkConverged(t); versions(s) != "1.0.0/-/1.1.0/-" {
+		t.Errorf("after import and converge: %s", versions(s))
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
