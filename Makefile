@@ -16,8 +16,10 @@ AGENT_BIN := out/kiln-agent
 APT_PKGS := gdisk squashfs-tools e2fsprogs dosfstools mtools fdisk skopeo podman \
             ignition zstd xz-utils util-linux
 APT_E2E  := qemu-system-x86 ovmf debootstrap systemd
+# The reference registry the benchmarks measure kiln serve against.
+APT_BENCH := docker-registry
 
-.PHONY: all build test demo bench e2e fuzz deps deps-e2e clean vet
+.PHONY: all build test demo bench e2e fuzz deps deps-e2e deps-bench clean vet
 
 all: build
 
@@ -32,6 +34,9 @@ deps:
 deps-e2e:
 	@./test/deps.sh $(APT_PKGS) $(APT_E2E)
 
+deps-bench:
+	@./test/deps.sh $(APT_PKGS) $(APT_BENCH)
+
 vet:
 	$(GO) vet $(GOFLAGS) ./...
 
@@ -45,7 +50,7 @@ demo: deps build
 	$(BIN) build recipes/demo.yaml -o out/demo.raw
 	$(BIN) inspect out/demo.raw
 
-bench: deps build
+bench: deps-bench build
 	$(GO) test $(GOFLAGS) -run '^$$' -bench . -benchtime 1x -timeout 60m ./...
 
 # Each fuzz target runs briefly (FUZZTIME); corpora found failing land in testdata/fuzz.

@@ -91,6 +91,9 @@ func Inspect(path string) (*Layout, error) {
 		return nil, fmt.Errorf("inspect disk: %w", err)
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.IsDir() {
+		return nil, fmt.Errorf("inspect disk: %s is a directory: give a disk image file or a disk device (e.g. /dev/sdX)", path)
+	}
 	size, err := f.Seek(0, io.SeekEnd) // Stat says 0 for block devices
 	if err != nil {
 		return nil, fmt.Errorf("inspect disk: %w", err)

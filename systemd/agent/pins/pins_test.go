@@ -41,10 +41,7 @@ func TestWriteParses(t *testing.T) {
 	if err := Write(path, images); err != nil {
 		t.Fatal(err)
 	}
-	got, err := Read(path) // strict: fails on keys CRI-O would not know
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := parsePins(t, path)
 	want := []string{
 		"docker.io/library/nginx:latest",
 		"docker.io/library/nginx@" + dB,
@@ -65,8 +62,8 @@ func TestWriteParses(t *testing.T) {
 	if err := Write(path, images[:1]); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := Read(path); err != nil || len(got) != 2 {
-		t.Errorf("after rewrite: %v %v", got, err)
+	if got := parsePins(t, path); len(got) != 2 {
+		t.Errorf("after rewrite: %v", got)
 	}
 	entries, _ := os.ReadDir(filepath.Dir(path))
 	if len(entries) != 1 {

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -78,12 +77,9 @@ func (m *Machine) syncPins(ctx context.Context, releases []contract.Release) err
 		return err
 	}
 	dropIn := m.path(contract.PinsDropIn)
-	if err := atomicfile.CleanTemps(dropIn); err != nil {
-		return err
-	}
 	if cur, err := os.ReadFile(dropIn); err != nil || !bytes.Equal(cur, data) {
 		m.step("write pins")
-		if err := atomicfile.WriteFile(dropIn, data, 0o644); err != nil {
+		if err := pins.Write(dropIn, images); err != nil { // its temp file outside crio.conf.d
 			return err
 		}
 		fmt.Fprintf(m.log, "pins: %d image(s) pinned in %s\n", len(images), contract.PinsDropIn)
@@ -133,11 +129,6 @@ func (m *Machine) syncFiles(s *contract.State) error {
 	}
 	sort.Strings(owned)
 	owned = slices.Compact(owned)
-	for _, p := range append(owned, slices.Sorted(maps.Keys(want))...) {
-		if err := atomicfile.CleanTemps(m.path(p)); err != nil {
-			return err
-		}
-	}
 	for _, p := range owned {
 		if _, err := os.Lstat(m.path(p)); os.IsNotExist(err) {
 			continue

@@ -314,31 +314,6 @@ func TestImport(t *testing.T) {
 	}
 }
 
-// A write killed between its temp file and the rename leaves the temp file
-// beside the target; CRI-O reads every file in crio.conf.d, so the next run
-// (every boot, before CRI-O) removes them, and release files' likewise.
-func TestStaleTempFilesRemoved(t *testing.T) {
-	t.Parallel()
-	n := newNode(t)
-	n.mustRun(t, op{Action: "init"})
-	stale := []string{
-		filepath.Join(filepath.Dir(contract.PinsDropIn), ".50-kiln-pins.conf.tmp-4242"),
-		filepath.Join(filepath.Dir(quadlet), ".app.container.tmp-17"),
-	}
-	for _, p := range stale {
-		if err := os.WriteFile(filepath.Join(n.root, p), []byte("[crio.image]\npinned_images = [\n  \"quay.io/acme/app:1.0"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	n.mustRun(t, op{Action: "begin", Boot: "b"})
-	for _, p := range stale {
-		if _, err := os.Stat(filepath.Join(n.root, p)); !os.IsNotExist(err) {
-			t.Errorf("%s is still there (%v)", p, err)
-		}
-	}
-	n.checkConverged(t)
-}
-
 // The first Init records the files Ignition wrote under the release
 // directories as the factory release's, contents kept in the store (hidden
 // files and files elsewhere are not a release's); a factory release that

@@ -1,33 +1,77 @@
 // Package atomicfile replaces a file so that readers see the old content or
-// the new, never a partial file, even across a crash: write a temp file in
-// the same directory, fsync it, rename it over the target, fsync the directory.
+// the new, never a partial file, even across a crash: write a temp file on
+// the same filesystem, fsync it, rename it over the target, fsync the
+// directories.
+//
+// A writer killed between write and rename leaves its temp file behind. So
+// that such a file is never read as configuration (CRI-O parses every file
+// in crio.conf.d), WithTempDir puts temp files outside the directory a
+// program reads; and every write removes the temp files of earlier writes
+// of the same target, which are provably abandoned: each writer holds an
+// exclusive flock(2) on the temp directory from before it creates its temp
+// file until after it is renamed or removed, and the kernel drops the lock
+// of a killed process.
 package atomicfile
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 )
+
+type options struct {
+	tempDir      string
+	beforeRename func(tmp string)
+}
+
+// Option configures WriteFile.
+type Option func(*options)
+
+// WithTempDir writes the temp file in dir, which must be on the target's
+// filesystem (rename cannot cross filesystems): a directory the target's
+// readers do not scan, e.g. /etc/crio for /etc/crio/crio.conf.d/*.conf.
+func WithTempDir(dir string) Option { return func(o *options) { o.tempDir = dir } }
+
+// BeforeRename calls f with the temp file's path once it is written and
+// synced, just before the rename: the step fault tests kill a writer at.
+func BeforeRename(f func(tmp string)) Option { return func(o *options) { o.beforeRename = f } }
 
 // WriteFile atomically replaces path with data, creating parent directories
 // (0755) as needed.
-func WriteFile(path string, data []byte, mode os.FileMode) error {
+func WriteFile(path string, data []byte, mode os.FileMode, opts ...Option) error {
 	return Write(path, mode, func(w io.Writer) error {
 		_, err := w.Write(data)
 		return err
-	})
+	}, opts...)
 }
 
-// Write atomically replaces path with what fill writes, streamed to a temp
-// file beside it; when fill fails (say, a digest does not match) the temp
-// file is removed and path is left as it was.
-func Write(path string, mode os.FileMode, fill func(w io.Writer) error) (err error) {
+// Write atomically replaces path with what fill writes, streamed to the temp
+// file; when fill fails (say, a digest does not match) the temp file is
+// removed and path is left as it was.
+func Write(path string, mode os.FileMode, fill func(w io.Writer) error, opts ...Option) (err error) {
 	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	o := options{tempDir: dir}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	for _, d := range []string{dir, o.tempDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("write %s: %w", path, err)
+		}
+	}
+	unlock, err := lockDir(o.tempDir)
+	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	defer unlock()
+	pattern := "." + filepath.Base(path) + ".tmp-"
+	if err := removeAbandoned(o.tempDir, dir, pattern); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	tmp, err := os.CreateTemp(o.tempDir, pattern+"*")
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
@@ -49,10 +93,64 @@ func Write(path string, mode os.FileMode, fill func(w io.Writer) error) (err err
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
+	if o.beforeRename != nil {
+		o.beforeRename(tmp.Name())
+	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
+		if errors.Is(err, syscall.EXDEV) {
+			err = fmt.Errorf("%w (the temp directory %s must be on the same filesystem)", err, o.tempDir)
+		}
 		return fmt.Errorf("write %s: %w", path, err)
 	}
+	if o.tempDir != dir {
+		if err := SyncDir(o.tempDir); err != nil {
+			return err
+		}
+	}
 	return SyncDir(dir)
+}
+
+// lockDir takes an exclusive flock on dir, waiting for the writer that
+// holds it, and returns the function that releases it.
+func lockDir(dir string) (func(), error) {
+	d, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	for {
+		err = syscall.Flock(int(d.Fd()), syscall.LOCK_EX)
+		if !errors.Is(err, syscall.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		d.Close()
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	return func() { d.Close() }, nil
+}
+
+// removeAbandoned removes temp files named pattern* in the temp directory
+// and in the target's directory (where writers without WithTempDir, and
+// kiln versions before it, put them). Called with the lock held, so no
+// live writer owns one.
+func removeAbandoned(tempDir, dir, pattern string) error {
+	dirs := []string{tempDir}
+	if dir != tempDir {
+		dirs = append(dirs, dir)
+	}
+	for _, d := range dirs {
+		stale, err := filepath.Glob(filepath.Join(d, pattern+"*"))
+		if err != nil {
+			return err
+		}
+		for _, p := range stale {
+			if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+				return fmt.Errorf("remove an abandoned temp file: %w", err)
+			}
+		}
+	}
+	return nil
 }
 
 // Remove deletes path (a missing file is fine) and makes the removal durable.
@@ -77,33 +175,4 @@ func SyncDir(dir string) error {
 		return fmt.Errorf("sync directory %s: %w", dir, err)
 	}
 	return nil
-}
-
-// CleanTemps removes the temp files a killed Write of path left beside it.
-// Readers that take every file in a directory (CRI-O reads every file in
-// crio.conf.d, whatever its name) must not find one.
-func CleanTemps(path string) error {
-	stale, err := filepath.Glob(filepath.Join(filepath.Dir(path), "."+globEscape(filepath.Base(path))+".tmp-*"))
-	if err != nil {
-		return fmt.Errorf("clean temp files of %s: %w", path, err)
-	}
-	for _, p := range stale {
-		if err := Remove(p); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// globEscape quotes the characters filepath.Match treats specially.
-func globEscape(s string) string {
-	var b []byte
-	for i := 0; i < len(s); i++ {
-		switch s[i] {
-		case '*', '?', '[', '\\':
-			b = append(b, '\\')
-		}
-		b = append(b, s[i])
-	}
-	return string(b)
 }

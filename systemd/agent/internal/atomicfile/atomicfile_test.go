@@ -6,11 +6,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // A reader polling the file while it is rewritten must only ever see a whole
@@ -76,6 +76,50 @@ func TestWriteFileError(t *testing.T) {
 	}
 }
 
+// TestConcurrentWriterKeepsItsTemp: a second writer of the same target
+// removes abandoned temp files, never the one a live writer is about to
+// rename (it waits for the writer's lock). Had it removed it, the first
+// writer's rename would fail.
+func TestConcurrentWriterKeepsItsTemp(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "conf.d", "50.conf")
+	tempDir := dir
+	abandoned := filepath.Join(tempDir, ".50.conf.tmp-abandoned")
+	os.WriteFile(abandoned, []byte("half"), 0o644)
+
+	paused, resume := make(chan string), make(chan struct{})
+	firstDone := make(chan error)
+	go func() {
+		firstDone <- WriteFile(path, []byte("first"), 0o644, WithTempDir(tempDir), BeforeRename(func(tmp string) {
+			paused <- tmp
+			<-resume
+		}))
+	}()
+	tmp := <-paused
+	secondDone := make(chan error)
+	go func() { secondDone <- WriteFile(path, []byte("second"), 0o644, WithTempDir(tempDir)) }()
+	time.Sleep(200 * time.Millisecond) // let the second writer run into the lock
+	if _, err := os.Stat(tmp); err != nil {
+		t.Errorf("a live writer's temp file was removed: %v", err)
+	}
+	close(resume)
+	if err := <-firstDone; err != nil {
+		t.Errorf("first writer: %v", err)
+	}
+	if err := <-secondDone; err != nil {
+		t.Errorf("second writer: %v", err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "second" {
+		t.Errorf("content %q, want the second writer's", b)
+	}
+	if _, err := os.Stat(abandoned); !os.IsNotExist(err) {
+		t.Errorf("abandoned temp file not removed: %v", err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(tempDir, ".50.conf.tmp-*")); len(m) > 0 {
+		t.Errorf("temp files left: %v", m)
+	}
+}
+
 // A fill that fails leaves the old file and no temp file.
 func TestWriteFailedFillKeepsOld(t *testing.T) {
 	dir := t.TempDir()
@@ -95,32 +139,5 @@ func TestWriteFailedFillKeepsOld(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
 		t.Errorf("%d entries in the directory, want only the file", len(entries))
-	}
-}
-
-// CleanTemps removes exactly the temp files of one target.
-func TestCleanTemps(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "50-kiln-pins.conf")
-	keep := []string{"50-kiln-pins.conf", "other.conf", ".other.conf.tmp-1", ".50-kiln-pins.confx.tmp-2"}
-	for _, name := range append([]string{".50-kiln-pins.conf.tmp-123", ".50-kiln-pins.conf.tmp-abc"}, keep...) {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := CleanTemps(path); err != nil {
-		t.Fatal(err)
-	}
-	entries, _ := os.ReadDir(dir)
-	var got []string
-	for _, e := range entries {
-		got = append(got, e.Name())
-	}
-	sort.Strings(keep)
-	if strings.Join(got, " ") != strings.Join(keep, " ") {
-		t.Errorf("left %v, want %v", got, keep)
-	}
-	if err := CleanTemps(filepath.Join(dir, "missing", "f")); err != nil {
-		t.Errorf("no directory: %v", err)
 	}
 }
