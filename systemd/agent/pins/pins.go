@@ -126,3 +126,23 @@ func write(path string, images []contract.Image, opts ...atomicfile.Option) erro
 	opts = append(opts, atomicfile.WithTempDir(filepath.Dir(filepath.Dir(path))))
 	return atomicfile.WriteFile(path, data, 0o644, opts...)
 }
+
+// Read returns the references a pins drop-in lists, parsed as TOML as CRI-O
+// does; a key CRI-O would not know is an error (the file is not kiln's).
+func Read(path string) ([]string, error) {
+	var conf struct {
+		Crio struct {
+			Image struct {
+				PinnedImages []string `toml:"pinned_images"`
+			} `toml:"image"`
+		} `toml:"crio"`
+	}
+	md, err := toml.DecodeFile(path, &conf)
+	if err != nil {
+		return nil, fmt.Errorf("read pins: %w", err)
+	}
+	if u := md.Undecoded(); len(u) > 0 {
+		return nil, fmt.Errorf("read pins %s: keys CRI-O would not know: %v", path, u)
+	}
+	return conf.Crio.Image.PinnedImages, nil
+}

@@ -16,6 +16,7 @@ package atomicfile
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -40,7 +41,17 @@ func BeforeRename(f func(tmp string)) Option { return func(o *options) { o.befor
 
 // WriteFile atomically replaces path with data, creating parent directories
 // (0755) as needed.
-func WriteFile(path string, data []byte, mode os.FileMode, opts ...Option) (err error) {
+func WriteFile(path string, data []byte, mode os.FileMode, opts ...Option) error {
+	return Write(path, mode, func(w io.Writer) error {
+		_, err := w.Write(data)
+		return err
+	}, opts...)
+}
+
+// Write atomically replaces path with what fill writes, streamed to the temp
+// file; when fill fails (say, a digest does not match) the temp file is
+// removed and path is left as it was.
+func Write(path string, mode os.FileMode, fill func(w io.Writer) error, opts ...Option) (err error) {
 	dir := filepath.Dir(path)
 	o := options{tempDir: dir}
 	for _, opt := range opts {
@@ -70,7 +81,7 @@ func WriteFile(path string, data []byte, mode os.FileMode, opts ...Option) (err 
 			os.Remove(tmp.Name())
 		}
 	}()
-	if _, err := tmp.Write(data); err != nil {
+	if err := fill(tmp); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	if err := tmp.Chmod(mode); err != nil {
@@ -92,11 +103,11 @@ func WriteFile(path string, data []byte, mode os.FileMode, opts ...Option) (err 
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	if o.tempDir != dir {
-		if err := syncDir(o.tempDir); err != nil {
+		if err := SyncDir(o.tempDir); err != nil {
 			return err
 		}
 	}
-	return syncDir(dir)
+	return SyncDir(dir)
 }
 
 // lockDir takes an exclusive flock on dir, waiting for the writer that
@@ -147,13 +158,14 @@ func Remove(path string) error {
 	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("remove %s: %w", path, err)
 	}
-	if err := syncDir(filepath.Dir(path)); err != nil && !os.IsNotExist(err) {
+	if err := SyncDir(filepath.Dir(path)); err != nil && !os.IsNotExist(err) {
 		return err
 	}
 	return nil
 }
 
-func syncDir(dir string) error {
+// SyncDir makes the entries of dir (creations, renames, removals) durable.
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return fmt.Errorf("sync directory %s: %w", dir, err)

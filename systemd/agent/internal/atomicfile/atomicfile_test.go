@@ -2,8 +2,11 @@ package atomicfile
 
 import (
 	"bytes"
+	"errors"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -114,5 +117,27 @@ func TestConcurrentWriterKeepsItsTemp(t *testing.T) {
 	}
 	if m, _ := filepath.Glob(filepath.Join(tempDir, ".50.conf.tmp-*")); len(m) > 0 {
 		t.Errorf("temp files left: %v", m)
+	}
+}
+
+// A fill that fails leaves the old file and no temp file.
+func TestWriteFailedFillKeepsOld(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	if err := WriteFile(path, []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := Write(path, 0o644, func(w io.Writer) error {
+		w.Write([]byte("half of the new"))
+		return errors.New("digest mismatch")
+	})
+	if err == nil || !strings.Contains(err.Error(), "digest mismatch") || !strings.Contains(err.Error(), path) {
+		t.Fatalf("error %v, want one naming the path and the cause", err)
+	}
+	if data, _ := os.ReadFile(path); string(data) != "old" {
+		t.Errorf("file holds %q after a failed write, want the old content", data)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("%d entries in the directory, want only the file", len(entries))
 	}
 }
