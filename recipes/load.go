@@ -201,7 +201,7 @@ func (r *Recipe) validateRelease(v validator) {
 	for i, f := range r.Release.Files {
 		field := fmt.Sprintf("release.files[%d]", i)
 		if v.required(field+".path", f.Path, "give the file's absolute path on the node, e.g. /etc/containers/systemd/app.container") {
-			if err := bundle.CheckReleasePath(f.Path); err != nil {
+			if err := contract.CheckReleasePath(f.Path); err != nil {
 				v.errorf(field+".path", "%v", err)
 			} else if prev, dup := seen[f.Path]; dup {
 				v.errorf(field+".path", "%q is listed twice (also at %s); keep one entry", f.Path, prev)

@@ -133,7 +133,7 @@ type Release struct {
 // through Ignition and replaced by an upgrade bundle (the node keeps the
 // previous set for rollback).
 type ReleaseFile struct {
-	// Path on the node, under one of bundle.ReleasePaths, e.g.
+	// Path on the node, under one of contract.ReleaseDirs, e.g.
 	// /etc/containers/systemd/app.container.
 	Path string `yaml:"path"`
 	// Source is the file's content, relative to the recipe's directory.

@@ -18,6 +18,7 @@ import (
 	"github.com/kiln-appliance/kiln/builder/fetch"
 	"github.com/kiln-appliance/kiln/builder/stage"
 	"github.com/kiln-appliance/kiln/recipes"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
 
@@ -58,7 +59,7 @@ func stageTree(ctx context.Context, tree string, cache *fetch.Cache, r *recipes.
 		if err != nil {
 			return err
 		}
-		m.ReleaseFiles = append(m.ReleaseFiles, bundle.ReleaseFile{Path: f.Path, Mode: f.FileMode(), Size: size, Digest: digest})
+		m.ReleaseFiles = append(m.ReleaseFiles, contract.ReleaseFile{Path: f.Path, Mode: f.FileMode(), Size: size, Digest: digest})
 	}
 	sort.Slice(m.ReleaseFiles, func(i, j int) bool { return m.ReleaseFiles[i].Path < m.ReleaseFiles[j].Path })
 	if m.AgentOnStick {

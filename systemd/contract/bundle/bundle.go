@@ -28,8 +28,8 @@ package bundle
 import (
 	"crypto/sha256"
 	"fmt"
-	"path"
-	"strings"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // Paths inside the bundle's filesystem.
@@ -92,7 +92,9 @@ type Manifest struct {
 	Blobs  []Blob  `json:"blobs"`  // every blob the images name, sorted by digest
 	Space  Space   `json:"space"`
 
-	ReleaseFiles []ReleaseFile `json:"releaseFiles"` // sorted by path
+	// ReleaseFiles are the release's files (contract.ReleaseFile: the node's
+	// own record of them), stored at ReleaseDir + Path; sorted by path.
+	ReleaseFiles []contract.ReleaseFile `json:"releaseFiles"`
 	// Agent is the kiln agent the release runs. AgentOnStick: it is at
 	// AgentBinary; a delta leaves it out when every base runs this very
 	// agent (same digest), and the node keeps the one it has.
@@ -148,15 +150,6 @@ type Space struct {
 // their unpacked layers.
 func (s Space) Need() int64 { return s.CopyBytes + s.UnpackedBytes }
 
-// ReleaseFile is one file the release owns on the node, stored in the
-// bundle at ReleaseDir + Path.
-type ReleaseFile struct {
-	Path   string `json:"path"` // absolute node path, under one of ReleasePaths
-	Mode   uint32 `json:"mode"` // permission bits
-	Size   int64  `json:"size"`
-	Digest string `json:"digest"`
-}
-
 // File is one regular file in the bundle's filesystem.
 type File struct {
 	Path   string `json:"path"` // slash-separated, relative to the filesystem root
@@ -181,27 +174,4 @@ const ChunkSize = 64 << 20
 type Key struct {
 	KeyID     string `json:"keyid"`     // KeyID of the key
 	PublicKey string `json:"publicKey"` // PKIX PEM ("PUBLIC KEY"), as `kiln key generate` writes
-}
-
-// ReleasePaths are the node directories a release may own files in: Podman
-// quadlets, static pod manifests, and the release's own configuration. A
-// release file anywhere else is refused (by the recipe, the bundle writer
-// and the node alike), so an upgrade can never replace system files.
-var ReleasePaths = []string{
-	"/etc/containers/systemd/",
-	"/etc/kubernetes/manifests/",
-	"/etc/kiln/release/",
-}
-
-// CheckReleasePath says why p cannot be a release file's node path, or nil.
-func CheckReleasePath(p string) error {
-	if !strings.HasPrefix(p, "/") || path.Clean(p) != p {
-		return fmt.Errorf("%q is not a clean absolute path; write it like /etc/containers/systemd/app.container", p)
-	}
-	for _, dir := range ReleasePaths {
-		if rest, ok := strings.CutPrefix(p, dir); ok && rest != "" {
-			return nil
-		}
-	}
-	return fmt.Errorf("%q is outside the directories a release may own (%s)", p, strings.Join(ReleasePaths, ", "))
 }

@@ -7,8 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 func testKey(t *testing.T) (ed25519.PrivateKey, ed25519.PublicKey) {
@@ -45,7 +48,7 @@ func testManifest(t *testing.T, pub ed25519.PublicKey) *Manifest {
 			{Digest: d("c"), Size: 1000, OnStick: false},
 		},
 		Space:        Space{CopyBytes: 600},
-		ReleaseFiles: []ReleaseFile{{Path: "/etc/containers/systemd/app.container", Mode: 0o644}},
+		ReleaseFiles: []contract.ReleaseFile{{Path: "/etc/containers/systemd/app.container", Mode: 0o644}},
 		Agent:        File{Path: AgentBinary, Size: 1, Digest: d("7")},
 		Filesystem:   Filesystem{Size: 4096, ChunkSize: ChunkSize, Chunks: []string{d("6")}},
 		Trust:        []Key{k},
@@ -200,22 +203,6 @@ func TestValidateRefuses(t *testing.T) {
 	}
 }
 
-func TestCheckReleasePath(t *testing.T) {
-	for p, ok := range map[string]bool{
-		"/etc/containers/systemd/app.container": true,
-		"/etc/kubernetes/manifests/pod.yaml":    true,
-		"/etc/kiln/release/app/config.toml":     true,
-		"/etc/containers/systemd/":              false,
-		"/etc/containers/systemd/../../passwd":  false,
-		"etc/kiln/release/x":                    false,
-		"/usr/bin/kiln":                         false,
-	} {
-		if err := CheckReleasePath(p); (err == nil) != ok {
-			t.Errorf("%s: %v", p, err)
-		}
-	}
-}
-
 // The key files are the standard encodings: openssl reads them.
 func TestKeyFilesAreStandard(t *testing.T) {
 	privPEM, pubPEM, err := GenerateKey()
@@ -265,5 +252,20 @@ func TestCheckFilesystemNamesTheChunk(t *testing.T) {
 	}
 	if err := m.CheckFilesystem(bytes.NewReader(disk[:len(disk)-1]), 100, nil); err == nil || !strings.Contains(err.Error(), "truncated") {
 		t.Fatalf("short: %v", err)
+	}
+}
+
+func TestRelease(t *testing.T) {
+	_, pub := testKey(t)
+	m := testManifest(t, pub)
+	d := func(c string) string { return "sha256:" + strings.Repeat(c, 64) }
+	m.ReleaseFiles[0].Digest = d("5")
+	// The partition holds the layer c; a, b (and the file's content) must be stored.
+	r := m.Release(func(digest string) bool { return digest == d("c") })
+	if r.Version != "1.1.0" || len(r.Images) != 1 || r.Images[0].Digest != d("a") || len(r.Files) != 1 {
+		t.Fatalf("release %+v", r)
+	}
+	if want := []string{d("5"), d("a"), d("b")}; !slices.Equal(r.Blobs, want) {
+		t.Errorf("blobs %v, want %v", r.Blobs, want)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/coreos/go-semver/semver"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // Errors of the node checks, for errors.Is; the messages say what to do.
@@ -150,7 +152,7 @@ func (m *Manifest) Validate() error {
 		}
 	}
 	for i, f := range m.ReleaseFiles {
-		if err := CheckReleasePath(f.Path); err != nil {
+		if err := contract.CheckReleasePath(f.Path); err != nil {
 			bad("release file %v", err)
 		}
 		if i > 0 && m.ReleaseFiles[i-1].Path >= f.Path {
@@ -233,4 +235,36 @@ func Bytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
+}
+
+// Release is the node's record of the bundle's release (what
+// release.Machine.Import stages): its images, its files, and the blobs it
+// keeps in the release store — every blob of its images that onPartition
+// (the node's image partition) lacks, on the stick or already stored for a
+// base release, and its files' contents. Sorted, without duplicates.
+func (m *Manifest) Release(onPartition func(digest string) bool) contract.Release {
+	r := contract.Release{Version: m.Version, Files: slices.Clone(m.ReleaseFiles)}
+	seen := map[string]bool{}
+	keep := func(d string) {
+		if !seen[d] {
+			seen[d] = true
+			r.Blobs = append(r.Blobs, d)
+		}
+	}
+	for _, img := range m.Images {
+		r.Images = append(r.Images, contract.Image{
+			Name: img.Name, Digest: img.Digest, MediaType: img.MediaType, Size: img.Size,
+			Served: img.Served, Preloaded: img.Preloaded, ImageID: img.ImageID,
+		})
+		for _, d := range append([]string{img.Digest}, img.Blobs...) {
+			if !onPartition(d) {
+				keep(d)
+			}
+		}
+	}
+	for _, f := range m.ReleaseFiles {
+		keep(f.Digest)
+	}
+	slices.Sort(r.Blobs)
+	return r
 }
