@@ -83,9 +83,12 @@ type State struct {
 // its workloads run, the files it owns on the node, and the blobs it keeps
 // in the release store.
 type Release struct {
-	Version string        `json:"version"` // semver
-	Images  []Image       `json:"images"`
-	Files   []ReleaseFile `json:"files,omitempty"`
+	Version string `json:"version"` // semver
+	// LockDigest is the sha256 of the release's lock file: with Version,
+	// what a delta bundle names as its base.
+	LockDigest string        `json:"lockDigest,omitempty"`
+	Images     []Image       `json:"images"`
+	Files      []ReleaseFile `json:"files,omitempty"`
 	// Blobs lists the digests this release keeps in ReleaseStore: image
 	// blobs the image partition lacks and its files' contents. Anything else
 	// it needs is on the image partition (the factory release keeps none).

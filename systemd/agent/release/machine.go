@@ -100,7 +100,7 @@ func (m *Machine) Load() (*contract.State, error) {
 // version and images (their blobs are on the partition). kiln.json lists no
 // release files; Init records the ones Ignition wrote.
 func FactoryRelease(c *contract.Contents) contract.Release {
-	return contract.Release{Version: c.Version, Images: c.Images}
+	return contract.Release{Version: c.Version, LockDigest: c.LockDigest, Images: c.Images}
 }
 
 // Init records factory as the current release when the node has no state

@@ -243,7 +243,7 @@ func Bytes(n int64) string {
 // (the node's image partition) lacks, on the stick or already stored for a
 // base release, and its files' contents. Sorted, without duplicates.
 func (m *Manifest) Release(onPartition func(digest string) bool) contract.Release {
-	r := contract.Release{Version: m.Version, Files: slices.Clone(m.ReleaseFiles)}
+	r := contract.Release{Version: m.Version, LockDigest: m.LockDigest, Files: slices.Clone(m.ReleaseFiles)}
 	seen := map[string]bool{}
 	keep := func(d string) {
 		if !seen[d] {

@@ -1,0 +1,463 @@
+//go:build !nodeonly
+
+package main
+
+// Tests of kiln agent import on a node tree of its own: bundles made by
+// kiln bundle in the test, the stick's partition as a real block device
+// (loop, partscan), the factory release's image partition mounted by the
+// kernel, and /var as a real tmpfs where space matters.
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/systemd/agent/bundleimport"
+	"github.com/kiln-appliance/kiln/systemd/agent/release"
+	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+)
+
+// importNode is a node's tree: the factory disk's image partition (its
+// kiln.json copied, so a test may edit it; its oci linked), trusted keys.
+type importNode struct {
+	root string
+}
+
+func newImportNode(t *testing.T, disk string, trust ...string) *importNode {
+	t.Helper()
+	n := &importNode{root: t.TempDir()}
+	n.setup(t, disk, trust...)
+	return n
+}
+
+func (n *importNode) setup(t *testing.T, disk string, trust ...string) {
+	t.Helper()
+	part := mountImagePartition(t, disk)
+	img := filepath.Join(n.root, contract.MountPoint)
+	if err := os.MkdirAll(img, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(part, contract.ContentsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(img, contract.ContentsFile), data, 0o644)
+	if err := os.Symlink(filepath.Join(part, contract.OCIDir), filepath.Join(img, contract.OCIDir)); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(n.root, bundle.TrustDir)
+	os.MkdirAll(dir, 0o755)
+	for _, p := range trust {
+		pem, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, bundle.TrustFileName(pem)), pem, 0o644)
+	}
+}
+
+func (n *importNode) kiln(t *testing.T, rs *releases, args ...string) (string, int) {
+	t.Helper()
+	return rs.kiln(t, append(args, "--root", n.root, "--apply-pins", "none")...)
+}
+
+// snapshot maps every path under the node's root to its content's digest.
+func (n *importNode) snapshot(t *testing.T) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	filepath.WalkDir(n.root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(n.root, p)
+		switch {
+		case d.Type()&fs.ModeSymlink != 0:
+			target, _ := os.Readlink(p)
+			out[rel] = "-> " + target
+		case d.IsDir():
+			out[rel] = "dir"
+		default:
+			data, _ := os.ReadFile(p)
+			sum := sha256.Sum256(data)
+			out[rel] = hex.EncodeToString(sum[:])
+		}
+		return nil
+	})
+	return out
+}
+
+func (n *importNode) state(t *testing.T) *contract.State {
+	t.Helper()
+	s, err := contract.ReadState(filepath.Join(n.root, contract.StateFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// checkStore checks every blob in the release store hashes to its name.
+func (n *importNode) checkStore(t *testing.T) map[string]bool {
+	t.Helper()
+	dir := filepath.Join(n.root, contract.ReleaseStore, "blobs", "sha256")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, e := range entries {
+		if got := sha256File(t, filepath.Join(dir, e.Name())); got != e.Name() {
+			t.Errorf("stored blob %s hashes to %s", e.Name(), got)
+		}
+		out["sha256:"+e.Name()] = true
+	}
+	return out
+}
+
+// attachStick attaches a stick image's bundle partition read-only as a
+// block device of its own, as the kernel shows a USB stick's partition
+// (this machine's loop driver does not scan partition tables).
+func attachStick(t *testing.T, img string) string {
+	t.Helper()
+	layout, err := partitions.Inspect(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, ok := layout.Find(bundle.PartitionName)
+	if !ok {
+		t.Fatalf("%s has no %s partition", img, bundle.PartitionName)
+	}
+	dev := strings.TrimSpace(run(t, "losetup", "--find", "--show", "--read-only",
+		"--offset", fmt.Sprint(p.Offset), "--sizelimit", fmt.Sprint(p.Size), img))
+	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
+	return dev
+}
+
+func sortedNames(m map[string]bool) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func TestImport(t *testing.T) {
+	rs := newReleases(t)
+	r10 := rs.recipe(t, "acme", "1.0.0", releaseFiles)
+	r11 := rs.recipe(t, "acme", "1.1.0", releaseFiles)
+	r12 := rs.recipe(t, "acme", "1.2.0", releaseFiles)
+	other := rs.recipe(t, "other", "1.1.0", "")
+	disk10 := filepath.Join(rs.dir, "disk-1.0.raw")
+	rs.mustKiln(t, "build", r10, "-o", disk10)
+	for _, r := range []string{r11, r12, other} {
+		rs.mustKiln(t, "lock", r)
+	}
+	b11 := filepath.Join(rs.dir, "upgrade-1.1.img")      // delta from 1.0, a stick
+	b12 := filepath.Join(rs.dir, "upgrade-1.2.kbundle")  // full, a file
+	d12 := filepath.Join(rs.dir, "delta-1.2-on-1.1.img") // delta from 1.1
+	bOther := filepath.Join(rs.dir, "other-1.1.kbundle")
+	rs.mustKiln(t, "bundle", r11, "-o", b11, "--key", rs.key, "--from", disk10)
+	rs.mustKiln(t, "bundle", r12, "-o", b12, "--key", rs.key, "--format", "file")
+	rs.mustKiln(t, "bundle", r12, "-o", d12, "--key", rs.key, "--from", b11)
+	rs.mustKiln(t, "bundle", other, "-o", bOther, "--key", rs.key, "--format", "file")
+	stick11 := attachStick(t, b11)
+	stickD12 := attachStick(t, d12)
+
+	t.Run("a delta stick is staged, its blobs stored and verified", func(t *testing.T) {
+		n := newImportNode(t, disk10, rs.pub)
+		out, code := n.kiln(t, rs, "agent", "import", stick11)
+		t.Logf("%s", out)
+		if code != 0 {
+			t.Fatalf("exit %d", code)
+		}
+		for _, want := range []string{"signed by SHA256:", "copying ", "release 1.1.0 is staged; the stick may be removed now"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("output lacks %q", want)
+			}
+		}
+		s := n.state(t)
+		if s.Staged == nil || s.Staged.Version != "1.1.0" || s.Current.Version != "1.0.0" {
+			t.Fatalf("state: %+v", s)
+		}
+		stored := n.checkStore(t)
+		want := map[string]bool{}
+		for _, b := range s.Staged.Blobs {
+			want[b] = true
+		}
+		if got, w := sortedNames(stored), sortedNames(want); strings.Join(got, " ") != strings.Join(w, " ") {
+			t.Errorf("release store holds %v, the staged release keeps %v", got, w)
+		}
+		// The delta's app:1.1 layers are new; base:1 is on the image partition.
+		for _, d := range rs.blobsOf(baseImage) {
+			if stored[d] {
+				t.Errorf("blob %s of %s is on the image partition and was copied too", d, baseImage)
+			}
+		}
+		for _, d := range rs.blobsOf(appImage + "1.1") {
+			if !stored[d] {
+				t.Errorf("blob %s of app:1.1 is not stored", d)
+			}
+		}
+
+		// A second stick while one release is staged.
+		before := n.snapshot(t)
+		out, code = n.kiln(t, rs, "agent", "import", b12)
+		if code == 0 || !strings.Contains(out, "another release is already staged (1.1.0)") || !strings.Contains(out, "nothing was changed") {
+			t.Errorf("second stick: exit %d:\n%s", code, out)
+		}
+		if d := diffSnapshot(before, n.snapshot(t)); d != "" {
+			t.Errorf("a refused import changed the node:\n%s", d)
+		}
+
+		// Tried and confirmed, 1.1 is current; 1.2's delta on 1.1 applies.
+		n.mustRelease(t, rs, "begin")
+		n.mustRelease(t, rs, "confirm", "1.1.0")
+		out, code = n.kiln(t, rs, "agent", "import", stickD12)
+		if code != 0 || n.state(t).Staged == nil || n.state(t).Staged.Version != "1.2.0" {
+			t.Fatalf("delta 1.2 on 1.1: exit %d:\n%s", code, out)
+		}
+		n.checkStore(t)
+	})
+
+	tampered := filepath.Join(rs.dir, "tampered.kbundle")
+	copyFile(t, b12, tampered)
+	flipByte(t, tampered, -100) // in the filesystem's last chunk
+	badSig := filepath.Join(rs.dir, "bad-signature.kbundle")
+	copyFile(t, b12, badSig)
+	flipSignedByte(t, badSig)
+
+	// Each refusal on a fresh 1.0 node, or one moved to 1.2.
+	for _, c := range []struct {
+		name   string
+		source string
+		node   func(t *testing.T, n *importNode)
+		want   string
+	}{
+		{"tampered filesystem", tampered, nil, "bundle is damaged: bytes"},
+		{"tampered manifest", badSig, nil, "not signed by a trusted key"},
+		{"untrusted key", b12, func(t *testing.T, n *importNode) {
+			os.RemoveAll(filepath.Join(n.root, bundle.TrustDir))
+			n.setupTrust(t, rs.otherPub)
+		}, "not signed by a trusted key (signed by [SHA256:"},
+		{"no trusted key at all", b12, func(t *testing.T, n *importNode) {
+			os.RemoveAll(filepath.Join(n.root, bundle.TrustDir))
+		}, "this node trusts no bundle key"},
+		{"another recipe", bOther, nil, "bundle is for another appliance: it is other for amd64, this node runs acme for amd64"},
+		{"another arch", b12, func(t *testing.T, n *importNode) {
+			n.editContents(t, func(c *contract.Contents) { c.Arch = "arm64" })
+		}, "this node runs acme for arm64"},
+		{"a delta for another base", stickD12, nil, "delta bundle does not apply to the running release: it applies to 1.1.0, this node runs 1.0.0"},
+		{"same version", b12, func(t *testing.T, n *importNode) {
+			n.mustKiln(t, rs, "agent", "import", b12)
+			n.mustRelease(t, rs, "begin")
+			n.mustRelease(t, rs, "confirm", "1.2.0")
+		}, "bundle 1.2.0 is the same as the running 1.2.0"},
+		{"downgrade", stick11, func(t *testing.T, n *importNode) {
+			n.mustKiln(t, rs, "agent", "import", b12)
+			n.mustRelease(t, rs, "begin")
+			n.mustRelease(t, rs, "confirm", "1.2.0")
+		}, "bundle 1.1.0 is older than the running 1.2.0"},
+		{"no space on /var", b12, nil, "not enough free space on /var: the import needs"},
+		{"not a bundle", rs.pub, nil, "not a kiln bundle"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			n := &importNode{root: t.TempDir()}
+			if c.name == "no space on /var" {
+				n.smallVar(t, "64k")
+			}
+			n.setup(t, disk10, rs.pub)
+			if c.node != nil {
+				c.node(t, n)
+			}
+			before := n.snapshot(t)
+			out, code := n.kiln(t, rs, "agent", "import", c.source)
+			t.Logf("%s", out)
+			if code == 0 || !strings.Contains(out, c.want) {
+				t.Errorf("exit %d, want failure saying %q", code, c.want)
+			}
+			if d := diffSnapshot(before, n.snapshot(t)); d != "" {
+				t.Errorf("a refused import changed the node:\n%s", d)
+			}
+		})
+	}
+
+	t.Run("the stick pulled mid-import fails cleanly; plugged again, the import resumes", func(t *testing.T) {
+		n := newImportNode(t, disk10, rs.pub)
+		stick := filepath.Join(t.TempDir(), "stick.kbundle")
+		copyFile(t, b12, stick)
+		var copied []string
+		pulled := false
+		var log bytes.Buffer
+		_, err := bundleimport.Import(context.Background(), stick, bundleimport.WithRoot(n.root), bundleimport.WithLog(&log),
+			bundleimport.WithMachine(release.New(release.WithRoot(n.root), release.WithPinApplier(noPins))),
+			bundleimport.WithCopyHook(func(d string) {
+				copied = append(copied, d)
+				if len(copied) == 3 && !pulled { // two blobs are in; the stick goes
+					pulled = true
+					if err := os.Truncate(stick, 8192); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}))
+		t.Logf("%s", log.String())
+		if err == nil || !strings.Contains(err.Error(), "nothing was staged, plug the stick in again") {
+			t.Fatalf("pulled stick: %v", err)
+		}
+		if _, err := os.Stat(filepath.Join(n.root, contract.StateFile)); err == nil {
+			if s := n.state(t); s.Staged != nil {
+				t.Fatalf("a pulled stick staged %s", s.Staged.Version)
+			}
+		}
+		kept := n.checkStore(t)
+		if len(kept) != 2 {
+			t.Errorf("%d blobs kept after the pull, want the 2 copied before it: %v", len(kept), sortedNames(kept))
+		}
+
+		copyFile(t, b12, stick) // plugged in again
+		copied = nil
+		log.Reset()
+		if _, err := bundleimport.Import(context.Background(), stick, bundleimport.WithRoot(n.root), bundleimport.WithLog(&log),
+			bundleimport.WithMachine(release.New(release.WithRoot(n.root), release.WithPinApplier(noPins))),
+			bundleimport.WithCopyHook(func(d string) { copied = append(copied, d) })); err != nil {
+			t.Fatalf("re-plugged: %v\n%s", err, log.String())
+		}
+		for _, d := range copied {
+			if kept[d] {
+				t.Errorf("blob %s was copied again; the re-run should resume", d)
+			}
+		}
+		if s := n.state(t); s.Staged == nil || s.Staged.Version != "1.2.0" {
+			t.Errorf("state after the resumed import: %+v", s)
+		}
+		n.checkStore(t)
+	})
+}
+
+var noPins = release.PinApplierFunc(func(context.Context) error { return nil })
+
+func (n *importNode) mustKiln(t *testing.T, rs *releases, args ...string) string {
+	t.Helper()
+	out, code := n.kiln(t, rs, args...)
+	if code != 0 {
+		t.Fatalf("kiln %s: exit %d\n%s", strings.Join(args, " "), code, out)
+	}
+	return out
+}
+
+func (n *importNode) mustRelease(t *testing.T, rs *releases, args ...string) {
+	t.Helper()
+	n.mustKiln(t, rs, append([]string{"agent", "release"}, args...)...)
+}
+
+func (n *importNode) setupTrust(t *testing.T, pub string) {
+	t.Helper()
+	pem, err := os.ReadFile(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(n.root, bundle.TrustDir)
+	os.MkdirAll(dir, 0o755)
+	os.WriteFile(filepath.Join(dir, bundle.TrustFileName(pem)), pem, 0o644)
+}
+
+func (n *importNode) editContents(t *testing.T, edit func(c *contract.Contents)) {
+	t.Helper()
+	img := filepath.Join(n.root, contract.MountPoint)
+	c, err := contract.Read(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edit(c)
+	data, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(img, contract.ContentsFile), data, 0o644)
+}
+
+// smallVar mounts a tmpfs of size on the node's /var.
+func (n *importNode) smallVar(t *testing.T, size string) {
+	t.Helper()
+	v := filepath.Join(n.root, "var")
+	os.MkdirAll(v, 0o755)
+	run(t, "mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", v)
+	t.Cleanup(func() { exec.Command("umount", v).Run() })
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	data, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// flipByte inverts the byte at off (from the end when negative).
+func flipByte(t *testing.T, p string, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if off < 0 {
+		fi, _ := f.Stat()
+		off += fi.Size()
+	}
+	b := make([]byte, 1)
+	f.ReadAt(b, off)
+	b[0] ^= 0xff
+	f.WriteAt(b, off)
+}
+
+// flipSignedByte changes a digit of the manifest's version inside the
+// signed payload (base64 in the envelope: change one payload character).
+func flipSignedByte(t *testing.T, p string) {
+	t.Helper()
+	data, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := bytes.Index(data, []byte(`"payload":"`))
+	if i < 0 {
+		t.Fatal("no payload in the envelope")
+	}
+	i += len(`"payload":"`) + 40
+	if data[i] == 'A' {
+		data[i] = 'B'
+	} else {
+		data[i] = 'A'
+	}
+	os.WriteFile(p, data, 0o644)
+}
+
+func diffSnapshot(a, b map[string]string) string {
+	var d []string
+	for k, v := range a {
+		if b[k] != v {
+			d = append(d, fmt.Sprintf("%s: %s -> %s", k, v, b[k]))
+		}
+	}
+	for k, v := range b {
+		if _, ok := a[k]; !ok {
+			d = append(d, fmt.Sprintf("%s: new %s", k, v))
+		}
+	}
+	sort.Strings(d)
+	return strings.Join(d, "\n")
+}

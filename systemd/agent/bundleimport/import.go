@@ -1,0 +1,338 @@
+// Package bundleimport takes a field upgrade bundle (a stick's partition
+// device or a bundle file) onto the node: it checks the bundle is genuine
+// and meant for this node before using anything from it, then stages its
+// release through the release state machine, copying the release's blobs
+// into the release store. Every refusal changes nothing. See docs/upgrade.md.
+package bundleimport
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/agent/release"
+	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+)
+
+// ErrNoTrust means the node has no key to check a bundle with.
+var ErrNoTrust = errors.New("this node trusts no bundle key")
+
+// Option configures Import.
+type Option func(*importer)
+
+type importer struct {
+	root    string
+	log     io.Writer
+	machine *release.Machine
+	now     func() time.Time
+	copying func(digest string)
+}
+
+// WithRoot prefixes every node path (trust, image partition, /var) with dir,
+// as release.WithRoot does for the machine.
+func WithRoot(dir string) Option { return func(i *importer) { i.root = dir } }
+
+// WithLog sets where progress and the final word go (default stdout: the
+// console under the import unit).
+func WithLog(w io.Writer) Option { return func(i *importer) { i.log = w } }
+
+// WithMachine sets the release state machine the release is staged with
+// (default release.New with the same root).
+func WithMachine(m *release.Machine) Option { return func(i *importer) { i.machine = m } }
+
+// WithCopyHook calls f with each blob's digest before it is copied: the
+// fault tests pull the stick there.
+func WithCopyHook(f func(digest string)) Option { return func(i *importer) { i.copying = f } }
+
+// Import checks the bundle at source and stages its release. In order:
+// signature against the node's trusted keys (nothing else is read before),
+// recipe, arch, version, delta base, nothing else staged, free space on
+// /var, every byte of the bundle's filesystem against the signed manifest;
+// only then are blobs copied (each verified as it is written, those already
+// stored kept) and the release recorded as staged, last.
+func Import(ctx context.Context, source string, opts ...Option) (*contract.State, error) {
+	i := &importer{root: "/", log: os.Stdout, now: time.Now, copying: func(string) {}}
+	for _, o := range opts {
+		o(i)
+	}
+	if i.machine == nil {
+		i.machine = release.New(release.WithRoot(i.root), release.WithLog(i.log))
+	}
+	f, err := os.Open(source)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", source, err)
+	}
+	defer f.Close()
+
+	keys, err := trustedKeys(i.path(bundle.TrustDir))
+	if err != nil {
+		return nil, err
+	}
+	m, h, keyID, err := bundle.Open(f, keys)
+	if errors.Is(err, bundle.ErrUntrusted) {
+		err = fmt.Errorf("%w; this node trusts %s (%s): use a bundle signed by one of them", err, keyIDs(keys), bundle.TrustDir)
+	}
+	if err != nil {
+		return nil, refused(source, err)
+	}
+	fmt.Fprintf(i.log, "bundle %s %s (%s, %s) signed by %s\n", m.Recipe, m.Version, m.Kind, m.Arch, keyID)
+
+	node, factory, err := i.node()
+	if err != nil {
+		return nil, err
+	}
+	if err := m.CheckNode(node); err != nil {
+		return nil, refused(source, err)
+	}
+	free, err := freeBytes(i.path("/var"))
+	if err != nil {
+		return nil, err
+	}
+	if err := m.CheckSpace(free); err != nil {
+		return nil, refused(source, err)
+	}
+
+	fmt.Fprintf(i.log, "checking the bundle (%s)\n", bundle.Bytes(m.Filesystem.Size))
+	p := i.progress("checked", m.Filesystem.Size)
+	if err := m.CheckFilesystem(f, h.Size, p); err != nil {
+		return nil, refused(source, err)
+	}
+	p.done()
+
+	mnt, unmount, err := mountFilesystem(source, h.Size, m.Filesystem.Size)
+	if err != nil {
+		return nil, err
+	}
+	defer unmount()
+
+	// A node that has not recorded its state yet (it is recorded at boot)
+	// records the factory release now; this changes nothing it runs. Only
+	// then: Init converges, which would collect the blobs an interrupted
+	// import left for this one to reuse.
+	if _, err := i.machine.Load(); errors.Is(err, os.ErrNotExist) {
+		if _, err := i.machine.Init(ctx, factory); err != nil {
+			return nil, err
+		}
+	}
+	r := m.Release(i.onPartition)
+	s, err := i.machine.Import(ctx, r, func(ctx context.Context, blobDir string) error {
+		return i.fill(ctx, m, mnt, blobDir)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("import from %s: %w; nothing was staged, plug the stick in again to retry", source, err)
+	}
+	fmt.Fprintf(i.log, "release %s is staged; the stick may be removed now\n", m.Version)
+	return s, nil
+}
+
+// refused wraps a check's error as the console's one-line verdict.
+func refused(source string, err error) error {
+	if strings.Contains(err.Error(), "nothing was changed") {
+		return fmt.Errorf("bundle %s refused: %w", source, err)
+	}
+	return fmt.Errorf("bundle %s refused: %w; nothing was changed", source, err)
+}
+
+func (i *importer) path(p string) string { return filepath.Join(i.root, p) }
+
+// node is what the node knows of itself: recipe and arch from the image
+// partition, current and staged release from the state (the factory release
+// when none is recorded yet).
+func (i *importer) node() (bundle.Node, contract.Release, error) {
+	c, err := contract.Read(i.path(contract.MountPoint))
+	if err != nil {
+		return bundle.Node{}, contract.Release{}, fmt.Errorf("read the image partition (is %s mounted?): %w", contract.MountPoint, err)
+	}
+	factory := release.FactoryRelease(c)
+	st, err := i.machine.Load()
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		st = &contract.State{Current: factory}
+	case err != nil:
+		return bundle.Node{}, factory, err
+	}
+	n := bundle.Node{Recipe: c.Recipe, Arch: c.Arch,
+		Current: bundle.Release{Version: st.Current.Version, LockDigest: st.Current.LockDigest}}
+	if n.Current.LockDigest == "" && st.Current.Version == c.Version {
+		n.Current.LockDigest = c.LockDigest // recorded before releases kept their lock digest
+	}
+	switch {
+	case st.Staged != nil:
+		n.Staged = st.Staged.Version
+	case st.Trying != nil:
+		n.Staged = st.Trying.Version
+	}
+	return n, factory, nil
+}
+
+// onPartition: the image partition holds blob d.
+func (i *importer) onPartition(d string) bool {
+	alg, hx, _ := strings.Cut(d, ":")
+	_, err := os.Stat(filepath.Join(i.path(contract.MountPoint), contract.OCIDir, "blobs", alg, hx))
+	return err == nil
+}
+
+// fill copies into blobDir every blob the release keeps in the store that
+// is not there yet: image blobs from the stick's OCI layout, release files'
+// contents from its release tree.
+func (i *importer) fill(ctx context.Context, m *bundle.Manifest, mnt, blobDir string) error {
+	sources := map[string]string{}
+	var total int64
+	for _, b := range m.Blobs {
+		if b.OnStick {
+			_, hx, _ := strings.Cut(b.Digest, ":")
+			sources[b.Digest] = filepath.Join(mnt, bundle.OCIDir, "blobs", "sha256", hx)
+		}
+	}
+	for _, f := range m.ReleaseFiles {
+		sources[f.Digest] = filepath.Join(mnt, bundle.ReleaseDir, f.Path)
+	}
+	var todo []string
+	for _, d := range m.Release(i.onPartition).Blobs {
+		_, hx, _ := strings.Cut(d, ":")
+		if _, err := os.Stat(filepath.Join(blobDir, hx)); err == nil {
+			continue // stored for another release, or by an interrupted import
+		}
+		src, ok := sources[d]
+		if !ok {
+			return fmt.Errorf("blob %s is neither on the stick, the image partition nor in the release store", d)
+		}
+		fi, err := os.Stat(src)
+		if err != nil {
+			return fmt.Errorf("read the stick: %w", err)
+		}
+		total += fi.Size()
+		todo = append(todo, d)
+	}
+	if err := os.MkdirAll(blobDir, 0o755); err != nil {
+		return err
+	}
+	fmt.Fprintf(i.log, "copying %d blob(s), %s, for %d image(s)\n", len(todo), bundle.Bytes(total), len(m.Images))
+	p := i.progress("copied", total)
+	for _, d := range todo {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		i.copying(d)
+		if err := copyBlob(sources[d], blobDir, d, p); err != nil {
+			return err
+		}
+	}
+	p.done()
+	return nil
+}
+
+// copyBlob copies src to blobDir/<hex of d>, streaming, through a temp file
+// renamed only once the digest matched.
+func copyBlob(src, blobDir, d string, progress io.Writer) error {
+	alg, want, _ := strings.Cut(d, ":")
+	if alg != "sha256" {
+		return fmt.Errorf("blob %s: only sha256 digests are supported", d)
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("read the stick: %w", err)
+	}
+	defer in.Close()
+	return atomicfile.Write(filepath.Join(blobDir, want), 0o644, func(w io.Writer) error {
+		h := sha256.New()
+		if _, err := io.CopyBuffer(io.MultiWriter(w, h, progress), in, make([]byte, 1<<20)); err != nil {
+			return fmt.Errorf("read the stick (was it removed?): %w", err)
+		}
+		if got := hex.EncodeToString(h.Sum(nil)); got != want {
+			return fmt.Errorf("%w: blob %s reads as sha256:%s", bundle.ErrDamaged, d, got)
+		}
+		return nil
+	})
+}
+
+// trustedKeys reads every public key in dir.
+func trustedKeys(dir string) ([]ed25519.PublicKey, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil && !os.IsNotExist(err) {
+		return nil, fmt.Errorf("read trusted keys: %w", err)
+	}
+	var keys []ed25519.PublicKey
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".pub") {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("read trusted key: %w", err)
+		}
+		k, err := bundle.ParsePublicKey(data)
+		if err != nil {
+			return nil, fmt.Errorf("trusted key %s: %w", filepath.Join(dir, e.Name()), err)
+		}
+		keys = append(keys, k)
+	}
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("%w: %s holds no key (the factory build writes it from the recipe's trust); no bundle can be imported", ErrNoTrust, dir)
+	}
+	return keys, nil
+}
+
+func keyIDs(keys []ed25519.PublicKey) string {
+	var ids []string
+	for _, k := range keys {
+		id, err := bundle.KeyID(k)
+		if err != nil {
+			id = "?"
+		}
+		ids = append(ids, id)
+	}
+	return strings.Join(ids, ", ")
+}
+
+// freeBytes is what an unprivileged writer may still use on dir's filesystem.
+func freeBytes(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, fmt.Errorf("free space on %s: %w", dir, err)
+	}
+	return int64(st.Bavail) * st.Bsize, nil
+}
+
+// mountFilesystem mounts the bundle's squashfs (size bytes at offset of
+// source, already checked against the manifest) read-only, nodev, nosuid,
+// noexec through a read-only loop device, and returns the mount point and
+// what undoes it.
+func mountFilesystem(source string, offset, size int64) (string, func(), error) {
+	out, err := exec.Command("losetup", "--find", "--show", "--read-only",
+		"--offset", fmt.Sprint(offset), "--sizelimit", fmt.Sprint(size), source).CombinedOutput()
+	if err != nil {
+		return "", nil, fmt.Errorf("losetup %s: %v: %s", source, err, strings.TrimSpace(string(out)))
+	}
+	loop := strings.TrimSpace(string(out))
+	detach := func() { exec.Command("losetup", "--detach", loop).Run() } //nolint:errcheck // best effort; autoclear
+	mnt, err := os.MkdirTemp("", "kiln-bundle-")
+	if err != nil {
+		detach()
+		return "", nil, err
+	}
+	if out, err := exec.Command("mount", "-t", "squashfs", "-o", "ro,nodev,nosuid,noexec", loop, mnt).CombinedOutput(); err != nil {
+		detach()
+		os.Remove(mnt)
+		return "", nil, fmt.Errorf("mount the bundle's filesystem (%s): %v: %s", loop, err, strings.TrimSpace(string(out)))
+	}
+	return mnt, func() {
+		exec.Command("umount", mnt).Run() //nolint:errcheck // a vanished stick may refuse; lazy below
+		exec.Command("umount", "--lazy", mnt).Run()
+		detach()
+		os.Remove(mnt)
+	}, nil
+}
