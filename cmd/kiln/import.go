@@ -24,7 +24,8 @@ func newImportCommand() *cobra.Command {
 				return err
 			}
 			_, err = bundleimport.Import(cmd.Context(), args[0], bundleimport.WithRoot(flags.root),
-				bundleimport.WithLog(cmd.OutOrStdout()), bundleimport.WithMachine(m))
+				bundleimport.WithLog(cmd.OutOrStdout()), bundleimport.WithMachine(m),
+				bundleimport.WithImageStore(flags.openStore))
 			return err
 		},
 	}

@@ -22,6 +22,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/systemd/agent/bundleimport"
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
@@ -156,8 +158,8 @@ func sortedNames(m map[string]bool) []string {
 func TestImport(t *testing.T) {
 	rs := newReleases(t)
 	r10 := rs.recipe(t, "acme", "1.0.0", releaseFiles)
-	r11 := rs.recipe(t, "acme", "1.1.0", releaseFiles)
-	r12 := rs.recipe(t, "acme", "1.2.0", releaseFiles)
+	r11 := preloadApp(t, rs.recipe(t, "acme", "1.1.0", releaseFiles))
+	r12 := preloadApp(t, rs.recipe(t, "acme", "1.2.0", releaseFiles))
 	other := rs.recipe(t, "other", "1.1.0", "")
 	disk10 := filepath.Join(rs.dir, "disk-1.0.raw")
 	rs.mustKiln(t, "build", r10, "-o", disk10)
@@ -175,7 +177,7 @@ func TestImport(t *testing.T) {
 	stick11 := attachStick(t, b11)
 	stickD12 := attachStick(t, d12)
 
-	t.Run("a delta stick is staged, its blobs stored and verified", func(t *testing.T) {
+	t.Run("a delta stick is staged with its blobs and images", func(t *testing.T) {
 		n := newImportNode(t, disk10, rs.pub)
 		out, code := n.kiln(t, rs, "agent", "import", stick11)
 		t.Logf("%s", out)
@@ -210,6 +212,10 @@ func TestImport(t *testing.T) {
 				t.Errorf("blob %s of app:1.1 is not stored", d)
 			}
 		}
+
+		// Its preloaded images are in the node's containers/storage, found
+		// by manifest digest as CRI-O finds them, their layers readable.
+		n.checkImages(t, s.Staged)
 
 		// A second stick while one release is staged.
 		before := n.snapshot(t)
@@ -293,7 +299,7 @@ func TestImport(t *testing.T) {
 		})
 	}
 
-	t.Run("the stick pulled mid-import fails cleanly; plugged again, the import resumes", func(t *testing.T) {
+	t.Run("the stick pulled mid-import fails cleanly and plugged again resumes", func(t *testing.T) {
 		n := newImportNode(t, disk10, rs.pub)
 		stick := filepath.Join(t.TempDir(), "stick.kbundle")
 		copyFile(t, b12, stick)
@@ -343,6 +349,85 @@ func TestImport(t *testing.T) {
 		}
 		n.checkStore(t)
 	})
+}
+
+func (n *importNode) checkImages(t *testing.T, r *contract.Release) {
+	t.Helper()
+	f := releaseFlags{root: n.root}
+	store, err := f.openStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Shutdown(true)
+	preloaded := 0
+	for _, im := range r.Images {
+		if !im.Preloaded {
+			continue
+		}
+		preloaded++
+		found, err := store.ImagesByDigest(digest.Digest(im.Digest))
+		if err != nil || len(found) != 1 {
+			t.Errorf("%s (%s) in containers/storage: %v, %v", im.Name, im.Digest, found, err)
+			continue
+		}
+		if got := "sha256:" + found[0].ID; got != im.ImageID {
+			t.Errorf("%s: image ID %s, want %s", im.Name, got, im.ImageID)
+		}
+		for l := found[0].TopLayer; l != ""; {
+			layer, err := store.Layer(l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rc, err := store.Diff("", l, nil)
+			if err != nil {
+				t.Fatalf("%s layer %s: %v", im.Name, l, err)
+			}
+			rc.Close()
+			l = layer.Parent
+		}
+	}
+	if preloaded == 0 {
+		t.Errorf("release %s preloads no image: the test proves nothing", r.Version)
+	}
+	// podman, reading the same store, lists each by its digest.
+	conf := filepath.Join(t.TempDir(), "storage.conf")
+	os.WriteFile(conf, []byte(fmt.Sprintf("[storage]\ndriver = \"overlay\"\ngraphroot = %q\nrunroot = %q\n",
+		filepath.Join(n.root, "var/lib/containers/storage"), filepath.Join(n.root, "run/containers/storage"))), 0o644)
+	store.Shutdown(true)
+	cmd := exec.Command("podman", "--tmpdir", t.TempDir(), "--events-backend", "none", "--cgroup-manager", "cgroupfs",
+		"images", "--digests", "--format", "{{.Repository}}:{{.Tag}} {{.Digest}}")
+	cmd.Env = append(os.Environ(), "CONTAINERS_STORAGE_CONF="+conf)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("podman images: %v\n%s", err, out)
+	}
+	for _, im := range r.Images {
+		if im.Preloaded && !strings.Contains(string(out), im.Name+" "+im.Digest) {
+			t.Errorf("podman does not list %s %s:\n%s", im.Name, im.Digest, out)
+		}
+	}
+}
+
+// preloadApp marks the recipe's app image preloaded (the node loads it
+// into containers/storage at import).
+func preloadApp(t *testing.T, recipe string) string {
+	t.Helper()
+	data, err := os.ReadFile(recipe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(data), "\n")
+	for i, l := range lines {
+		if strings.HasPrefix(l, "    source: oci:") && strings.Contains(l, ":"+appImage) {
+			lines[i] = l + "\n    preload: true"
+		}
+	}
+	out := strings.Join(lines, "\n")
+	if out == string(data) {
+		t.Fatalf("no app image in %s", recipe)
+	}
+	os.WriteFile(recipe, []byte(out), 0o644)
+	return recipe
 }
 
 var noPins = release.PinApplierFunc(func(context.Context) error { return nil })

@@ -45,16 +45,19 @@ func (f *releaseFlags) machine(cmd *cobra.Command) (*release.Machine, error) {
 	default:
 		return nil, usageError{fmt.Errorf("--apply-pins %q: want reload, restart or none", f.apply)}
 	}
-	images := release.StorageImages{Log: cmd.OutOrStdout(), Open: func() (storage.Store, error) {
-		return openNodeStore(func(opts *stypes.StoreOptions) {
-			if f.root != "/" { // a test's tree: its own store
-				opts.GraphRoot = filepath.Join(f.root, opts.GraphRoot)
-				opts.RunRoot = filepath.Join(f.root, opts.RunRoot)
-			}
-		})
-	}}
+	images := release.StorageImages{Log: cmd.OutOrStdout(), Open: f.openStore}
 	return release.New(release.WithRoot(f.root), release.WithPinApplier(a), release.WithImageRemover(images),
 		release.WithLog(cmd.OutOrStdout())), nil
+}
+
+// openStore opens the node's containers/storage (a test's tree: its own).
+func (f *releaseFlags) openStore() (storage.Store, error) {
+	return openNodeStore(func(opts *stypes.StoreOptions) {
+		if f.root != "/" {
+			opts.GraphRoot = filepath.Join(f.root, opts.GraphRoot)
+			opts.RunRoot = filepath.Join(f.root, opts.RunRoot)
+		}
+	})
 }
 
 func newStatusCommand() *cobra.Command {

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"go.podman.io/storage"
 	"golang.org/x/sys/unix"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
@@ -39,6 +40,7 @@ type importer struct {
 	machine *release.Machine
 	now     func() time.Time
 	copying func(digest string)
+	images  func() (storage.Store, error)
 }
 
 // WithRoot prefixes every node path (trust, image partition, /var) with dir,
@@ -52,6 +54,13 @@ func WithLog(w io.Writer) Option { return func(i *importer) { i.log = w } }
 // WithMachine sets the release state machine the release is staged with
 // (default release.New with the same root).
 func WithMachine(m *release.Machine) Option { return func(i *importer) { i.machine = m } }
+
+// WithImageStore sets how the node's containers/storage is opened, for the
+// release's preloaded images (default: none are loaded; CRI-O pulls them
+// through the temporary registry at the upgrade boot).
+func WithImageStore(open func() (storage.Store, error)) Option {
+	return func(i *importer) { i.images = open }
+}
 
 // WithCopyHook calls f with each blob's digest before it is copied: the
 // fault tests pull the stick there.
@@ -232,7 +241,23 @@ func (i *importer) fill(ctx context.Context, m *bundle.Manifest, mnt, blobDir st
 		}
 	}
 	p.done()
-	return nil
+	if i.images == nil {
+		return nil
+	}
+	store, err := i.images()
+	if err != nil {
+		return fmt.Errorf("open containers/storage: %w", err)
+	}
+	defer store.Shutdown(false) //nolint:errcheck // nothing mounted
+	return loadImages(ctx, store, m, func(d string) (string, error) {
+		alg, hx, _ := strings.Cut(d, ":")
+		for _, p := range []string{filepath.Join(blobDir, hx), filepath.Join(i.path(contract.MountPoint), contract.OCIDir, "blobs", alg, hx)} {
+			if _, err := os.Stat(p); err == nil {
+				return p, nil
+			}
+		}
+		return "", fmt.Errorf("blob %s is neither in the release store nor on the image partition", d)
+	}, i.log)
 }
 
 // copyBlob copies src to blobDir/<hex of d>, streaming, through a temp file
