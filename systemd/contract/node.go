@@ -35,6 +35,16 @@ const (
 	CrioDropIn = "/etc/systemd/system/crio.service.d/10-kiln-images.conf"
 	// StorageConf is containers/storage's configuration, shared by podman and CRI-O.
 	StorageConf = "/etc/containers/storage.conf"
+
+	// BundleUdevRule starts ImportUnit for every partition of the bundle
+	// partition type (bundle.PartitionType) that appears.
+	BundleUdevRule = "/etc/udev/rules.d/90-kiln-bundle.rules"
+	// ImportUnit imports the bundle on the partition its instance names
+	// (the kernel's name, e.g. kiln-import@sdb1.service).
+	ImportUnit = "kiln-import@.service"
+	// ReleaseBeginUnit runs `kiln agent release begin` at every boot,
+	// before CRI-O.
+	ReleaseBeginUnit = "kiln-release-begin.service"
 )
 
 // Preload modes: how the preloaded store reaches the node's runtime.

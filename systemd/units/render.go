@@ -22,6 +22,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/agent/pins"
 	"github.com/kiln-appliance/kiln/systemd/agent/preloadcopy"
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
 
 // Defaults for Params' timeouts.
@@ -29,6 +30,8 @@ const (
 	defaultDevWait = 90 * time.Second
 	defaultGate    = 2 * time.Minute
 	defaultWait    = time.Hour
+	defaultImport  = 2 * time.Hour
+	defaultReboot  = time.Minute
 )
 
 // Params is what the units depend on. Build it with ParamsFrom.
@@ -52,6 +55,10 @@ type Params struct {
 	DeviceTimeout time.Duration // wait for the partition's device
 	GateTimeout   time.Duration // wait for the registry to serve this content
 	WaitTimeout   time.Duration // first boot: wait for every image in local storage
+	ImportTimeout time.Duration // import a bundle from a stick (default 2h)
+	// RebootDelay is the countdown from a staged release to the reboot
+	// that tries it (default 1 minute; shutdown counts in whole minutes).
+	RebootDelay time.Duration
 }
 
 // ParamsFrom builds Params from the partition's kiln.json and the
@@ -74,8 +81,9 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 		return nil, nil, err
 	}
 	names := []string{contract.MountUnit, "kiln-images-failed.service", "kiln-registry.service",
-		"kiln-mirror.service", contract.RegistryTarget}
-	enabled := map[string]bool{contract.MountUnit: true, contract.RegistryTarget: p.AlwaysOn, "kiln-firstboot.service": true}
+		"kiln-mirror.service", contract.RegistryTarget, contract.ImportUnit, contract.ReleaseBeginUnit}
+	enabled := map[string]bool{contract.MountUnit: true, contract.RegistryTarget: p.AlwaysOn, "kiln-firstboot.service": true,
+		contract.ReleaseBeginUnit: true}
 	if !p.AlwaysOn {
 		names = append(names, "kiln-firstboot.service")
 	}
@@ -105,6 +113,13 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 		{Path: contract.MirrorTmpfiles, Mode: 0o644, Contents: []byte(
 			"# Rendered by kiln: the mirror drop-in only exists while kiln-mirror.service runs.\n" +
 				"r " + contract.MirrorDropIn + "\n")},
+		// udev lower-cases ID_PART_ENTRY_TYPE (blkid's spelling); %k is the
+		// partition's kernel name, which names the import unit's instance.
+		{Path: contract.BundleUdevRule, Mode: 0o644, Contents: []byte(
+			"# Rendered by kiln: an upgrade stick's bundle partition starts its import.\n" +
+				`ACTION=="add", SUBSYSTEM=="block", ENV{DEVTYPE}=="partition", ENV{ID_PART_ENTRY_TYPE}=="` +
+				strings.ToLower(bundle.PartitionType) + `", TAG+="systemd", ENV{SYSTEMD_WANTS}+="` +
+				strings.Replace(contract.ImportUnit, "@", "@%k", 1) + "\"\n")},
 	}
 	switch p.PreloadMode {
 	case "", contract.PreloadCopy:
@@ -132,6 +147,8 @@ type values struct {
 	AlwaysOn                                                                    bool
 	DeviceTimeout, GateTimeout, GateUnitTimeout, WaitTimeout, WaitUnitTimeout   string
 	FailureMessage                                                              string
+	ImportTimeout                                                               string
+	RebootMinutes                                                               int64
 }
 
 func (p Params) values() (values, error) {
@@ -164,6 +181,8 @@ func (p Params) values() (values, error) {
 		GateUnitTimeout: seconds(gt + 30*time.Second),
 		WaitTimeout:     seconds(wt),
 		WaitUnitTimeout: seconds(wt + time.Minute),
+		ImportTimeout:   seconds(orDefault(p.ImportTimeout, defaultImport)),
+		RebootMinutes:   int64((orDefault(p.RebootDelay, defaultReboot) + time.Minute - 1) / time.Minute),
 	}
 	// Plain words only: the message goes through systemd's command-line
 	// parsing, so no quotes, $, % or backslashes.

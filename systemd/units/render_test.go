@@ -67,9 +67,9 @@ func TestRenderAlwaysOn(t *testing.T) {
 				enabled[u.Name] = true
 			}
 		}
-		want := map[string]bool{contract.MountUnit: true, "kiln-firstboot.service": true}
+		want := map[string]bool{contract.MountUnit: true, "kiln-firstboot.service": true, contract.ReleaseBeginUnit: true}
 		if alwaysOn {
-			want = map[string]bool{contract.MountUnit: true, contract.RegistryTarget: true}
+			want = map[string]bool{contract.MountUnit: true, contract.RegistryTarget: true, contract.ReleaseBeginUnit: true}
 		}
 		if fmt.Sprint(enabled) != fmt.Sprint(want) {
 			t.Errorf("alwaysOn=%v: enabled units %v, want %v", alwaysOn, enabled, want)
@@ -121,10 +121,10 @@ func verify(t *testing.T, units []ignition.Unit) {
 	t.Helper()
 	root := t.TempDir()
 	unitDir := filepath.Join(root, "etc/systemd/system")
-	mustRun(t, "mkdir", "-p", unitDir, filepath.Join(root, "usr/lib/systemd"), filepath.Join(root, "usr/bin"),
+	mustRun(t, "mkdir", "-p", unitDir, filepath.Join(root, "usr/lib/systemd"), filepath.Join(root, "usr/bin"), filepath.Join(root, "usr/sbin"),
 		filepath.Dir(filepath.Join(root, contract.AgentPath)))
 	mustRun(t, "cp", "-r", "/usr/lib/systemd/system", filepath.Join(root, "usr/lib/systemd/"))
-	for _, bin := range []string{"/usr/bin/echo", "/usr/bin/rm", "/usr/bin/systemctl"} {
+	for _, bin := range []string{"/usr/bin/echo", "/usr/bin/rm", "/usr/bin/systemctl", "/usr/sbin/shutdown"} {
 		mustRun(t, "cp", bin, filepath.Join(root, bin))
 	}
 	mustRun(t, "cp", "/usr/bin/true", filepath.Join(root, contract.AgentPath))
