@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/kiln-appliance/kiln/ignition"
 	"github.com/kiln-appliance/kiln/partitions"
@@ -16,7 +17,16 @@ import (
 func (b *build) renderIgnition(context.Context) error {
 	r := b.recipe
 	partGUID := partitions.DeriveGUID(b.seed(), contract.PartitionName)
-	us, files, err := units.Render(units.ParamsFrom(b.contents, partGUID))
+	params := units.ParamsFrom(b.contents, partGUID)
+	params.Reboot, params.Window = r.Upgrade.Reboot, r.Upgrade.RebootWindow
+	if r.Upgrade.RebootDelay != "" {
+		d, err := time.ParseDuration(r.Upgrade.RebootDelay) // validated with the recipe
+		if err != nil {
+			return fmt.Errorf("upgrade.rebootDelay: %w", err)
+		}
+		params.RebootDelay = d
+	}
+	us, files, err := units.Render(params)
 	if err != nil {
 		return err
 	}

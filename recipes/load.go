@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -113,6 +114,10 @@ func (r *Recipe) applyDefaults() {
 		r.Registry.MirrorTags = ptr(defaultMirrorTags)
 	}
 	setDefault(&r.Preload.Mode, DefaultPreloadMode)
+	setDefault(&r.Upgrade.Reboot, RebootCountdown)
+	if r.Upgrade.Reboot == RebootCountdown {
+		setDefault(&r.Upgrade.RebootDelay, DefaultRebootDelay)
+	}
 	setDefault(&r.Ignition.Version, DefaultIgnition)
 	setDefault(&r.Ignition.User, DefaultUser)
 	for i := range r.Release.Files {
@@ -182,6 +187,32 @@ func (r *Recipe) validate(d *document) {
 		v.errorf("ignition.user", "%q is not a valid user name; use lower-case letters, digits, '_' or '-' (e.g. core)", ign.User)
 	}
 	r.validateRelease(v)
+	r.validateUpgrade(v)
+}
+
+// unitSafe: what a unit's command line takes without quoting or specifier
+// expansion (no quotes, %, $, backslashes).
+var unitSafe = regexp.MustCompile(`^[A-Za-z0-9 *:,./~+-]+$`)
+
+// validateUpgrade checks the reboot policy and its one setting.
+func (r *Recipe) validateUpgrade(v validator) {
+	u := r.Upgrade
+	v.oneOf("upgrade.reboot", u.Reboot, RebootPolicies, map[string]string{"timer": RebootCountdown, "manual": RebootCommand, "never": RebootCommand, "maintenance": RebootWindow})
+	if u.Reboot != RebootCountdown && v.d.has("upgrade.rebootDelay") {
+		v.errorf("upgrade.rebootDelay", "only applies with reboot: %s; remove it", RebootCountdown)
+	}
+	if u.Reboot != RebootWindow && v.d.has("upgrade.rebootWindow") {
+		v.errorf("upgrade.rebootWindow", "only applies with reboot: %s; remove it", RebootWindow)
+	}
+	if u.Reboot == RebootCountdown {
+		if d, err := time.ParseDuration(u.RebootDelay); err != nil || d < 0 || d%time.Minute != 0 || d > 24*time.Hour {
+			v.errorf("upgrade.rebootDelay", "%q is not a whole number of minutes up to 24h; write e.g. 1m, 5m or 0m", u.RebootDelay)
+		}
+	}
+	if u.Reboot == RebootWindow && v.required("upgrade.rebootWindow", u.RebootWindow, `give a systemd calendar event, e.g. "Sun *-*-* 03:00:00" (systemd.time(7))`) &&
+		!unitSafe.MatchString(u.RebootWindow) {
+		v.errorf("upgrade.rebootWindow", "%q: a calendar event is letters, digits, spaces and * : , . / ~ + - only, e.g. \"Sun *-*-* 03:00:00\"", u.RebootWindow)
+	}
 }
 
 // validateRelease checks trust and release files. A recipe that trusts

@@ -70,6 +70,7 @@ func TestDefaults(t *testing.T) {
 		Registry: Registry{Listen: "127.0.0.1:5050", MirrorTags: ptr(true)},
 		Preload:  Preload{Mode: "store"},
 		Ignition: Ignition{Version: "3.3.0", User: "core"},
+		Upgrade:  Upgrade{Reboot: "countdown", RebootDelay: "1m"},
 		Path:     "r.yaml", Dir: mustAbs(t, "."),
 	}
 	r.pos = nil
@@ -188,6 +189,13 @@ func TestLoadErrors(t *testing.T) {
 		{"source no transport", head + oneImage + "    source: quay.io/acme/app:1.2\n", `r.yaml:7:13: images[0].source: source "quay.io/acme/app:1.2" has no transport; write docker://quay.io/acme/app:1.2 for a registry, oci:DIR[:TAG] for an OCI layout directory or docker-archive:FILE[:REF] for a docker save archive`},
 		{"source unknown transport", head + oneImage + "    source: dir:/srv/app\n", `r.yaml:7:13: images[0].source: source "dir:/srv/app" has unknown transport "dir:"; kiln reads docker://, oci: and docker-archive:`},
 		{"neither served nor preloaded", head + oneImage + "    serve: false\n", `r.yaml:6:5: images[0]: image "quay.io/acme/app:1.2" is neither served nor preloaded, so it would not be on the appliance; set serve: true or preload: true`},
+		{"reboot policy unknown", head + oneImage + "upgrade: {reboot: manual}\n", `r.yaml:7:19: upgrade.reboot: "manual" is not supported; write "command"`},
+		{"reboot policy other", head + oneImage + "upgrade: {reboot: later}\n", `r.yaml:7:19: upgrade.reboot: "later" is not supported; use one of countdown, window, command`},
+		{"reboot delay not minutes", head + oneImage + "upgrade: {rebootDelay: 90s}\n", `r.yaml:7:24: upgrade.rebootDelay: "90s" is not a whole number of minutes up to 24h; write e.g. 1m, 5m or 0m`},
+		{"reboot delay without countdown", head + oneImage + "upgrade: {reboot: command, rebootDelay: 5m}\n", `r.yaml:7:41: upgrade.rebootDelay: only applies with reboot: countdown; remove it`},
+		{"window missing", head + oneImage + "upgrade: {reboot: window}\n", `r.yaml:7:10: upgrade.rebootWindow: required field is missing; give a systemd calendar event, e.g. "Sun *-*-* 03:00:00" (systemd.time(7))`},
+		{"window with a quote", head + oneImage + "upgrade: {reboot: window, rebootWindow: 'Sun \"03:00'}\n", `r.yaml:7:41: upgrade.rebootWindow: "Sun \"03:00": a calendar event is letters, digits, spaces and * : , . / ~ + - only, e.g. "Sun *-*-* 03:00:00"`},
+		{"window without window policy", head + oneImage + "upgrade: {rebootWindow: 'Sun 03:00'}\n", `r.yaml:7:25: upgrade.rebootWindow: only applies with reboot: window; remove it`},
 		{"listen host name", head + oneImage + "registry: {listen: 'localhost:5050'}\n", `r.yaml:7:20: registry.listen: "localhost:5050": the host must be a loopback IP such as 127.0.0.1 (the node's registry is never exposed to the network)`},
 		{"listen not loopback", head + oneImage + "registry: {listen: '10.0.0.1:5050'}\n", `r.yaml:7:20: registry.listen: "10.0.0.1:5050": the host must be a loopback IP such as 127.0.0.1 (the node's registry is never exposed to the network)`},
 		{"listen privileged port", head + oneImage + "registry: {listen: '127.0.0.1:80'}\n", `r.yaml:7:20: registry.listen: "127.0.0.1:80": the port must be 1024-65535 (the registry runs without privileges)`},

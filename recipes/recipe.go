@@ -15,6 +15,11 @@ const (
 	DefaultCompression = "none"
 	DefaultPlacement   = contract.PlaceAuto
 	DefaultPreloadMode = contract.PreloadStore
+	// Reboot policies after an upgrade is staged.
+	RebootCountdown    = "countdown"
+	RebootWindow       = "window"
+	RebootCommand      = "command"
+	DefaultRebootDelay = "1m"
 	DefaultIgnition    = "3.3.0"
 	DefaultUser        = "core"
 	DefaultFileMode    = "0644"
@@ -30,11 +35,13 @@ const (
 // (older fragments are fine: they are translated up); 3.5.0 is left out
 // until the target OSes read it.
 var (
-	Arches           = []string{"amd64", "arm64"}
-	Filesystems      = []string{"squashfs"}
-	Compressions     = []string{"none", "zstd", "gzip", "xz", "lz4"}
-	Placements       = contract.Placements
-	PreloadModes     = contract.PreloadModes
+	Arches       = []string{"amd64", "arm64"}
+	Filesystems  = []string{"squashfs"}
+	Compressions = []string{"none", "zstd", "gzip", "xz", "lz4"}
+	Placements   = contract.Placements
+	PreloadModes = contract.PreloadModes
+	// RebootPolicies are the values of upgrade.reboot, the default first.
+	RebootPolicies   = []string{RebootCountdown, RebootWindow, RebootCommand}
 	IgnitionVersions = []string{"3.3.0", "3.4.0"}
 )
 

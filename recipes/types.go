@@ -30,6 +30,7 @@ type Recipe struct {
 	// whose signatures the appliance accepts on upgrade bundles.
 	Trust   []string `yaml:"trust,omitempty"`
 	Release Release  `yaml:"release"`
+	Upgrade Upgrade  `yaml:"upgrade"`
 
 	// Path is the file the recipe was read from; Dir is its directory,
 	// against which relative paths in the recipe are resolved. Not YAML.
@@ -122,6 +123,20 @@ type Ignition struct {
 	// SSHKeys are authorized keys for User (default "core").
 	SSHKeys []string `yaml:"sshAuthorizedKeys,omitempty"`
 	User    string   `yaml:"user,omitempty"`
+}
+
+// Upgrade configures field upgrades on the node.
+type Upgrade struct {
+	// Reboot is what follows an imported (staged) release: "countdown"
+	// (default: reboot RebootDelay later), "window" (reboot at the next
+	// RebootWindow) or "command" (only when someone reboots the node).
+	Reboot string `yaml:"reboot,omitempty"`
+	// RebootDelay is the countdown, in whole minutes ("1m", default; "0m"
+	// reboots at once). Only with reboot: countdown.
+	RebootDelay string `yaml:"rebootDelay,omitempty"`
+	// RebootWindow is a systemd calendar event (systemd.time(7)), e.g.
+	// "Sun *-*-* 03:00:00". Required with reboot: window.
+	RebootWindow string `yaml:"rebootWindow,omitempty"`
 }
 
 // Release is what a release owns on the node besides its images.

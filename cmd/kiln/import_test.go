@@ -174,6 +174,17 @@ func TestImport(t *testing.T) {
 	rs.mustKiln(t, "bundle", r12, "-o", b12, "--key", rs.key, "--format", "file")
 	rs.mustKiln(t, "bundle", r12, "-o", d12, "--key", rs.key, "--from", b11)
 	rs.mustKiln(t, "bundle", other, "-o", bOther, "--key", rs.key, "--format", "file")
+	// The factory disk carries the import's udev rule and units, with the
+	// default reboot policy (a one-minute countdown).
+	ign, err := partitions.ReadIgnition(disk10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{contract.BundleUdevRule, `"name":"` + contract.ImportUnit + `"`, `"enabled":true,"name":"` + contract.ReleaseBeginUnit + `"`, "shutdown --reboot +1 "} {
+		if !strings.Contains(string(ign), want) {
+			t.Errorf("the factory Ignition config lacks %s", want)
+		}
+	}
 	stick11 := attachStick(t, b11)
 	stickD12 := attachStick(t, d12)
 

@@ -56,10 +56,23 @@ type Params struct {
 	GateTimeout   time.Duration // wait for the registry to serve this content
 	WaitTimeout   time.Duration // first boot: wait for every image in local storage
 	ImportTimeout time.Duration // import a bundle from a stick (default 2h)
-	// RebootDelay is the countdown from a staged release to the reboot
-	// that tries it (default 1 minute; shutdown counts in whole minutes).
+	// Reboot is what follows a staged release (the recipe's
+	// upgrade.reboot): RebootCountdown (default) after RebootDelay (default
+	// 1 minute, rounded up to whole minutes: shutdown counts in minutes),
+	// RebootWindow at the calendar event Window, or RebootCommand (none).
+	// RebootDelay defaults only when Reboot is empty: a countdown of 0
+	// reboots at once.
+	Reboot      string
 	RebootDelay time.Duration
+	Window      string
 }
+
+// Reboot policies (the recipe's upgrade.reboot).
+const (
+	RebootCountdown = "countdown"
+	RebootWindow    = "window"
+	RebootCommand   = "command"
+)
 
 // ParamsFrom builds Params from the partition's kiln.json and the
 // partition's unique GUID.
@@ -148,7 +161,8 @@ type values struct {
 	DeviceTimeout, GateTimeout, GateUnitTimeout, WaitTimeout, WaitUnitTimeout   string
 	FailureMessage                                                              string
 	ImportTimeout                                                               string
-	RebootMinutes                                                               int64
+	// RebootExec is the import unit's ExecStartPost: how the reboot follows.
+	RebootExec string
 }
 
 func (p Params) values() (values, error) {
@@ -182,7 +196,27 @@ func (p Params) values() (values, error) {
 		WaitTimeout:     seconds(wt),
 		WaitUnitTimeout: seconds(wt + time.Minute),
 		ImportTimeout:   seconds(orDefault(p.ImportTimeout, defaultImport)),
-		RebootMinutes:   int64((orDefault(p.RebootDelay, defaultReboot) + time.Minute - 1) / time.Minute),
+	}
+	switch p.Reboot {
+	case "", RebootCountdown:
+		delay := p.RebootDelay
+		if p.Reboot == "" {
+			delay = defaultReboot
+		}
+		mins := int64((max(delay, 0) + time.Minute - 1) / time.Minute)
+		v.RebootExec = fmt.Sprintf(`/usr/sbin/shutdown --reboot +%d "kiln: the new release is staged; rebooting in %d minute(s) to try it (shutdown -c cancels)"`, mins, mins)
+	case RebootWindow:
+		if p.Window == "" || strings.ContainsAny(p.Window, "\"'%$\\\n") {
+			return values{}, fmt.Errorf("render units: reboot window %q: want a systemd calendar event without quotes, %%, $ or backslashes", p.Window)
+		}
+		// A transient timer: the reboot happens at the window even when
+		// the import unit is long gone; starting it again replaces nothing.
+		v.RebootExec = fmt.Sprintf(`-/usr/bin/systemd-run --unit=kiln-upgrade-reboot --timer-property=AccuracySec=1s "--on-calendar=%s" /usr/bin/systemctl reboot`+"\n"+
+			`ExecStartPost=/usr/bin/echo "kiln: the new release is staged; the appliance reboots to try it at the next maintenance window (%s)"`, p.Window, p.Window)
+	case RebootCommand:
+		v.RebootExec = `/usr/bin/echo "kiln: the new release is staged; reboot the appliance (systemctl reboot) to try it"`
+	default:
+		return values{}, fmt.Errorf("render units: reboot policy %q: want %s, %s or %s", p.Reboot, RebootCountdown, RebootWindow, RebootCommand)
 	}
 	// Plain words only: the message goes through systemd's command-line
 	// parsing, so no quotes, $, % or backslashes.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kiln-appliance/kiln/ignition"
+	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/test/golden"
 )
@@ -33,6 +34,9 @@ func TestRenderGolden(t *testing.T) {
 			DeviceTimeout: 30 * time.Second, GateTimeout: 45 * time.Second, WaitTimeout: 10 * time.Minute}},
 		{"preload-store", Params{PartitionGUID: testGUID, Images: testImages, PreloadMode: contract.PreloadStore}},
 		{"preload-copy", Params{PartitionGUID: testGUID, Images: testImages, PreloadMode: contract.PreloadCopy}},
+		{"reboot-window", Params{PartitionGUID: testGUID, Images: testImages, Reboot: RebootWindow, Window: "Sun *-*-* 03:00:00"}},
+		{"reboot-command", Params{PartitionGUID: testGUID, Images: testImages, Reboot: RebootCommand}},
+		{"reboot-countdown", Params{PartitionGUID: testGUID, Images: testImages, Reboot: RebootCountdown, RebootDelay: 5 * time.Minute}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -102,6 +106,25 @@ func TestRenderErrors(t *testing.T) {
 		{"no port", Params{PartitionGUID: testGUID, Listen: "127.0.0.1"}, "IP:PORT"},
 		{"bad image", Params{PartitionGUID: testGUID, Images: []contract.Image{{Name: "Quay.io/UPPER:x", Digest: testImages[0].Digest}}}, "not a valid image reference"},
 		{"bad digest", Params{PartitionGUID: testGUID, Images: []contract.Image{{Name: "quay.io/a:1", Digest: "sha256:123"}}}, "digest"},
+		{"window missing", Params{PartitionGUID: testGUID, Reboot: RebootWindow}, `reboot window ""`},
+		{"window quoted", Params{PartitionGUID: testGUID, Reboot: RebootWindow, Window: `Sun "03:00"`}, "without quotes"},
+		{"reboot policy", Params{PartitionGUID: testGUID, Reboot: "later"}, `reboot policy "later"`},
+	}
+	// A countdown of 0 (the recipe's "0m") reboots at once, not after the default.
+	units, _, err := Render(Params{PartitionGUID: testGUID, Reboot: RebootCountdown})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range units {
+		if u.Name == contract.ImportUnit && !strings.Contains(u.Contents, "shutdown --reboot +0 ") {
+			t.Errorf("countdown 0:\n%s", u.Contents)
+		}
+	}
+	// Every policy a recipe may name renders.
+	for _, policy := range recipes.RebootPolicies {
+		if _, _, err := Render(Params{PartitionGUID: testGUID, Reboot: policy, Window: "Sun *-*-* 03:00:00"}); err != nil {
+			t.Errorf("recipe reboot policy %s: %v", policy, err)
+		}
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -124,7 +147,7 @@ func verify(t *testing.T, units []ignition.Unit) {
 	mustRun(t, "mkdir", "-p", unitDir, filepath.Join(root, "usr/lib/systemd"), filepath.Join(root, "usr/bin"), filepath.Join(root, "usr/sbin"),
 		filepath.Dir(filepath.Join(root, contract.AgentPath)))
 	mustRun(t, "cp", "-r", "/usr/lib/systemd/system", filepath.Join(root, "usr/lib/systemd/"))
-	for _, bin := range []string{"/usr/bin/echo", "/usr/bin/rm", "/usr/bin/systemctl", "/usr/sbin/shutdown"} {
+	for _, bin := range []string{"/usr/bin/echo", "/usr/bin/rm", "/usr/bin/systemctl", "/usr/sbin/shutdown", "/usr/bin/systemd-run"} {
 		mustRun(t, "cp", bin, filepath.Join(root, bin))
 	}
 	mustRun(t, "cp", "/usr/bin/true", filepath.Join(root, contract.AgentPath))
