@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -72,7 +73,11 @@ func (n *importNode) setup(t *testing.T, disk string, trust ...string) {
 
 func (n *importNode) kiln(t *testing.T, rs *releases, args ...string) (string, int) {
 	t.Helper()
-	return rs.kiln(t, append(args, "--root", n.root, "--apply-pins", "none")...)
+	flags := []string{"--root", n.root, "--apply-pins", "none"}
+	if i := slices.Index(args, "--"); i >= 0 { // flags before a command's own arguments
+		return rs.kiln(t, append(append(slices.Clone(args[:i]), flags...), args[i:]...)...)
+	}
+	return rs.kiln(t, append(args, flags...)...)
 }
 
 // snapshot maps every path under the node's root to its content's digest.
@@ -246,6 +251,32 @@ func TestImport(t *testing.T) {
 			t.Fatalf("delta 1.2 on 1.1: exit %d:\n%s", code, out)
 		}
 		n.checkStore(t)
+	})
+
+	t.Run("the health check rolls a failing release back and confirms a healthy one", func(t *testing.T) {
+		n := newImportNode(t, disk10, rs.pub)
+		out := n.mustKiln(t, rs, "agent", "release", "check", "--timeout", "1s", "--", "false")
+		if !strings.Contains(out, "health check: no release is being tried; nothing to do") {
+			t.Errorf("check with nothing tried:\n%s", out)
+		}
+		n.mustKiln(t, rs, "agent", "import", b12)
+		n.mustRelease(t, rs, "begin")
+		out, code := n.kiln(t, rs, "agent", "release", "check", "--timeout", "1s", "--", "sh", "-c", "echo app not ready; exit 1")
+		if code != 1 || !strings.Contains(out, "release 1.2.0 failed its health check: after 1s command sh -c echo app not ready; exit 1 failed (exit status 1): app not ready; rolled back to 1.0.0") {
+			t.Errorf("failing check: exit %d:\n%s", code, out)
+		}
+		if s := n.state(t); s.Current.Version != "1.0.0" || s.Trying != nil || s.Last == nil || s.Last.OK {
+			t.Errorf("after the failed check: %+v", s)
+		}
+		n.mustKiln(t, rs, "agent", "import", b12) // the same release may be staged again
+		n.mustRelease(t, rs, "begin")
+		out = n.mustKiln(t, rs, "agent", "release", "check", "--timeout", "10s", "--", "true")
+		if !strings.Contains(out, "release 1.2.0 passed its health check and is now current") {
+			t.Errorf("passing check:\n%s", out)
+		}
+		if s := n.state(t); s.Current.Version != "1.2.0" || s.Previous == nil || s.Previous.Version != "1.0.0" {
+			t.Errorf("after the passed check: %+v", s)
+		}
 	})
 
 	tampered := filepath.Join(rs.dir, "tampered.kbundle")

@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"go.podman.io/storage"
 	stypes "go.podman.io/storage/types"
 
+	"github.com/kiln-appliance/kiln/systemd/agent/healthcheck"
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -235,10 +238,63 @@ func newReleaseCommand() *cobra.Command {
 			},
 		},
 	}
+	sub = append(sub, newReleaseCheckCommand(&flags))
 	for _, c := range sub {
 		flags.add(c)
 		cmd.AddCommand(c)
 	}
 	sub[2].Flags().StringVar(&reason, "reason", "health check failed", "what failed, for kiln agent status")
+	return cmd
+}
+
+// newReleaseCheckCommand is the upgrade boot's last step: the recipe's
+// health check decides whether the release being tried is confirmed or
+// rolled back.
+func newReleaseCheckCommand(flags *releaseFlags) *cobra.Command {
+	var spec healthcheck.Spec
+	cmd := &cobra.Command{
+		Use:   "check [--unit UNIT]… [--timeout D] [-- COMMAND [ARG…]]",
+		Short: "Health-check the release being tried: confirm it, or roll it back and exit 1",
+		Long: "With a release being tried, waits until every --unit is active and COMMAND (if given) exits 0, then\n" +
+			"confirms the release; at --timeout it rolls the release back, says what failed and exits 1 (the unit\n" +
+			"then reboots into the previous release). With nothing being tried it does nothing.",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if spec.Timeout <= 0 {
+				return usageError{fmt.Errorf("--timeout %s: want a positive duration, e.g. 5m", spec.Timeout)}
+			}
+			spec.Command = args
+			m, err := flags.machine(cmd)
+			if err != nil {
+				return err
+			}
+			st, err := m.Load()
+			if errors.Is(err, os.ErrNotExist) { // nothing recorded: nothing imported either
+				st, err = &contract.State{}, nil
+			}
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			if st.Trying == nil {
+				fmt.Fprintln(w, "health check: no release is being tried; nothing to do")
+				return nil
+			}
+			v := st.Trying.Version
+			fmt.Fprintf(w, "health check of release %s: %d unit(s), command %q, up to %s\n", v, len(spec.Units), strings.Join(args, " "), spec.Timeout)
+			if herr := healthcheck.Run(cmd.Context(), spec, nil); herr != nil {
+				if _, err := m.Rollback(cmd.Context(), v, herr.Error()); err != nil {
+					return fmt.Errorf("release %s failed its %v, and the rollback failed: %w", v, herr, err)
+				}
+				return fmt.Errorf("release %s failed its %v; rolled back to %s", v, herr, st.Current.Version)
+			}
+			if _, err := m.Confirm(cmd.Context(), v); err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "release %s passed its health check and is now current\n", v)
+			return nil
+		},
+	}
+	cmd.Flags().StringArrayVar(&spec.Units, "unit", nil, "a unit that must be active (repeatable)")
+	cmd.Flags().DurationVar(&spec.Timeout, "timeout", 5*time.Minute, "how long the release has to become healthy")
 	return cmd
 }
