@@ -26,6 +26,14 @@ func (b *build) renderIgnition(context.Context) error {
 		}
 		params.RebootDelay = d
 	}
+	params.Health = units.Health{Units: r.Upgrade.Health.Units, Command: r.Upgrade.Health.Command}
+	if r.Upgrade.Health.Timeout != "" {
+		d, err := time.ParseDuration(r.Upgrade.Health.Timeout) // validated with the recipe
+		if err != nil {
+			return fmt.Errorf("upgrade.health.timeout: %w", err)
+		}
+		params.Health.Timeout = d
+	}
 	us, files, err := units.Render(params)
 	if err != nil {
 		return err

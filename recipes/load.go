@@ -118,6 +118,7 @@ func (r *Recipe) applyDefaults() {
 	if r.Upgrade.Reboot == RebootCountdown {
 		setDefault(&r.Upgrade.RebootDelay, DefaultRebootDelay)
 	}
+	setDefault(&r.Upgrade.Health.Timeout, DefaultHealthTimeout)
 	setDefault(&r.Ignition.Version, DefaultIgnition)
 	setDefault(&r.Ignition.User, DefaultUser)
 	for i := range r.Release.Files {
@@ -194,9 +195,31 @@ func (r *Recipe) validate(d *document) {
 // expansion (no quotes, %, $, backslashes).
 var unitSafe = regexp.MustCompile(`^[A-Za-z0-9 *:,./~+-]+$`)
 
-// validateUpgrade checks the reboot policy and its one setting.
+// unitName: a systemd unit name with its type suffix.
+var unitName = regexp.MustCompile(`^[A-Za-z0-9:_.@-]+\.(service|socket|target|mount|timer|path|scope|slice|swap|device|automount)$`)
+
+// validateUpgrade checks the reboot policy and its one setting, and the
+// health check.
 func (r *Recipe) validateUpgrade(v validator) {
 	u := r.Upgrade
+	h := u.Health
+	for i, name := range h.Units {
+		if !unitName.MatchString(name) {
+			v.errorf(fmt.Sprintf("upgrade.health.units[%d]", i), "%q is not a systemd unit name; write it with its type, e.g. app.service", name)
+		}
+	}
+	for i, arg := range h.Command {
+		field := fmt.Sprintf("upgrade.health.command[%d]", i)
+		switch {
+		case i == 0 && !strings.HasPrefix(arg, "/"):
+			v.errorf(field, "%q: give the program's absolute path, e.g. /usr/bin/curl (the command runs without a shell)", arg)
+		case arg == "" || strings.ContainsAny(arg, "\"'%$\\\n"):
+			v.errorf(field, "%q: an argument may not be empty or hold quotes, %%, $ or backslashes (the command runs without a shell; put anything more in a script)", arg)
+		}
+	}
+	if d, err := time.ParseDuration(h.Timeout); err != nil || d <= 0 || d > time.Hour {
+		v.errorf("upgrade.health.timeout", "%q is not a duration from 1s to 1h; write e.g. 5m", h.Timeout)
+	}
 	v.oneOf("upgrade.reboot", u.Reboot, RebootPolicies, map[string]string{"timer": RebootCountdown, "manual": RebootCommand, "never": RebootCommand, "maintenance": RebootWindow})
 	if u.Reboot != RebootCountdown && v.d.has("upgrade.rebootDelay") {
 		v.errorf("upgrade.rebootDelay", "only applies with reboot: %s; remove it", RebootCountdown)

@@ -70,7 +70,7 @@ func TestDefaults(t *testing.T) {
 		Registry: Registry{Listen: "127.0.0.1:5050", MirrorTags: ptr(true)},
 		Preload:  Preload{Mode: "store"},
 		Ignition: Ignition{Version: "3.3.0", User: "core"},
-		Upgrade:  Upgrade{Reboot: "countdown", RebootDelay: "1m"},
+		Upgrade:  Upgrade{Reboot: "countdown", RebootDelay: "1m", Health: Health{Timeout: "5m"}},
 		Path:     "r.yaml", Dir: mustAbs(t, "."),
 	}
 	r.pos = nil
@@ -196,6 +196,10 @@ func TestLoadErrors(t *testing.T) {
 		{"window missing", head + oneImage + "upgrade: {reboot: window}\n", `r.yaml:7:10: upgrade.rebootWindow: required field is missing; give a systemd calendar event, e.g. "Sun *-*-* 03:00:00" (systemd.time(7))`},
 		{"window with a quote", head + oneImage + "upgrade: {reboot: window, rebootWindow: 'Sun \"03:00'}\n", `r.yaml:7:41: upgrade.rebootWindow: "Sun \"03:00": a calendar event is letters, digits, spaces and * : , . / ~ + - only, e.g. "Sun *-*-* 03:00:00"`},
 		{"window without window policy", head + oneImage + "upgrade: {rebootWindow: 'Sun 03:00'}\n", `r.yaml:7:25: upgrade.rebootWindow: only applies with reboot: window; remove it`},
+		{"health unit", head + oneImage + "upgrade: {health: {units: [app]}}\n", `r.yaml:7:28: upgrade.health.units[0]: "app" is not a systemd unit name; write it with its type, e.g. app.service`},
+		{"health command relative", head + oneImage + "upgrade: {health: {command: [curl, -f]}}\n", `r.yaml:7:30: upgrade.health.command[0]: "curl": give the program's absolute path, e.g. /usr/bin/curl (the command runs without a shell)`},
+		{"health command quote", head + oneImage + "upgrade: {health: {command: [/bin/sh, '$X']}}\n", `r.yaml:7:39: upgrade.health.command[1]: "$X": an argument may not be empty or hold quotes, %, $ or backslashes (the command runs without a shell; put anything more in a script)`},
+		{"health timeout", head + oneImage + "upgrade: {health: {timeout: 2h}}\n", `r.yaml:7:29: upgrade.health.timeout: "2h" is not a duration from 1s to 1h; write e.g. 5m`},
 		{"listen host name", head + oneImage + "registry: {listen: 'localhost:5050'}\n", `r.yaml:7:20: registry.listen: "localhost:5050": the host must be a loopback IP such as 127.0.0.1 (the node's registry is never exposed to the network)`},
 		{"listen not loopback", head + oneImage + "registry: {listen: '10.0.0.1:5050'}\n", `r.yaml:7:20: registry.listen: "10.0.0.1:5050": the host must be a loopback IP such as 127.0.0.1 (the node's registry is never exposed to the network)`},
 		{"listen privileged port", head + oneImage + "registry: {listen: '127.0.0.1:80'}\n", `r.yaml:7:20: registry.listen: "127.0.0.1:80": the port must be 1024-65535 (the registry runs without privileges)`},

@@ -16,13 +16,14 @@ const (
 	DefaultPlacement   = contract.PlaceAuto
 	DefaultPreloadMode = contract.PreloadStore
 	// Reboot policies after an upgrade is staged.
-	RebootCountdown    = "countdown"
-	RebootWindow       = "window"
-	RebootCommand      = "command"
-	DefaultRebootDelay = "1m"
-	DefaultIgnition    = "3.3.0"
-	DefaultUser        = "core"
-	DefaultFileMode    = "0644"
+	RebootCountdown      = "countdown"
+	RebootWindow         = "window"
+	RebootCommand        = "command"
+	DefaultRebootDelay   = "1m"
+	DefaultHealthTimeout = "5m"
+	DefaultIgnition      = "3.3.0"
+	DefaultUser          = "core"
+	DefaultFileMode      = "0644"
 
 	defaultServe      = true
 	defaultPreload    = false

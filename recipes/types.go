@@ -137,6 +137,20 @@ type Upgrade struct {
 	// RebootWindow is a systemd calendar event (systemd.time(7)), e.g.
 	// "Sun *-*-* 03:00:00". Required with reboot: window.
 	RebootWindow string `yaml:"rebootWindow,omitempty"`
+	// Health decides, at the upgrade boot, whether the new release is
+	// confirmed or rolled back.
+	Health Health `yaml:"health"`
+}
+
+// Health is the health check of a release being tried.
+type Health struct {
+	// Units must be active, e.g. crio.service, app.service.
+	Units []string `yaml:"units,omitempty"`
+	// Command, optional, must exit 0: an absolute program path and its
+	// arguments (no shell), e.g. [/usr/bin/curl, -fsS, http://127.0.0.1:8080/healthz].
+	Command []string `yaml:"command,omitempty"`
+	// Timeout for units and command together; default 5m, at most 1h.
+	Timeout string `yaml:"timeout,omitempty"`
 }
 
 // Release is what a release owns on the node besides its images.

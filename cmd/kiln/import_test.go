@@ -162,7 +162,7 @@ func sortedNames(m map[string]bool) []string {
 
 func TestImport(t *testing.T) {
 	rs := newReleases(t)
-	r10 := rs.recipe(t, "acme", "1.0.0", releaseFiles)
+	r10 := rs.recipe(t, "acme", "1.0.0", releaseFiles+"upgrade:\n  health: {units: [app.service], command: [/usr/bin/curl, -fsS, 'http://127.0.0.1:8080/healthz'], timeout: 90s}\n")
 	r11 := preloadApp(t, rs.recipe(t, "acme", "1.1.0", releaseFiles))
 	r12 := preloadApp(t, rs.recipe(t, "acme", "1.2.0", releaseFiles))
 	other := rs.recipe(t, "other", "1.1.0", "")
@@ -185,7 +185,8 @@ func TestImport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{contract.BundleUdevRule, `"name":"` + contract.ImportUnit + `"`, `"enabled":true,"name":"` + contract.ReleaseBeginUnit + `"`, "shutdown --reboot +1 "} {
+	for _, want := range []string{contract.BundleUdevRule, `"name":"` + contract.ImportUnit + `"`, `"enabled":true,"name":"` + contract.ReleaseBeginUnit + `"`, "shutdown --reboot +1 ",
+		`agent release check --timeout 90s --unit \"app.service\" -- \"/usr/bin/curl\" \"-fsS\" \"http://127.0.0.1:8080/healthz\"`} {
 		if !strings.Contains(string(ign), want) {
 			t.Errorf("the factory Ignition config lacks %s", want)
 		}

@@ -45,6 +45,9 @@ const (
 	// ReleaseBeginUnit runs `kiln agent release begin` at every boot,
 	// before CRI-O.
 	ReleaseBeginUnit = "kiln-release-begin.service"
+	// ReleaseCheckUnit runs the recipe's health check while a release is
+	// being tried (`kiln agent release check`).
+	ReleaseCheckUnit = "kiln-release-check.service"
 )
 
 // Preload modes: how the preloaded store reaches the node's runtime.

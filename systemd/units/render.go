@@ -12,6 +12,7 @@ import (
 	"embed"
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -32,6 +33,7 @@ const (
 	defaultWait    = time.Hour
 	defaultImport  = 2 * time.Hour
 	defaultReboot  = time.Minute
+	defaultHealth  = 5 * time.Minute
 )
 
 // Params is what the units depend on. Build it with ParamsFrom.
@@ -65,6 +67,16 @@ type Params struct {
 	Reboot      string
 	RebootDelay time.Duration
 	Window      string
+
+	// Health is the recipe's health check of a release being tried.
+	Health Health
+}
+
+// Health is the recipe's upgrade.health (checked by the recipe's loader).
+type Health struct {
+	Units   []string
+	Command []string
+	Timeout time.Duration // default 5m
 }
 
 // Reboot policies (the recipe's upgrade.reboot).
@@ -94,9 +106,9 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 		return nil, nil, err
 	}
 	names := []string{contract.MountUnit, "kiln-images-failed.service", "kiln-registry.service",
-		"kiln-mirror.service", contract.RegistryTarget, contract.ImportUnit, contract.ReleaseBeginUnit}
+		"kiln-mirror.service", contract.RegistryTarget, contract.ImportUnit, contract.ReleaseBeginUnit, contract.ReleaseCheckUnit}
 	enabled := map[string]bool{contract.MountUnit: true, contract.RegistryTarget: p.AlwaysOn, "kiln-firstboot.service": true,
-		contract.ReleaseBeginUnit: true}
+		contract.ReleaseBeginUnit: true, contract.ReleaseCheckUnit: true}
 	if !p.AlwaysOn {
 		names = append(names, "kiln-firstboot.service")
 	}
@@ -162,7 +174,9 @@ type values struct {
 	FailureMessage                                                              string
 	ImportTimeout                                                               string
 	// RebootExec is the import unit's ExecStartPost: how the reboot follows.
-	RebootExec string
+	RebootExec                       string
+	HealthUnits, HealthCommand       []string
+	HealthTimeout, HealthUnitTimeout string
 }
 
 func (p Params) values() (values, error) {
@@ -196,6 +210,16 @@ func (p Params) values() (values, error) {
 		WaitTimeout:     seconds(wt),
 		WaitUnitTimeout: seconds(wt + time.Minute),
 		ImportTimeout:   seconds(orDefault(p.ImportTimeout, defaultImport)),
+	}
+	ht := orDefault(p.Health.Timeout, defaultHealth)
+	v.HealthUnits, v.HealthCommand = p.Health.Units, p.Health.Command
+	v.HealthTimeout, v.HealthUnitTimeout = seconds(ht), seconds(ht+time.Minute)
+	// Each word is written in double quotes: none may hold what systemd
+	// would still interpret there.
+	for _, a := range append(slices.Clone(p.Health.Units), p.Health.Command...) {
+		if a == "" || strings.ContainsAny(a, "\"'%$\\\n") {
+			return values{}, fmt.Errorf("render units: health check word %q: no quotes, %%, $, backslashes or empty words", a)
+		}
 	}
 	switch p.Reboot {
 	case "", RebootCountdown:

@@ -36,6 +36,8 @@ func TestRenderGolden(t *testing.T) {
 		{"preload-copy", Params{PartitionGUID: testGUID, Images: testImages, PreloadMode: contract.PreloadCopy}},
 		{"reboot-window", Params{PartitionGUID: testGUID, Images: testImages, Reboot: RebootWindow, Window: "Sun *-*-* 03:00:00"}},
 		{"reboot-command", Params{PartitionGUID: testGUID, Images: testImages, Reboot: RebootCommand}},
+		{"health", Params{PartitionGUID: testGUID, Images: testImages, Health: Health{Units: []string{"crio.service", "app.service"},
+			Command: []string{"/usr/bin/curl", "-fsS", "http://127.0.0.1:8080/healthz"}, Timeout: 90 * time.Second}}},
 		{"reboot-countdown", Params{PartitionGUID: testGUID, Images: testImages, Reboot: RebootCountdown, RebootDelay: 5 * time.Minute}},
 	}
 	for _, tt := range tests {
@@ -71,9 +73,9 @@ func TestRenderAlwaysOn(t *testing.T) {
 				enabled[u.Name] = true
 			}
 		}
-		want := map[string]bool{contract.MountUnit: true, "kiln-firstboot.service": true, contract.ReleaseBeginUnit: true}
+		want := map[string]bool{contract.MountUnit: true, "kiln-firstboot.service": true, contract.ReleaseBeginUnit: true, contract.ReleaseCheckUnit: true}
 		if alwaysOn {
-			want = map[string]bool{contract.MountUnit: true, contract.RegistryTarget: true, contract.ReleaseBeginUnit: true}
+			want = map[string]bool{contract.MountUnit: true, contract.RegistryTarget: true, contract.ReleaseBeginUnit: true, contract.ReleaseCheckUnit: true}
 		}
 		if fmt.Sprint(enabled) != fmt.Sprint(want) {
 			t.Errorf("alwaysOn=%v: enabled units %v, want %v", alwaysOn, enabled, want)
@@ -109,6 +111,8 @@ func TestRenderErrors(t *testing.T) {
 		{"window missing", Params{PartitionGUID: testGUID, Reboot: RebootWindow}, `reboot window ""`},
 		{"window quoted", Params{PartitionGUID: testGUID, Reboot: RebootWindow, Window: `Sun "03:00"`}, "without quotes"},
 		{"reboot policy", Params{PartitionGUID: testGUID, Reboot: "later"}, `reboot policy "later"`},
+		{"health quote", Params{PartitionGUID: testGUID, Health: Health{Command: []string{"/bin/sh", `"x"`}}}, "health check word"},
+		{"health percent", Params{PartitionGUID: testGUID, Health: Health{Units: []string{"a%i.service"}}}, "health check word"},
 	}
 	// A countdown of 0 (the recipe's "0m") reboots at once, not after the default.
 	units, _, err := Render(Params{PartitionGUID: testGUID, Reboot: RebootCountdown})
@@ -147,7 +151,7 @@ func verify(t *testing.T, units []ignition.Unit) {
 	mustRun(t, "mkdir", "-p", unitDir, filepath.Join(root, "usr/lib/systemd"), filepath.Join(root, "usr/bin"), filepath.Join(root, "usr/sbin"),
 		filepath.Dir(filepath.Join(root, contract.AgentPath)))
 	mustRun(t, "cp", "-r", "/usr/lib/systemd/system", filepath.Join(root, "usr/lib/systemd/"))
-	for _, bin := range []string{"/usr/bin/echo", "/usr/bin/rm", "/usr/bin/systemctl", "/usr/sbin/shutdown", "/usr/bin/systemd-run"} {
+	for _, bin := range []string{"/usr/bin/echo", "/usr/bin/rm", "/usr/bin/systemctl", "/usr/sbin/shutdown", "/usr/bin/systemd-run", "/usr/bin/curl"} {
 		mustRun(t, "cp", bin, filepath.Join(root, bin))
 	}
 	mustRun(t, "cp", "/usr/bin/true", filepath.Join(root, contract.AgentPath))
