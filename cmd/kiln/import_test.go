@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -341,6 +342,24 @@ func TestImport(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("a stopped import (the unit stopped: SIGTERM) stages nothing", func(t *testing.T) {
+		n := newImportNode(t, disk10, rs.pub)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		_, err := bundleimport.Import(ctx, b12, bundleimport.WithRoot(n.root), bundleimport.WithLog(io.Discard),
+			bundleimport.WithMachine(release.New(release.WithRoot(n.root), release.WithPinApplier(noPins))),
+			bundleimport.WithCopyHook(func(string) { cancel() }))
+		if err == nil || !strings.Contains(err.Error(), "context canceled") {
+			t.Fatalf("stopped import: %v", err)
+		}
+		if s := n.state(t); s.Staged != nil {
+			t.Errorf("a stopped import staged %s", s.Staged.Version)
+		}
+		if tmps, _ := filepath.Glob(filepath.Join(n.root, contract.ReleaseStore, "blobs", "sha256", ".*")); len(tmps) > 0 {
+			t.Errorf("temp files left in the store: %v", tmps)
+		}
+	})
 
 	t.Run("the stick pulled mid-import fails cleanly and plugged again resumes", func(t *testing.T) {
 		n := newImportNode(t, disk10, rs.pub)

@@ -236,7 +236,7 @@ func (i *importer) fill(ctx context.Context, m *bundle.Manifest, mnt, blobDir st
 			return err
 		}
 		i.copying(d)
-		if err := copyBlob(sources[d], blobDir, d, p); err != nil {
+		if err := copyBlob(ctx, sources[d], blobDir, d, p); err != nil {
 			return err
 		}
 	}
@@ -262,7 +262,7 @@ func (i *importer) fill(ctx context.Context, m *bundle.Manifest, mnt, blobDir st
 
 // copyBlob copies src to blobDir/<hex of d>, streaming, through a temp file
 // renamed only once the digest matched.
-func copyBlob(src, blobDir, d string, progress io.Writer) error {
+func copyBlob(ctx context.Context, src, blobDir, d string, progress io.Writer) error {
 	alg, want, _ := strings.Cut(d, ":")
 	if alg != "sha256" {
 		return fmt.Errorf("blob %s: only sha256 digests are supported", d)
@@ -274,7 +274,9 @@ func copyBlob(src, blobDir, d string, progress io.Writer) error {
 	defer in.Close()
 	return atomicfile.Write(filepath.Join(blobDir, want), 0o644, func(w io.Writer) error {
 		h := sha256.New()
-		if _, err := io.CopyBuffer(io.MultiWriter(w, h, progress), in, make([]byte, 1<<20)); err != nil {
+		// Stopped (the stick's device went away: the unit is stopped, SIGTERM):
+		// stop within one buffer, not at the end of a large layer.
+		if _, err := io.CopyBuffer(io.MultiWriter(w, h, progress), ctxReader{ctx, in}, make([]byte, 1<<20)); err != nil {
 			return fmt.Errorf("read the stick (was it removed?): %w", err)
 		}
 		if got := hex.EncodeToString(h.Sum(nil)); got != want {
@@ -282,6 +284,19 @@ func copyBlob(src, blobDir, d string, progress io.Writer) error {
 		}
 		return nil
 	})
+}
+
+// ctxReader fails reads once ctx is done.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }
 
 // trustedKeys reads every public key in dir.
