@@ -21,17 +21,7 @@ import (
 //
 //	make bench   # or: go test -tags … -run '^$' -bench BenchmarkBuild -benchtime 1x ./cmd/kiln
 func BenchmarkBuild(b *testing.B) {
-	sizes := []int64{1024, 4096}
-	if s := os.Getenv("KILN_BENCH_SIZES"); s != "" {
-		sizes = nil
-		for _, f := range splitComma(s) {
-			n, err := strconv.ParseInt(f, 10, 64)
-			if err != nil {
-				b.Fatalf("KILN_BENCH_SIZES: %v", err)
-			}
-			sizes = append(sizes, n)
-		}
-	}
+	sizes := benchSizes(b, 1024, 4096)
 	for _, mib := range sizes {
 		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) { benchBuild(b, mib<<20) })
 	}
@@ -140,4 +130,21 @@ func splitComma(s string) []string {
 		}
 	}
 	return out
+}
+
+// benchSizes is KILN_BENCH_SIZES (MiB, comma-separated), else def.
+func benchSizes(b *testing.B, def ...int64) []int64 {
+	s := os.Getenv("KILN_BENCH_SIZES")
+	if s == "" {
+		return def
+	}
+	var sizes []int64
+	for _, f := range splitComma(s) {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			b.Fatalf("KILN_BENCH_SIZES: %v", err)
+		}
+		sizes = append(sizes, n)
+	}
+	return sizes
 }

@@ -29,15 +29,7 @@ import (
 //
 //	go test -tags … -run '^$' -bench BenchmarkBundle -benchtime 1x ./cmd/kiln
 func BenchmarkBundle(b *testing.B) {
-	sizes := []int64{1024}
-	if s := os.Getenv("KILN_BENCH_SIZES"); s != "" {
-		sizes = nil
-		for _, f := range splitComma(s) {
-			var n int64
-			fmt.Sscan(f, &n)
-			sizes = append(sizes, n)
-		}
-	}
+	sizes := benchSizes(b, 1024)
 	for _, mib := range sizes {
 		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) { benchBundle(b, mib<<20) })
 	}

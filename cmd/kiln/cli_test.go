@@ -156,7 +156,7 @@ func mustKiln(t *testing.T, f *fixture, args ...string) string {
 	return out
 }
 
-func run(t *testing.T, name string, args ...string) string {
+func run(t testing.TB, name string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(name, args...).CombinedOutput()
 	if err != nil {
@@ -179,7 +179,7 @@ func sha256File(t *testing.T, p string) string {
 
 // mountImagePartition loop-mounts the disk's image partition read-only with
 // the kernel's own squashfs driver.
-func mountImagePartition(t *testing.T, disk string) string {
+func mountImagePartition(t testing.TB, disk string) string {
 	t.Helper()
 	layout, err := partitions.Inspect(disk)
 	if err != nil {
