@@ -3,6 +3,7 @@ package fetch
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -46,9 +47,25 @@ func (c *Cache) Fetch(ctx context.Context, source, baseDir, digest string, platf
 	}
 	b := &lazyBackend{src: src, platform: platform, o: makeOptions(opts)}
 
+	// The lock must say what the source says: asked of a local source that
+	// is there, of a registry only when the manifest must come from it
+	// anyway (a rebuild from a warm cache needs no network). A damaged
+	// manifest is reported as such first; a missing one as the lock's fault
+	// when the source names something else.
+	_, cached, _ := c.readCached(h, src)
 	raw, err := c.manifest(ctx, b, h)
+	if errors.Is(err, ErrNotFound) {
+		if lerr := checkLocked(ctx, b, h); errors.Is(lerr, ErrLockMismatch) {
+			return nil, lerr
+		}
+	}
 	if err != nil {
 		return nil, err
+	}
+	if !cached || localSourceThere(src) {
+		if err := checkLocked(ctx, b, h); err != nil {
+			return nil, err
+		}
 	}
 	k, err := kindOf(raw, src, h)
 	if err != nil {
@@ -155,6 +172,7 @@ func (c *Cache) manifest(ctx context.Context, b *lazyBackend, h v1.Hash) ([]byte
 
 // Request is one image for FetchAll.
 type Request struct {
+	Name     string // the image's name in the recipe, for errors
 	Source   string
 	BaseDir  string
 	Digest   string
@@ -172,6 +190,9 @@ func (c *Cache) FetchAll(ctx context.Context, reqs []Request, reporter progress.
 		g.Go(func() error {
 			img, err := c.Fetch(ctx, r.Source, r.BaseDir, r.Digest, r.Platform, reporter, opts...)
 			out[i] = img
+			if errors.Is(err, ErrLockMismatch) && r.Name != "" {
+				return fmt.Errorf("image %s: %w", r.Name, err)
+			}
 			return err
 		})
 	}
