@@ -127,12 +127,7 @@ func Build(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	}
 
 	seed := buildSeed(r, lockBytes, root)
-	partGUID := partitions.DeriveGUID(seed, contract.PartitionName)
-	ign, err := renderIgnition(r, contents, partGUID)
-	if err != nil {
-		return nil, err
-	}
-	layout, err := assemble(ctx, out, r, root, seed, epoch, ign, o)
+	layout, err := assemble(ctx, out, r, contents, root, seed, epoch, o)
 	if err != nil {
 		return nil, err
 	}
@@ -165,7 +160,7 @@ func fetchAll(ctx context.Context, cache *fetch.Cache, r *recipes.Recipe, lock *
 			return nil, fmt.Errorf("image %s is not in the lock file: run `kiln lock %s`", img.Name, r.Path)
 		}
 		locked = append(locked, li)
-		reqs = append(reqs, fetch.Request{Source: li.Source, BaseDir: r.Dir, Digest: li.Digest, Platform: platform(r)})
+		reqs = append(reqs, fetch.Request{Name: img.Name, Source: li.Source, BaseDir: r.Dir, Digest: li.Digest, Platform: platform(r)})
 	}
 	fetched, err := cache.FetchAll(ctx, reqs, o.Progress, o.Fetch...)
 	if err != nil {

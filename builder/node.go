@@ -38,8 +38,12 @@ func preloadImages(ctx context.Context, root, work string, cache *fetch.Cache, i
 
 // renderIgnition renders the node's config: kiln's units and files for this
 // partition, plus the recipe's own SSH keys and fragments.
-func renderIgnition(r *recipes.Recipe, c *contract.Contents, partGUID string) ([]byte, error) {
-	units, files, err := units.Render(units.ParamsFrom(c, partGUID))
+func renderIgnition(r *recipes.Recipe, c *contract.Contents, id partitions.ImageIdentity) ([]byte, error) {
+	p := units.ParamsFrom(c, id.PartitionGUID)
+	if id.Verity != nil {
+		p.RootHash, p.HashOffset = id.Verity.RootHash, id.Verity.HashOffset
+	}
+	units, files, err := units.Render(p)
 	if err != nil {
 		return nil, err
 	}
@@ -61,7 +65,9 @@ func renderIgnition(r *recipes.Recipe, c *contract.Contents, partGUID string) ([
 }
 
 // assemble writes the disk into out.
-func assemble(ctx context.Context, out *os.File, r *recipes.Recipe, root string, seed []byte, epoch int64, ign []byte, o Options) (*partitions.Layout, error) {
+// The Ignition config is rendered once the image partition's identity (its
+// GUID and verity root hash, which depend on its content) is known.
+func assemble(ctx context.Context, out *os.File, r *recipes.Recipe, c *contract.Contents, root string, seed []byte, epoch int64, o Options) (*partitions.Layout, error) {
 	opts := partitions.AssembleOptions{
 		Output:          out,
 		Base:            r.Resolve(r.Base.Path),
@@ -72,7 +78,8 @@ func assemble(ctx context.Context, out *os.File, r *recipes.Recipe, root string,
 		Placement:       r.ImagePartition.Placement,
 		SourceDateEpoch: epoch,
 		GUIDSeed:        seed,
-		Ignition:        ign,
+		Ignition:        func(id partitions.ImageIdentity) ([]byte, error) { return renderIgnition(r, c, id) },
+		NoVerity:        !r.ImagePartition.VerityOn(),
 		Progress:        o.Progress,
 	}
 	if !r.Disk.Size.Auto {

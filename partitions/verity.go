@@ -189,11 +189,11 @@ func checkVerity(part io.ReaderAt, v Verity) error {
 	if v.DataBlocks <= 0 || v.HashOffset != v.DataBlocks*VerityBlock {
 		return &VerityError{-1, fmt.Sprintf("record says %d data blocks and the tree at byte %d: not a layout kiln writes", v.DataBlocks, v.HashOffset)}
 	}
-	sb := make([]byte, veritySBSize)
+	sb := make([]byte, VerityBlock) // the superblock, then zeros to the tree
 	if _, err := part.ReadAt(sb, v.HashOffset); err != nil {
 		return &VerityError{-1, fmt.Sprintf("read verity superblock: %v", err)}
 	}
-	if !bytes.Equal(sb, veritySuperblock(v.DataBlocks, salt, id)) {
+	if !bytes.Equal(sb[:veritySBSize], veritySuperblock(v.DataBlocks, salt, id)) || !bytes.Equal(sb[veritySBSize:], make([]byte, VerityBlock-veritySBSize)) {
 		return &VerityError{-1, fmt.Sprintf("verity superblock at byte %d of the partition is damaged", v.HashOffset)}
 	}
 	// Top down: the root hash proves the top block, each level the one

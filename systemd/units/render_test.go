@@ -19,6 +19,8 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden")
 
 const testGUID = "0F3C1A2B-1111-4222-8333-444455556666"
 
+const testRootHash = "0f3c1a2b11114222833344445555666677778888999900001111222233334444"
+
 var testImages = []pins.Image{
 	{Name: "quay.io/acme/app:1.2", Digest: "sha256:" + strings.Repeat("a", 64)},
 	{Name: "nginx", Digest: "sha256:" + strings.Repeat("b", 64)},
@@ -35,6 +37,7 @@ func TestRenderGolden(t *testing.T) {
 			DeviceTimeout: 30 * time.Second, GateTimeout: 45 * time.Second, WaitTimeout: 10 * time.Minute}},
 		{"preload-store", Params{PartitionGUID: testGUID, Images: testImages, PreloadMode: PreloadStore}},
 		{"preload-copy", Params{PartitionGUID: testGUID, Images: testImages, PreloadMode: PreloadCopy}},
+		{"verity", Params{PartitionGUID: testGUID, Images: testImages, RootHash: testRootHash, HashOffset: 7 << 20}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -103,6 +106,8 @@ func TestRenderErrors(t *testing.T) {
 		{"privileged port", Params{PartitionGUID: testGUID, Listen: "127.0.0.1:443"}, "1024-65535"},
 		{"no port", Params{PartitionGUID: testGUID, Listen: "127.0.0.1"}, "IP:PORT"},
 		{"bad image", Params{PartitionGUID: testGUID, Images: []pins.Image{{Name: "Quay.io/UPPER:x", Digest: testImages[0].Digest}}}, "not a valid image reference"},
+		{"bad root hash", Params{PartitionGUID: testGUID, RootHash: "abc", HashOffset: 4096}, "64 hex digits"},
+		{"bad hash offset", Params{PartitionGUID: testGUID, RootHash: testRootHash, HashOffset: 100}, "multiple of 4096"},
 		{"bad digest", Params{PartitionGUID: testGUID, Images: []pins.Image{{Name: "quay.io/a:1", Digest: "sha256:123"}}}, "digest"},
 	}
 	for _, tt := range tests {
@@ -124,9 +129,9 @@ func verify(t *testing.T, units []Unit) {
 	root := t.TempDir()
 	unitDir := filepath.Join(root, "etc/systemd/system")
 	mustRun(t, "mkdir", "-p", unitDir, filepath.Join(root, "usr/lib/systemd"), filepath.Join(root, "usr/bin"),
-		filepath.Dir(filepath.Join(root, Agent)))
+		filepath.Join(root, "usr/sbin"), filepath.Dir(filepath.Join(root, Agent)))
 	mustRun(t, "cp", "-r", "/usr/lib/systemd/system", filepath.Join(root, "usr/lib/systemd/"))
-	for _, bin := range []string{"/usr/bin/echo", "/usr/bin/rm", "/usr/bin/systemctl"} {
+	for _, bin := range []string{"/usr/bin/echo", "/usr/bin/rm", "/usr/bin/systemctl", "/usr/sbin/veritysetup"} {
 		mustRun(t, "cp", bin, filepath.Join(root, bin))
 	}
 	mustRun(t, "cp", "/usr/bin/true", filepath.Join(root, Agent))
