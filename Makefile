@@ -10,7 +10,7 @@ BIN       := out/kiln
 
 # Debian packages the build and the tests need.
 APT_PKGS := gdisk squashfs-tools e2fsprogs dosfstools mtools fdisk skopeo podman \
-            ignition zstd xz-utils util-linux
+            ignition zstd xz-utils util-linux cryptsetup-bin
 APT_E2E  := qemu-system-x86 ovmf debootstrap systemd
 
 .PHONY: all build test demo bench e2e fuzz deps deps-e2e clean vet
@@ -45,7 +45,7 @@ bench: deps build
 
 # Each fuzz target runs briefly (FUZZTIME); corpora found failing land in testdata/fuzz.
 FUZZTIME ?= 10s
-FUZZ_TARGETS := ./builder/preload/internal/layerscan:FuzzTar ./recipes:FuzzLoad ./systemd/agent/registry:FuzzParseName ./systemd/agent/registry:FuzzRoute
+FUZZ_TARGETS := ./builder/preload/internal/layerscan:FuzzTar ./partitions:FuzzDiskReaders ./recipes:FuzzLoad ./systemd/agent/registry:FuzzParseName ./systemd/agent/registry:FuzzRoute
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; fn=$${t##*:}; \

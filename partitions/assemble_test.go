@@ -35,7 +35,7 @@ var (
 
 // bases writes the fixture base disks once per test binary: raw, its
 // compressed forms, and one without a boot partition.
-func bases(t *testing.T) string {
+func bases(t testing.TB) string {
 	t.Helper()
 	baseOnce.Do(func() {
 		baseDir, baseErr = os.MkdirTemp("", "kiln-partitions-test-")
@@ -68,7 +68,7 @@ func TestMain(m *testing.M) {
 }
 
 // stageTree writes a tree with everything overlay layers need.
-func stageTree(t *testing.T) string {
+func stageTree(t testing.TB) string {
 	t.Helper()
 	root := filepath.Join(t.TempDir(), "tree")
 	must := func(err error) {
@@ -106,7 +106,7 @@ func stageTree(t *testing.T) string {
 	return root
 }
 
-func assemble(t *testing.T, opts AssembleOptions) (string, *Layout) {
+func assemble(t testing.TB, opts AssembleOptions) (string, *Layout) {
 	t.Helper()
 	out, err := os.CreateTemp(t.TempDir(), "disk-*.raw")
 	if err != nil {
@@ -121,7 +121,7 @@ func assemble(t *testing.T, opts AssembleOptions) (string, *Layout) {
 	return out.Name(), l
 }
 
-func defaultOpts(t *testing.T, tree string) AssembleOptions {
+func defaultOpts(t testing.TB, tree string) AssembleOptions {
 	return AssembleOptions{
 		Base: filepath.Join(bases(t), "base.raw"), ImageTree: tree, Headroom: 10,
 		SourceDateEpoch: epoch, GUIDSeed: []byte("acme-edge 1.4.0"), Placement: PlaceEnd,

@@ -26,7 +26,7 @@ var (
 	smallErr  error
 )
 
-func smallBase(t *testing.T) string {
+func smallBase(t testing.TB) string {
 	t.Helper()
 	smallOnce.Do(func() {
 		smallPath = filepath.Join(bases(t), "small.raw")
@@ -56,7 +56,7 @@ var testContents = contract.Contents{
 
 // sealedDisk builds a small kiln disk whose tree holds a kiln.json; it
 // returns the disk and kiln.json's bytes.
-func sealedDisk(t *testing.T, noVerity bool) (string, []byte) {
+func sealedDisk(t testing.TB, noVerity bool) (string, []byte) {
 	t.Helper()
 	tree := stageTree(t)
 	var js bytes.Buffer
