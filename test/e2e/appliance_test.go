@@ -127,7 +127,7 @@ func TestApplianceBoots(t *testing.T) {
 	requireDetail(t, first, "boot", "n=1")
 	requireDetail(t, first, "mount-partuuid", strings.ToLower(guid))
 	for _, name := range []string{
-		"ignition", "upstreams-dead", "mount-ro", "registry-ready", "mirror-after-ready",
+		"ignition", "upstreams-dead", "mount-ro", "mount-verity", "registry-ready", "mirror-after-ready",
 		"image-hello", "image-preloaded", "run-hello", "run-preloaded", "pull-served", "registry-served-pull", "pins", "firstboot-done", "registry-stopped", "mirror-removed",
 	} {
 		requirePass(t, first, name)
@@ -204,7 +204,7 @@ func TestApplianceFaults(t *testing.T) {
 		t.Logf("boot with a damaged blob took %s", r.Duration.Round(time.Second))
 		requireAllPass(t, r)
 		requireDetail(t, r, "fault", "damaged-blob")
-		for _, name := range []string{"mounted", "mirror-on", "pull-refused", "not-stored", "registry-names-blob", "firstboot-not-done"} {
+		for _, name := range []string{"mounted", "mirror-on", "pull-refused", "not-stored", "registry-names-blob", "verity-refused", "firstboot-not-done"} {
 			requirePass(t, r, name)
 		}
 	})

@@ -15,6 +15,9 @@ SERVED_REF="@SERVED_REF@"
 LAYER="@LAYER_DIGEST@"
 
 dev=$(unit_what)
+# dm-verity (issue 9): the partition is the verity unit's data device.
+vdev=$(systemctl cat kiln-images-verity.service 2>/dev/null | sed -n 's/^ExecStart=[^ ]* open \([^ ]*\) .*/\1/p')
+dev=${vdev:-$dev}
 udevadm settle --timeout=60 >/dev/null 2>&1
 if [ -e "$dev" ]; then fault=damaged-blob; else fault=missing-partition; fi
 pass fault "$fault"
@@ -26,7 +29,10 @@ if [ "$fault" = missing-partition ]; then
         && [ "$(prop kiln-images-failed.service ActiveState)" != activating ]; }
     if wait_for 300 ran; then
         msg=$(journalctl -b 0 -q --no-pager -u kiln-images-failed.service -o cat | grep -m1 'kiln: the image partition')
-        if [ -n "$msg" ] && [[ "$msg" == *"${dev#/dev/disk/by-partuuid/}"* ]]; then
+        # The GUID the units wait for (the mount's own, or under dm-verity
+        # the verity unit's) must be in the message.
+        guid=$(systemctl show -P Description var-lib-kiln-images.mount | sed -n 's/.*partition GUID \([0-9a-f-]*\).*/\1/p')
+        if [ -n "$msg" ] && [ -n "$guid" ] && [[ "$msg" == *"$guid"* ]]; then
             pass images-failed-message "$(echo "$msg" | cut -c1-200)"
         else
             fail images-failed-message "message lacks the GUID or is missing: ${msg:-none}"
@@ -56,6 +62,9 @@ else
     if [ -n "$line" ]; then pass registry-names-blob "$(echo "$line" | cut -c1-300)"; else
         fail registry-names-blob "no 'damaged' line naming $LAYER; last: $(journalctl -b 0 -q --no-pager -u kiln-registry.service -o cat | tail -n 3 | oneline)"
     fi
+    # dm-verity (issue 9): the kernel refused the changed block, on the console.
+    line=$(journalctl -b 0 -k -q --no-pager -o cat | grep -m1 'verity.*corrupted')
+    if [ -n "$line" ]; then pass verity-refused "$line"; else fail verity-refused "no dm-verity corruption message in the kernel log"; fi
     # First boot is not declared done with an image missing.
     if [ -e /var/lib/kiln/firstboot.done ]; then fail firstboot-not-done "marker written"; else pass firstboot-not-done "$(prop kiln-firstboot.service ActiveState)"; fi
 fi
