@@ -752,6 +752,9 @@ func TestAssemble4Kn(t *testing.T) {
 	if l.SectorSize != 4096 {
 		t.Fatalf("sector size %d", l.SectorSize)
 	}
+	if _, err := VerifyDisk(context.Background(), disk, VerifyOptions{}); err != nil {
+		t.Errorf("verify a 4Kn disk: %v", err)
+	}
 	b, err := Inspect(base)
 	if err != nil {
 		t.Fatal(err)
