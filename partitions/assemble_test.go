@@ -20,7 +20,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kiln-appliance/kiln/builder/progress"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 )
@@ -544,7 +543,7 @@ func TestCancel(t *testing.T) {
 	}
 }
 
-// recorder is a progress.Reporter that remembers what was reported.
+// recorder is a Reporter that remembers what was reported.
 type recorder struct {
 	mu    sync.Mutex
 	tasks []*recTask
@@ -558,7 +557,7 @@ type recTask struct {
 	err   error
 }
 
-func (r *recorder) Task(name string, total int64) progress.Task {
+func (r *recorder) Task(name string, total int64) Task {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	task := &recTask{name: name, total: total}

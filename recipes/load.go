@@ -3,8 +3,6 @@ package recipes
 import (
 	"fmt"
 	"io"
-	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -16,6 +14,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/crypto/ssh"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 const (
@@ -107,7 +107,7 @@ func (r *Recipe) applyDefaults() {
 			img.Preload = ptr(defaultPreload)
 		}
 	}
-	setDefault(&r.Registry.Listen, DefaultListen)
+	setDefault(&r.Registry.Listen, contract.DefaultListen)
 	if r.Registry.MirrorTags == nil {
 		r.Registry.MirrorTags = ptr(defaultMirrorTags)
 	}
@@ -310,20 +310,11 @@ func (v validator) digest(field, value string) bool {
 	return true
 }
 
-// listen checks an IP:PORT listen address. A host name is refused: the
-// registry must come up before name resolution does, and mirrors name it.
+// listen checks the node registry's listen address with the node's own
+// rule, so an address the units would refuse fails here, at its line.
 func (v validator) listen(field, value string) {
-	host, port, err := net.SplitHostPort(value)
-	if err != nil {
-		v.errorf(field, "%q is not an address; write IP:PORT, e.g. %s", value, DefaultListen)
-		return
-	}
-	if _, err := netip.ParseAddr(host); err != nil {
-		v.errorf(field, "%q: %q is not an IP address; write IP:PORT, e.g. %s", value, host, DefaultListen)
-		return
-	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		v.errorf(field, "%q: port %q is not a number from 1 to 65535", value, port)
+	if err := contract.CheckListen(value); err != nil {
+		v.errorf(field, "%v", err)
 	}
 }
 

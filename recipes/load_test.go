@@ -23,6 +23,7 @@ const oneImage = `images:
 `
 
 func TestLoadExamples(t *testing.T) {
+	t.Parallel()
 	files, err := filepath.Glob("examples/*.yaml")
 	if err != nil || len(files) < 2 {
 		t.Fatalf("want at least two examples, got %v (%v)", files, err)
@@ -53,6 +54,7 @@ func mustAbs(t *testing.T, p string) string {
 }
 
 func TestDefaults(t *testing.T) {
+	t.Parallel()
 	r, err := Parse("r.yaml", []byte(head+oneImage))
 	if err != nil {
 		t.Fatal(err)
@@ -84,6 +86,7 @@ func TestDefaults(t *testing.T) {
 }
 
 func TestAccessors(t *testing.T) {
+	t.Parallel()
 	r, err := Parse("r.yaml", []byte(head+`arch: arm64
 imagePartition: {headroom: 0}
 registry: {mirrorTags: false}
@@ -123,6 +126,7 @@ images:
 // TestLoadErrors pins the exact message, with its position, for each class
 // of bad input.
 func TestLoadErrors(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name, yaml, want string
 	}{
@@ -184,9 +188,11 @@ func TestLoadErrors(t *testing.T) {
 		{"source no transport", head + oneImage + "    source: quay.io/acme/app:1.2\n", `r.yaml:7:13: images[0].source: source "quay.io/acme/app:1.2" has no transport; write docker://quay.io/acme/app:1.2 for a registry, oci:DIR[:TAG] for an OCI layout directory or docker-archive:FILE[:REF] for a docker save archive`},
 		{"source unknown transport", head + oneImage + "    source: dir:/srv/app\n", `r.yaml:7:13: images[0].source: source "dir:/srv/app" has unknown transport "dir:"; kiln reads docker://, oci: and docker-archive:`},
 		{"neither served nor preloaded", head + oneImage + "    serve: false\n", `r.yaml:6:5: images[0]: image "quay.io/acme/app:1.2" is neither served nor preloaded, so it would not be on the appliance; set serve: true or preload: true`},
-		{"listen host name", head + oneImage + "registry: {listen: 'localhost:5050'}\n", `r.yaml:7:20: registry.listen: "localhost:5050": "localhost" is not an IP address; write IP:PORT, e.g. 127.0.0.1:5050`},
-		{"listen no port", head + oneImage + "registry: {listen: 127.0.0.1}\n", `r.yaml:7:20: registry.listen: "127.0.0.1" is not an address; write IP:PORT, e.g. 127.0.0.1:5050`},
-		{"listen bad port", head + oneImage + "registry: {listen: '[::1]:70000'}\n", `r.yaml:7:20: registry.listen: "[::1]:70000": port "70000" is not a number from 1 to 65535`},
+		{"listen host name", head + oneImage + "registry: {listen: 'localhost:5050'}\n", `r.yaml:7:20: registry.listen: "localhost:5050": the host must be a loopback IP such as 127.0.0.1 (the node's registry is never exposed to the network)`},
+		{"listen not loopback", head + oneImage + "registry: {listen: '10.0.0.1:5050'}\n", `r.yaml:7:20: registry.listen: "10.0.0.1:5050": the host must be a loopback IP such as 127.0.0.1 (the node's registry is never exposed to the network)`},
+		{"listen privileged port", head + oneImage + "registry: {listen: '127.0.0.1:80'}\n", `r.yaml:7:20: registry.listen: "127.0.0.1:80": the port must be 1024-65535 (the registry runs without privileges)`},
+		{"listen no port", head + oneImage + "registry: {listen: 127.0.0.1}\n", `r.yaml:7:20: registry.listen: "127.0.0.1" is not IP:PORT (e.g. 127.0.0.1:5050)`},
+		{"listen bad port", head + oneImage + "registry: {listen: '[::1]:70000'}\n", `r.yaml:7:20: registry.listen: "[::1]:70000": the port must be 1024-65535 (the registry runs without privileges)`},
 		{"preload mode", head + oneImage + "preload: {mode: overlay}\n", `r.yaml:7:17: preload.mode: "overlay" is not supported; use one of store, copy`},
 		{"ignition version short", head + oneImage + "ignition: {version: 3.3}\n", `r.yaml:7:21: ignition.version: "3.3" is not supported; write "3.3.0"`},
 		{"ignition version new", head + oneImage + "ignition: {version: 3.5.0}\n", `r.yaml:7:21: ignition.version: "3.5.0" is not supported; use one of 3.3.0, 3.4.0`},
@@ -224,6 +230,7 @@ func TestLoadErrors(t *testing.T) {
 // order, and no second error for a field that already has one.
 // TestLoadAccepts covers YAML forms that must load.
 func TestLoadAccepts(t *testing.T) {
+	t.Parallel()
 	for name, y := range map[string]string{
 		"document markers": "---\n" + head + oneImage + "...\n",
 		"trailing ---":     head + oneImage + "---\n# the end\n",
@@ -244,6 +251,7 @@ func TestLoadAccepts(t *testing.T) {
 }
 
 func TestLoadManyErrors(t *testing.T) {
+	t.Parallel()
 	_, err := Parse("r.yaml", []byte(`apiVersion: kiln.dev/v1alpha1
 kind: Appliance
 name: [acme]
@@ -267,6 +275,7 @@ r.yaml:7:12: images[0].serve: expected true or false, got "yes"`
 }
 
 func TestLoadFileErrors(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	if _, err := Load(filepath.Join(dir, "missing.yaml")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("missing file: %v", err)
@@ -281,6 +290,7 @@ func TestLoadFileErrors(t *testing.T) {
 }
 
 func TestCheckFiles(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	write := func(p string) {
 		t.Helper()
@@ -340,6 +350,7 @@ images:
 // TestDocsListEveryField keeps docs/recipes.md in step with the types: every
 // YAML field of a recipe has a row in its tables.
 func TestDocsListEveryField(t *testing.T) {
+	t.Parallel()
 	doc, err := os.ReadFile("../docs/recipes.md")
 	if err != nil {
 		t.Fatal(err)

@@ -1,3 +1,5 @@
+//go:build !nodeonly
+
 package main
 
 import (

@@ -12,53 +12,43 @@ import (
 	"strconv"
 
 	"github.com/opencontainers/go-digest"
-	"go.podman.io/image/v5/docker/reference"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
-
-// DefaultPath is the CRI-O drop-in kiln owns.
-const DefaultPath = "/etc/crio/crio.conf.d/50-kiln-pins.conf"
-
-// Image is one image to pin: the name workloads use and its manifest digest.
-type Image struct {
-	Name   string // e.g. quay.io/acme/app:1.2
-	Digest string // sha256:…
-}
 
 // Refs returns the references that pin im: repo@digest, and the name as
 // written (tagged, :latest when it has neither tag nor digest, or its own
 // digest when it differs from Digest, as with a multi-arch index). CRI-O
-// matches pins against full names, so they are fully qualified
-// (docker.io/library/… for Docker Hub short names).
-func Refs(im Image) ([]string, error) {
-	named, err := reference.ParseNormalizedNamed(im.Name)
+// matches pins against full names, so they are fully qualified the way the
+// runtime normalises them (docker.io/library/… for Docker Hub short names).
+func Refs(im contract.Image) ([]string, error) {
+	ref, err := contract.ParseReference(im.Name)
 	if err != nil {
 		return nil, fmt.Errorf("pin image %q: not a valid image reference: %v", im.Name, err)
 	}
-	d, err := digest.Parse(im.Digest)
-	if err != nil {
+	if _, err := digest.Parse(im.Digest); err != nil {
 		return nil, fmt.Errorf("pin image %q: digest %q: %v (want sha256:<64 hex>)", im.Name, im.Digest, err)
 	}
-	byDigest, err := reference.WithDigest(reference.TrimNamed(named), d)
-	if err != nil {
-		return nil, fmt.Errorf("pin image %q: %v", im.Name, err)
-	}
-	refs := []string{byDigest.String()}
-	if _, isDigested := named.(reference.Digested); isDigested {
+	refs := []string{ref.Repository() + "@" + im.Digest}
+	switch {
+	case ref.Digest != "":
 		// A tag next to a digest ("repo:tag@sha256:…") is not how CRI-O names
 		// images; pin the digest form only.
-		if n := reference.TrimNamed(named).String() + "@" + named.(reference.Digested).Digest().String(); n != refs[0] {
+		if n := ref.Repository() + "@" + ref.Digest; n != refs[0] {
 			refs = append(refs, n)
 		}
-		return refs, nil
+	case ref.Tag != "":
+		refs = append(refs, ref.Repository()+":"+ref.Tag)
+	default:
+		refs = append(refs, ref.Repository()+":latest")
 	}
-	return append(refs, reference.TagNameOnly(named).String()), nil
+	return refs, nil
 }
 
 // Render returns the drop-in for images: sorted, without duplicates, so the
 // same images always give the same bytes.
-func Render(images []Image) ([]byte, error) {
+func Render(images []contract.Image) ([]byte, error) {
 	seen := map[string]bool{}
 	var all []string
 	for _, im := range images {
@@ -88,7 +78,7 @@ func Render(images []Image) ([]byte, error) {
 
 // Write renders the pins for images and atomically replaces path with them
 // (temp file, fsync, rename, fsync directory): CRI-O never reads half a list.
-func Write(path string, images []Image) error {
+func Write(path string, images []contract.Image) error {
 	data, err := Render(images)
 	if err != nil {
 		return err

@@ -16,8 +16,9 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
-// maxManifestSize bounds a manifest read at start (the spec's suggested limit).
-const maxManifestSize = 4 << 20
+// maxManifestSize bounds a manifest read at start; the factory refuses to
+// fetch anything larger, so a kiln-built partition never trips it.
+const maxManifestSize = contract.MaxManifestSize
 
 const (
 	refNameAnnotation = "org.opencontainers.image.ref.name"

@@ -10,6 +10,7 @@ import (
 const hexDigest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
 func TestParseName(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		in                string
 		repo, tag, digest string
@@ -27,10 +28,10 @@ func TestParseName(t *testing.T) {
 		{in: "quay.io/acme/app", err: "not a full image reference"},
 		{in: "registry.local:5000/app", err: "not a full image reference"},
 		{in: "", err: "not a full image reference"},
-		{in: "quay.io/acme/App:1", err: "could not parse"},
-		{in: "quay.io/../etc:1", err: "repository"},
-		{in: "quay.io/acme/app:-x", err: "tag"},
-		{in: "quay.io/acme/app@sha256:abc", err: "could not parse"},
+		{in: "quay.io/acme/App:1", err: "must be lowercase"},
+		{in: "quay.io/../etc:1", err: "invalid reference format"},
+		{in: "quay.io/acme/app:-x", err: "invalid reference format"},
+		{in: "quay.io/acme/app@sha256:abc", err: "invalid reference format"},
 		{in: "quay.io/acme/app@sha512:" + strings.Repeat("a", 128), err: "digest"},
 	} {
 		t.Run(tc.in, func(t *testing.T) {
@@ -55,6 +56,7 @@ func TestParseName(t *testing.T) {
 }
 
 func TestParseRoute(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		path string
 		want route

@@ -1,0 +1,73 @@
+package builder
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/kiln-appliance/kiln/ignition"
+	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/units"
+)
+
+// renderIgnition renders the node's config once before the long steps, so a
+// bad fragment or unit parameter fails now; assembleDisk renders it again
+// (ignitionFor) once the image partition's identity, which depends on its
+// content (GUID and dm-verity root hash), is known.
+func (b *build) renderIgnition(context.Context) error {
+	_, err := b.ignitionFor(partitions.ImageIdentity{PartitionGUID: partitions.DeriveGUID(b.seed(), contract.PartitionName)})
+	return err
+}
+
+// ignitionFor renders kiln's units and files for this partition, plus the
+// recipe's own SSH keys and fragments.
+func (b *build) ignitionFor(id partitions.ImageIdentity) ([]byte, error) {
+	r := b.recipe
+	p := units.ParamsFrom(b.contents, id.PartitionGUID)
+	if id.Verity != nil {
+		p.RootHash, p.HashOffset = id.Verity.RootHash, id.Verity.HashOffset
+	}
+	us, files, err := units.Render(p)
+	if err != nil {
+		return nil, err
+	}
+	cfg := ignition.Config{Version: r.Ignition.Version, User: r.Ignition.User, SSHKeys: r.Ignition.SSHKeys, Units: us, Files: files}
+	for _, p := range r.Ignition.Fragments {
+		data, err := os.ReadFile(r.Resolve(p))
+		if err != nil {
+			return nil, fmt.Errorf("ignition fragment: %w", err)
+		}
+		cfg.Fragments = append(cfg.Fragments, ignition.Fragment{Name: p, Data: data})
+	}
+	b.ignition, err = ignition.Render(cfg)
+	return b.ignition, err
+}
+
+// assembleDisk writes the disk into the temporary output file.
+func (b *build) assembleDisk(ctx context.Context) error {
+	r := b.recipe
+	opts := partitions.AssembleOptions{
+		Output:          b.out,
+		Base:            r.Resolve(r.Base.Path),
+		BaseDigest:      r.Base.Digest,
+		ImageTree:       b.root,
+		Headroom:        r.ImagePartition.HeadroomPercent(),
+		Compression:     r.ImagePartition.Compression,
+		Placement:       r.ImagePartition.Placement,
+		SourceDateEpoch: b.epoch,
+		GUIDSeed:        b.seed(),
+		Ignition:        b.ignitionFor,
+		NoVerity:        !r.ImagePartition.VerityOn(),
+		Progress:        b.o.Progress,
+	}
+	if !r.Disk.Size.Auto {
+		opts.DiskSize = r.Disk.Size.Bytes
+	}
+	if !r.ImagePartition.Size.Auto {
+		opts.PartitionSize = r.ImagePartition.Size.Bytes
+	}
+	var err error
+	b.layout, err = partitions.Assemble(ctx, opts)
+	return err
+}
