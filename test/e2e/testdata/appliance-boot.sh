@@ -72,7 +72,7 @@ mount_checks() {
     local part=$src name
     if [[ $src == /dev/mapper/* ]]; then
         name=${src#/dev/mapper/}
-        part=/dev/$(lsblk -ndo PKNAME "$src" | head -n1)
+        part=$(veritysetup status "$name" | sed -n 's/^ *data device: *//p')
         if veritysetup status "$name" 2>&1 | grep -q 'type: *VERITY'; then
             pass mount-verity "$(veritysetup status "$name" | grep -E 'status|root hash|data device' | oneline 300)"
         else
