@@ -81,6 +81,9 @@ func VerifyDisk(ctx context.Context, path string, o VerifyOptions) (rep *VerifyR
 	if _, err := f.ReadAt(area, img.Offset+img.Size-SealSize); err != nil {
 		return nil, &VerifyError{"seal", fmt.Errorf("read: %w", err)}
 	}
+	if string(area[:len(sealMagic)]) != sealMagic {
+		return nil, &VerifyError{"seal", fmt.Errorf("no kiln seal at the end of partition %d (%s): the disk was built by a kiln without seals (rebuild it to verify it exactly), or that area is damaged", img.Number, contract.PartitionName)}
+	}
 	if got := SealGUID(area); got != l.GUID {
 		return nil, &VerifyError{"seal", fmt.Errorf("kiln's record at the end of partition %d (%s) hashes to %s but the disk GUID is %s: the record or the GPT header is damaged, or the disk was not built by this kiln", img.Number, contract.PartitionName, got, l.GUID)}
 	}

@@ -207,6 +207,16 @@ func TestVerifyCases(t *testing.T) {
 		{"verity superblock", flip(ip.Offset + v.HashOffset + 40), VerifyOptions{}, "image partition", "verity superblock"},
 		{"after the verity superblock", flip(ip.Offset + v.HashOffset + 1000), VerifyOptions{}, "image partition", "verity superblock"},
 		{"seal", flip(ip.Offset + ip.Size - SealSize + 20), VerifyOptions{}, "seal", "disk GUID"},
+		{"no seal (an older kiln's disk)", func(t *testing.T, p string) {
+			f, err := os.OpenFile(p, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if _, err := f.WriteAt(make([]byte, SealSize), ip.Offset+ip.Size-SealSize); err != nil {
+				t.Fatal(err)
+			}
+		}, VerifyOptions{}, "seal", "without seals"},
 		{"boot", flip(boot.Offset + 4*MiB), VerifyOptions{}, "partition 3 (boot)", "--booted"},
 		{"another build's image partition", func(t *testing.T, p string) {
 			ol, err := Inspect(other)
