@@ -129,7 +129,7 @@ func verify(t *testing.T, units []ignition.Unit) {
 	mustRun(t, "mkdir", "-p", unitDir, filepath.Join(root, "usr/lib/systemd"), filepath.Join(root, "usr/bin"),
 		filepath.Join(root, "usr/sbin"), filepath.Dir(filepath.Join(root, contract.AgentPath)))
 	mustRun(t, "cp", "-r", "/usr/lib/systemd/system", filepath.Join(root, "usr/lib/systemd/"))
-	for _, bin := range []string{"/usr/bin/echo", "/usr/bin/rm", "/usr/bin/systemctl", "/usr/sbin/veritysetup"} {
+	for _, bin := range []string{"/usr/bin/echo", "/usr/bin/rm", "/usr/bin/systemctl", "/usr/sbin/veritysetup", "/usr/bin/dd"} {
 		mustRun(t, "cp", bin, filepath.Join(root, bin))
 	}
 	mustRun(t, "cp", "/usr/bin/true", filepath.Join(root, contract.AgentPath))
