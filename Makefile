@@ -14,7 +14,7 @@ AGENT_BIN := out/kiln-agent
 
 # Debian packages the build and the tests need.
 APT_PKGS := gdisk squashfs-tools e2fsprogs dosfstools mtools fdisk skopeo podman \
-            ignition zstd xz-utils util-linux cryptsetup-bin
+            ignition zstd xz-utils util-linux openssl cryptsetup-bin
 APT_E2E  := qemu-system-x86 ovmf debootstrap systemd
 # The reference registry the benchmarks measure kiln serve against.
 APT_BENCH := docker-registry

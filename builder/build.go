@@ -78,6 +78,7 @@ func Build(ctx context.Context, recipePath string, o Options) (*Result, error) {
 	defer b.cleanup()
 	steps := []func(context.Context) error{
 		b.createOutput, // first: an unwritable output fails now, not after an hour of fetching
+		b.sweepLeftovers,
 		b.lockImages,
 		b.fetchImages,
 		b.stagePartition,
@@ -126,16 +127,12 @@ func newBuild(recipePath string, o Options) (*build, error) {
 // createOutput creates the temporary file the disk is written to, beside
 // the output.
 func (b *build) createOutput(context.Context) error {
-	if b.o.Output == "" {
-		return fmt.Errorf("no output file given (-o DISK)")
+	if err := checkOutput(b.o.Output); err != nil {
+		return err
 	}
-	dir := filepath.Dir(b.o.Output)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(b.o.Output)+".kiln-tmp-")
-	if err != nil {
-		return fmt.Errorf("cannot write the output in %s: %w (choose a writable directory with -o)", dir, err)
-	}
+	f, err := CreateTemp(b.o.Output)
 	b.out = f
-	return nil
+	return err
 }
 
 // lockImages reads the lock, or resolves and writes one (EnsureLock).

@@ -32,7 +32,11 @@ func (b *build) ignitionFor(id partitions.ImageIdentity) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := ignition.Config{Version: r.Ignition.Version, User: r.Ignition.User, SSHKeys: r.Ignition.SSHKeys, Units: us, Files: files}
+	release, err := releaseFiles(r)
+	if err != nil {
+		return nil, err
+	}
+	cfg := ignition.Config{Version: r.Ignition.Version, User: r.Ignition.User, SSHKeys: r.Ignition.SSHKeys, Units: us, Files: append(files, release...)}
 	for _, p := range r.Ignition.Fragments {
 		data, err := os.ReadFile(r.Resolve(p))
 		if err != nil {

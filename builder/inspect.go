@@ -84,8 +84,12 @@ type VerifyOptions = partitions.VerifyOptions
 func Verify(ctx context.Context, disk string, o VerifyOptions, p progress.Reporter) (rep *Report, err error) {
 	defer recoverAs(&err, disk+": image partition")
 	sealed, err := partitions.VerifyDisk(ctx, disk, o)
-	if err != nil {
+	var damaged *partitions.VerifyError
+	if errors.As(err, &damaged) {
 		return nil, fmt.Errorf("%s failed verification; the disk is damaged or was modified: rebuild or reflash it:\n  %w", disk, err)
+	}
+	if err != nil { // not a disk at all, unreadable, interrupted
+		return nil, err
 	}
 	rep, err = Inspect(disk)
 	if err != nil {
@@ -114,7 +118,7 @@ func Verify(ctx context.Context, disk string, o VerifyOptions, p progress.Report
 			task.Done(err)
 			return nil, err
 		}
-		if err := verifyFile(fsys, f, task); err != nil {
+		if err := VerifyFile(fsys, f, contract.ContentsFile, task); err != nil {
 			problems = append(problems, err)
 		}
 	}
@@ -142,7 +146,9 @@ func Verify(ctx context.Context, disk string, o VerifyOptions, p progress.Report
 	return rep, nil
 }
 
-func verifyFile(fsys fs.FS, f contract.File, w io.Writer) error {
+// VerifyFile re-hashes one file of fsys against its listing (in listedIn,
+// named in the errors), copying what it reads to w.
+func VerifyFile(fsys fs.FS, f contract.File, listedIn string, w io.Writer) error {
 	r, err := fsys.Open(path.Clean(f.Path))
 	if err != nil {
 		return fmt.Errorf("%s: missing: %w", f.Path, err)
@@ -154,10 +160,10 @@ func verifyFile(fsys fs.FS, f contract.File, w io.Writer) error {
 		return fmt.Errorf("%s: unreadable: %w", f.Path, err)
 	}
 	if n != f.Size {
-		return fmt.Errorf("%s: size %d, kiln.json says %d", f.Path, n, f.Size)
+		return fmt.Errorf("%s: size %d, %s says %d", f.Path, n, listedIn, f.Size)
 	}
 	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != f.Digest {
-		return fmt.Errorf("%s: digest %s, kiln.json says %s", f.Path, got, f.Digest)
+		return fmt.Errorf("%s: digest %s, %s says %s", f.Path, got, listedIn, f.Digest)
 	}
 	return nil
 }

@@ -26,6 +26,9 @@ var compressionFlags = map[string][]string{
 
 // squashfsOptions is one mksquashfs run.
 type squashfsOptions struct {
+	// AllRoot makes every file owned by root whoever staged it (bundles:
+	// the same inputs give the same bytes on any factory host).
+	AllRoot         bool
 	Tree            string // directory to pack
 	Disk            string // file to write into
 	Offset          int64  // byte offset in Disk
@@ -64,6 +67,9 @@ func writeSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
 		// 360 MB RSS); 64M keeps it small and measured no slower.
 		"-mem", "64M"}
 	args = append(args, flags...)
+	if o.AllRoot {
+		args = append(args, "-all-root")
+	}
 	cmd := exec.CommandContext(ctx, "mksquashfs", args...)
 	cmd.Env = append(envWithout("SOURCE_DATE_EPOCH"), "SOURCE_DATE_EPOCH="+strconv.FormatInt(o.SourceDateEpoch, 10))
 	var out bytes.Buffer

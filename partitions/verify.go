@@ -51,6 +51,9 @@ func VerifyDisk(ctx context.Context, path string, o VerifyOptions) (rep *VerifyR
 		return nil, err
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.IsDir() {
+		return nil, fmt.Errorf("verify disk: %s is a directory: give a disk image file or a disk device (e.g. /dev/sdX)", path)
+	}
 	size, err := f.Seek(0, io.SeekEnd)
 	if err != nil {
 		return nil, err

@@ -200,6 +200,16 @@ func TestLoadErrors(t *testing.T) {
 		{"ssh key truncated", head + oneImage + "ignition:\n  sshAuthorizedKeys: [ssh-ed25519 AAAAC3Nza]\n", `r.yaml:8:23: ignition.sshAuthorizedKeys[0]: not one SSH public key ("ssh-ed25519 AAAAC3Nza"); paste a single whole line of a .pub file, e.g. ~/.ssh/id_ed25519.pub`},
 		{"user", head + oneImage + "ignition: {user: Admin}\n", `r.yaml:7:18: ignition.user: "Admin" is not a valid user name; use lower-case letters, digits, '_' or '-' (e.g. core)`},
 
+		// Trust and release files.
+		{"trust without semver", head + oneImage + "version: '1.0'\ntrust: [k.pub]\n", `r.yaml:7:10: version: version "1.0" is not semver (MAJOR.MINOR.PATCH, e.g. 1.4.0): 1.0 is not in dotted-tri format; upgrade bundles (trust is set) order releases by semver`},
+		{"trust without version", head + oneImage + "trust: [k.pub]\n", `r.yaml:1:1: version: required field is missing; a recipe with trust keys takes upgrade bundles, which need a semver version: add e.g. "version: 1.0.0"`},
+		{"trust empty entry", head + oneImage + "version: 1.0.0\ntrust: ['']\n", `r.yaml:8:9: trust[0]: is empty; give the path of a public key file (kiln key generate writes NAME.pub), or remove the entry`},
+		{"release path outside", head + oneImage + "release:\n  files:\n    - {path: /etc/passwd, source: p}\n", `r.yaml:9:14: release.files[0].path: "/etc/passwd" is outside the directories a release may own (/etc/containers/systemd/, /etc/kubernetes/manifests/, /etc/kiln/release/)`},
+		{"release path dotdot", head + oneImage + "release:\n  files:\n    - {path: /etc/kiln/release/../../shadow, source: p}\n", `r.yaml:9:14: release.files[0].path: "/etc/kiln/release/../../shadow" is not a clean absolute path; write it like /etc/containers/systemd/app.container`},
+		{"release path twice", head + oneImage + "release:\n  files:\n    - {path: /etc/kiln/release/a, source: p}\n    - {path: /etc/kiln/release/a, source: q}\n", `r.yaml:10:14: release.files[1].path: "/etc/kiln/release/a" is listed twice (also at release.files[0]); keep one entry`},
+		{"release no source", head + oneImage + "release:\n  files:\n    - {path: /etc/kiln/release/a}\n", `r.yaml:9:7: release.files[0].source: required field is missing; give the file holding its content, relative to the recipe`},
+		{"release mode", head + oneImage + "release:\n  files:\n    - {path: /etc/kiln/release/a, source: p, mode: '0999'}\n", `r.yaml:9:52: release.files[0].mode: "0999" is not an octal permission such as "0644" or "0600"`},
+
 		// Sizes.
 		{"size fraction", head + oneImage + "disk: {size: 1.5GiB}\n", `r.yaml:7:14: disk.size: size "1.5GiB": use a whole number with a smaller unit (e.g. 1536MiB, not 1.5GiB)`},
 		{"size unit case", head + oneImage + "disk: {size: 8gib}\n", `r.yaml:7:14: disk.size: size "8gib" has unknown unit "gib"; did you mean "GiB"? (units are case-sensitive)`},
@@ -372,4 +382,28 @@ func TestDocsListEveryField(t *testing.T) {
 		}
 	}
 	walk(reflect.TypeFor[Recipe]())
+}
+
+// TestCheckFilesTrustAndRelease: trust keys must exist and be ed25519 public
+// keys; release files must exist.
+func TestCheckFilesTrustAndRelease(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "base.raw"), nil, 0o644)
+	os.WriteFile(filepath.Join(dir, "bad.pub"), []byte("ssh-ed25519 AAAA\n"), 0o644)
+	recipe := head + oneImage + "version: 1.0.0\ntrust: [bad.pub, gone.pub]\nrelease:\n  files:\n    - {path: /etc/kiln/release/a.conf, source: a.conf}\n"
+	path := filepath.Join(dir, "r.yaml")
+	os.WriteFile(path, []byte(recipe), 0o644)
+	r, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = r.CheckFiles()
+	want := []string{
+		path + ":8:9: trust[0]: " + dir + "/bad.pub: not a PEM key file (make one with `kiln key generate`)",
+		path + ":8:18: trust[1]: public key file " + dir + "/gone.pub: no such file or directory",
+		path + ":11:48: release.files[0].source: release file " + dir + "/a.conf: no such file or directory",
+	}
+	if err == nil || err.Error() != strings.Join(want, "\n") {
+		t.Errorf("got\n%v\nwant\n%s", err, strings.Join(want, "\n"))
+	}
 }

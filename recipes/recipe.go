@@ -2,6 +2,7 @@ package recipes
 
 import (
 	"path/filepath"
+	"strconv"
 
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -16,6 +17,7 @@ const (
 	DefaultPreloadMode = contract.PreloadStore
 	DefaultIgnition    = "3.3.0"
 	DefaultUser        = "core"
+	DefaultFileMode    = "0644"
 
 	defaultServe      = true
 	defaultPreload    = false
@@ -112,6 +114,16 @@ func (r *Recipe) Image(name string) (Image, bool) {
 		}
 	}
 	return Image{}, false
+}
+
+// FileMode is the file's permission bits (Mode, or DefaultFileMode).
+func (f ReleaseFile) FileMode() uint32 {
+	m := f.Mode
+	if m == "" {
+		m = DefaultFileMode
+	}
+	n, _ := strconv.ParseUint(m, 8, 32) // validated by Load
+	return uint32(n)
 }
 
 func ptr[T any](v T) *T { return &v }

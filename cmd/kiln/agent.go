@@ -25,7 +25,8 @@ func newAgentCommand() *cobra.Command {
 		Use:   "agent",
 		Short: "On-node programs run by kiln's systemd units",
 	}
-	agent.AddCommand(newMirrorGateCommand(), newWaitImagesCommand(), newWritePinsCommand(), newPreloadCopyCommand())
+	agent.AddCommand(newMirrorGateCommand(), newWaitImagesCommand(), newWritePinsCommand(), newPreloadCopyCommand(),
+		newStatusCommand(), newReleaseCommand())
 	return agent
 }
 
@@ -93,23 +94,20 @@ func newWaitImagesCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			opts, err := stypes.DefaultStoreOptions()
+			store, err := openNodeStore(func(opts *stypes.StoreOptions) {
+				if root != "" {
+					opts.GraphRoot = root
+				}
+				if runRoot != "" {
+					opts.RunRoot = runRoot
+				}
+				if driver != "" {
+					opts.GraphDriverName = driver
+				}
+				opts.GraphDriverOptions = append(opts.GraphDriverOptions, storageOpts...)
+			})
 			if err != nil {
-				return fmt.Errorf("read containers/storage configuration: %w", err)
-			}
-			if root != "" {
-				opts.GraphRoot = root
-			}
-			if runRoot != "" {
-				opts.RunRoot = runRoot
-			}
-			if driver != "" {
-				opts.GraphDriverName = driver
-			}
-			opts.GraphDriverOptions = append(opts.GraphDriverOptions, storageOpts...)
-			store, err := storage.GetStore(opts)
-			if err != nil {
-				return fmt.Errorf("open containers/storage at %s: %w", opts.GraphRoot, err)
+				return err
 			}
 			defer store.Shutdown(false)
 
@@ -178,4 +176,19 @@ func newPreloadCopyCommand() *cobra.Command {
 	cmd.Flags().StringVar(&from, "from", contract.StorePath, "the preloaded store")
 	cmd.Flags().StringVar(&to, "to", preloadcopy.DefaultGraphRoot, "the node's main store")
 	return cmd
+}
+
+// openNodeStore opens the node's containers/storage as storage.conf
+// configures it (the store CRI-O and podman use), adjusted by adjust.
+func openNodeStore(adjust func(*stypes.StoreOptions)) (storage.Store, error) {
+	opts, err := stypes.DefaultStoreOptions()
+	if err != nil {
+		return nil, fmt.Errorf("read containers/storage configuration: %w", err)
+	}
+	adjust(&opts)
+	store, err := storage.GetStore(opts)
+	if err != nil {
+		return nil, fmt.Errorf("open containers/storage at %s: %w", opts.GraphRoot, err)
+	}
+	return store, nil
 }

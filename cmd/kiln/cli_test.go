@@ -504,28 +504,8 @@ func TestInterruptLeavesNothing(t *testing.T) {
 	// Interrupt as each long step starts (its progress line), so every run
 	// is cut short at a known place; a build that finishes anyway fails.
 	for _, step := range []string{"stage image partition", "write image filesystem", "copy base partitions"} {
-		cmd := exec.Command(kilnBin, "build", f.recipe, "-o", out)
-		cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+f.cache)
-		stderr, err := cmd.StderrPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		var log bytes.Buffer
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			log.WriteString(sc.Text() + "\n")
-			if strings.HasPrefix(sc.Text(), step+": started") {
-				cmd.Process.Signal(syscall.SIGINT)
-				break
-			}
-		}
-		io.Copy(&log, stderr)
-		err = cmd.Wait()
-		if code := cmd.ProcessState.ExitCode(); err == nil || code != 130 {
-			t.Errorf("SIGINT when %q started: exit %d, want 130\n%s", step, code, log.String())
+		if code, log := interruptAt(t, f.cache, step, "build", f.recipe, "-o", out); code != 130 {
+			t.Errorf("SIGINT when %q started: exit %d, want 130\n%s", step, code, log)
 		}
 		assertUntouched(t, f.dir, out)
 		leftovers, _ := filepath.Glob(filepath.Join(f.cache, "kiln", "build-*"))
@@ -533,6 +513,34 @@ func TestInterruptLeavesNothing(t *testing.T) {
 			t.Errorf("SIGINT when %q started: staging left behind: %v", step, leftovers)
 		}
 	}
+}
+
+// interruptAt runs kiln with args and sends it SIGINT as step starts (its
+// progress line); it returns the exit code (a run that finishes anyway
+// returns 0) and what kiln printed.
+func interruptAt(t *testing.T, cache, step string, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(kilnBin, args...)
+	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+cache)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() {
+		log.WriteString(sc.Text() + "\n")
+		if strings.HasPrefix(sc.Text(), step+": started") {
+			cmd.Process.Signal(syscall.SIGINT)
+			break
+		}
+	}
+	io.Copy(&log, stderr)
+	cmd.Wait()
+	return cmd.ProcessState.ExitCode(), log.String()
 }
 
 // assertUntouched checks the previous output is as it was and no temp file is left.

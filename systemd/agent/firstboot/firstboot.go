@@ -9,16 +9,15 @@ package firstboot
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
 	"time"
 
-	"github.com/opencontainers/go-digest"
 	"go.podman.io/storage"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/agent/internal/localimage"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -28,25 +27,13 @@ import (
 func Missing(store storage.Store, images []contract.Image) ([]contract.Image, error) {
 	var missing []contract.Image
 	for _, im := range images {
-		d, err := digest.Parse(im.Digest)
+		ids, err := localimage.Find(store, im)
 		if err != nil {
-			return nil, fmt.Errorf("image %s: digest %q: %v", im.Name, im.Digest, err)
+			return nil, err
 		}
-		found, err := store.ImagesByDigest(d)
-		if err != nil {
-			return nil, fmt.Errorf("look up %s in containers/storage: %w", im.Name, err)
+		if len(ids) == 0 {
+			missing = append(missing, im)
 		}
-		if len(found) > 0 {
-			continue
-		}
-		if id := strings.TrimPrefix(im.ImageID, "sha256:"); id != "" {
-			if _, err := store.Image(id); err == nil {
-				continue
-			} else if !errors.Is(err, storage.ErrImageUnknown) {
-				return nil, fmt.Errorf("look up %s in containers/storage: %w", im.Name, err)
-			}
-		}
-		missing = append(missing, im)
 	}
 	return missing, nil
 }

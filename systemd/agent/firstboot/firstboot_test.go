@@ -11,79 +11,32 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/random"
-	"go.podman.io/image/v5/copy"
-	ocilayout "go.podman.io/image/v5/oci/layout"
-	"go.podman.io/image/v5/signature"
-	istorage "go.podman.io/image/v5/storage"
 	"go.podman.io/storage"
-	stypes "go.podman.io/storage/types"
 
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/test/fixtures/images"
 )
 
-// fixture writes an OCI layout with one random image tagged "app" and
-// returns its directory and the image as kiln.json would list it.
+// fixture writes an OCI layout with one random image and returns its
+// layout reference and the image as kiln.json would list it.
 func fixture(t *testing.T) (string, contract.Image) {
 	t.Helper()
-	dir := t.TempDir()
-	img, err := random.Image(4096, 2)
+	ref, im, err := images.RandomInLayout(t.TempDir(), "quay.io/acme/app:1.2")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := layout.Write(dir, empty.Index)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": "app"})); err != nil {
-		t.Fatal(err)
-	}
-	d, _ := img.Digest()
-	cfg, _ := img.ConfigName()
-	return dir, contract.Image{Name: "quay.io/acme/app:1.2", Digest: d.String(), ImageID: cfg.Hex}
+	return ref, im
 }
 
-// openStore opens a real containers/storage store (vfs driver: no mounts
-// needed; the lookup code is the same for overlay) with optional additional
-// image stores.
 func openStore(t *testing.T, root string, additional ...string) storage.Store {
-	t.Helper()
-	opts := stypes.StoreOptions{
-		GraphRoot:       filepath.Join(root, "graph"),
-		RunRoot:         filepath.Join(root, "run"),
-		GraphDriverName: "vfs",
-	}
-	for _, a := range additional {
-		opts.GraphDriverOptions = append(opts.GraphDriverOptions, "imagestore="+a)
-	}
-	s, err := storage.GetStore(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown(true) })
-	return s
+	return images.TestStore(t, root, additional...)
 }
 
-// copyIn copies the layout's image into the store under name, with c/image,
-// as a pull by CRI-O or podman would.
-func copyIn(t *testing.T, store storage.Store, layoutDir, name string) {
+// copyIn copies the layout's image into the store under name, as a pull
+// by CRI-O or podman would.
+func copyIn(t *testing.T, store storage.Store, ref, name string) {
 	t.Helper()
-	src, err := ocilayout.ParseReference(layoutDir + ":app")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst, err := istorage.Transport.ParseStoreReference(store, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc, err := signature.NewPolicyContext(&signature.Policy{Default: []signature.PolicyRequirement{signature.NewPRInsecureAcceptAnything()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Destroy()
-	if _, err := copy.Image(context.Background(), pc, dst, src, &copy.Options{}); err != nil {
+	if err := images.CopyToStore(context.Background(), store, ref, name); err != nil {
 		t.Fatal(err)
 	}
 }

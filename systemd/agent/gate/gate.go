@@ -10,6 +10,7 @@
 package gate
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -17,6 +18,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/BurntSushi/toml"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 	"github.com/kiln-appliance/kiln/systemd/contract"
@@ -42,6 +45,11 @@ func New(c *contract.Contents) (*Gate, error) {
 	g := &Gate{Listen: c.Registry.Listen, MirrorTags: c.Registry.MirrorTags}
 	if g.Listen == "" {
 		g.Listen = contract.DefaultListen
+	}
+	// The same rule the factory applied: the address also goes into the
+	// drop-in's comment and mirror locations.
+	if err := contract.CheckListen(g.Listen); err != nil {
+		return nil, fmt.Errorf("kiln.json: registry listen address %v", err)
 	}
 	hosts := map[string]bool{}
 	for _, h := range c.Registry.Upstreams {
@@ -74,14 +82,32 @@ func (g *Gate) DropInContents() []byte {
 	if g.MirrorTags {
 		mode = "all"
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "# Written by kiln-mirror.service (kiln agent mirror-gate) once the local registry\n")
-	fmt.Fprintf(&b, "# at %s served this appliance's images; removed before it stops.\n", g.Listen)
-	for _, h := range g.Upstreams {
-		fmt.Fprintf(&b, "\n[[registry]]\nprefix = %q\nlocation = %q\n\n", h, h)
-		fmt.Fprintf(&b, "[[registry.mirror]]\nlocation = %q\ninsecure = true\npull-from-mirror = %q\n", g.Listen+"/"+h, mode)
+	type mirror struct {
+		Location       string `toml:"location"`
+		Insecure       bool   `toml:"insecure"`
+		PullFromMirror string `toml:"pull-from-mirror"`
 	}
-	return []byte(b.String())
+	type registry struct {
+		Prefix   string   `toml:"prefix"`
+		Location string   `toml:"location"`
+		Mirror   []mirror `toml:"mirror"`
+	}
+	var conf struct {
+		Registry []registry `toml:"registry"`
+	}
+	for _, h := range g.Upstreams {
+		conf.Registry = append(conf.Registry, registry{Prefix: h, Location: h,
+			Mirror: []mirror{{Location: g.Listen + "/" + h, Insecure: true, PullFromMirror: mode}}})
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "# Written by kiln-mirror.service (kiln agent mirror-gate) once the local registry\n")
+	fmt.Fprintf(&b, "# at %s served this appliance's images; removed before it stops.\n\n", g.Listen)
+	enc := toml.NewEncoder(&b)
+	enc.Indent = ""
+	if err := enc.Encode(conf); err != nil {
+		panic(fmt.Sprintf("encode registries.conf drop-in: %v", err)) // only strings and bools: cannot fail
+	}
+	return b.Bytes()
 }
 
 // Check makes one attempt: GET /v2/ must answer 200, and every image's

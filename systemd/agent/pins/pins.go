@@ -8,9 +8,10 @@ package pins
 import (
 	"bytes"
 	"fmt"
+	"path/filepath"
 	"sort"
-	"strconv"
 
+	"github.com/BurntSushi/toml"
 	"github.com/opencontainers/go-digest"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
@@ -64,24 +65,84 @@ func Render(images []contract.Image) ([]byte, error) {
 		}
 	}
 	sort.Strings(all)
+	return render(all)
+}
+
+// render writes the drop-in for refs. The table header is fixed text; the
+// list goes through the TOML encoder, so each reference is quoted as TOML
+// quotes (Go's %q does not: it writes \x01 where TOML wants \u0001).
+func render(refs []string) ([]byte, error) {
 	var b bytes.Buffer
 	b.WriteString("# Rendered by kiln: every image this appliance needs, by digest and by name,\n")
 	b.WriteString("# so that kubelet's image garbage collection never removes one.\n")
-	b.WriteString("[crio.image]\npinned_images = [\n")
-	for _, r := range all {
-		// References hold only [a-z0-9._:/@-]; quoting is for form's sake.
-		fmt.Fprintf(&b, "  %s,\n", strconv.Quote(r))
+	b.WriteString("[crio.image]\n")
+	err := toml.NewEncoder(&b).Encode(struct {
+		PinnedImages lines `toml:"pinned_images"`
+	}{refs})
+	if err != nil {
+		return nil, fmt.Errorf("render pins: %w", err)
 	}
-	b.WriteString("]\n")
+	return b.Bytes(), nil
+}
+
+// lines is a TOML array of strings written one element a line, as people
+// write long lists (the encoder writes arrays on one line).
+type lines []string
+
+func (l lines) MarshalTOML() ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteString("[\n")
+	for _, s := range l {
+		q, err := toml.Marshal(struct {
+			V string `toml:"v"`
+		}{s})
+		if err != nil {
+			return nil, err
+		}
+		// q is `v = "…"` and a newline: keep the quoted value.
+		b.WriteString("  ")
+		b.Write(bytes.TrimSuffix(bytes.TrimPrefix(q, []byte("v = ")), []byte("\n")))
+		b.WriteString(",\n")
+	}
+	b.WriteString("]")
 	return b.Bytes(), nil
 }
 
 // Write renders the pins for images and atomically replaces path with them
 // (temp file, fsync, rename, fsync directory): CRI-O never reads half a list.
+// The temp file is written in the directory above path's (/etc/crio for
+// /etc/crio/crio.conf.d/…): CRI-O parses every file in crio.conf.d, so a
+// writer killed before its rename must not leave its temp file there. The
+// next write removes such a file (see atomicfile).
 func Write(path string, images []contract.Image) error {
+	return write(path, images)
+}
+
+func write(path string, images []contract.Image, opts ...atomicfile.Option) error {
 	data, err := Render(images)
 	if err != nil {
 		return err
 	}
-	return atomicfile.WriteFile(path, data, 0o644)
+	opts = append(opts, atomicfile.WithTempDir(filepath.Dir(filepath.Dir(path))))
+	return atomicfile.WriteFile(path, data, 0o644, opts...)
+}
+
+// Read returns the references a pins drop-in lists, parsed as TOML as CRI-O
+// does; a key CRI-O would not know is an error (the file is not kiln's).
+func Read(path string) ([]string, error) {
+	var conf struct {
+		Crio struct {
+			Image struct {
+				PinnedImages []string `toml:"pinned_images"`
+			} `toml:"image"`
+		} `toml:"crio"`
+	}
+	md, err := toml.DecodeFile(path, &conf)
+	if err != nil {
+		return nil, fmt.Errorf("read pins: %w", err)
+	}
+	if u := md.Undecoded(); len(u) > 0 {
+		return nil, fmt.Errorf("read pins %s: keys CRI-O would not know: %v", path, u)
+	}
+	return conf.Crio.Image.PinnedImages, nil
 }

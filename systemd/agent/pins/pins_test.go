@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/BurntSushi/toml"
-
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/test/golden"
 )
@@ -43,21 +41,7 @@ func TestWriteParses(t *testing.T) {
 	if err := Write(path, images); err != nil {
 		t.Fatal(err)
 	}
-	var conf struct {
-		Crio struct {
-			Image struct {
-				PinnedImages []string `toml:"pinned_images"`
-			} `toml:"image"`
-		} `toml:"crio"`
-	}
-	md, err := toml.DecodeFile(path, &conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if u := md.Undecoded(); len(u) > 0 {
-		t.Errorf("keys CRI-O would not know: %v", u)
-	}
-	got := conf.Crio.Image.PinnedImages
+	got := parsePins(t, path)
 	want := []string{
 		"docker.io/library/nginx:latest",
 		"docker.io/library/nginx@" + dB,
@@ -78,8 +62,8 @@ func TestWriteParses(t *testing.T) {
 	if err := Write(path, images[:1]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := toml.DecodeFile(path, &conf); err != nil || len(conf.Crio.Image.PinnedImages) != 2 {
-		t.Errorf("after rewrite: %v %v", conf.Crio.Image.PinnedImages, err)
+	if got := parsePins(t, path); len(got) != 2 {
+		t.Errorf("after rewrite: %v", got)
 	}
 	entries, _ := os.ReadDir(filepath.Dir(path))
 	if len(entries) != 1 {

@@ -48,6 +48,21 @@ func validName(name string) error {
 	return nil
 }
 
+// specName reports whether name matches the distribution spec's name
+// grammar (path components of [a-z0-9] separated by ., _, __ or dashes)
+// within the length clients allow.
+func specName(name string) bool {
+	if len(name) > maxNameLength {
+		return false
+	}
+	for p := range strings.SplitSeq(name, "/") {
+		if !componentRE.MatchString(p) {
+			return false
+		}
+	}
+	return true
+}
+
 func validTag(tag string) bool       { return tagRE.MatchString(tag) }
 func validDigest(digest string) bool { return digestRE.MatchString(digest) }
 
