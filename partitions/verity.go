@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 
 	"github.com/google/uuid"
+	"golang.org/x/sync/errgroup"
 )
 
 // dm-verity hash tree, format 1 (what `veritysetup format` writes by
@@ -107,12 +109,30 @@ func writeVerity(data io.ReaderAt, out interface {
 	}, nil
 }
 
-// hashLevel hashes n blocks of src at off into hash blocks at dst.
+// hashLevel hashes n blocks of src at off into hash blocks at dst, on every
+// CPU: the level is cut into runs whose digests fill whole hash blocks, so
+// each run writes its own part of dst. (sha256 is the build's cost of
+// verity: one pass over the partition.)
 func hashLevel(src io.ReaderAt, off, n int64, salt []byte, out io.WriterAt, dst int64) error {
+	const run = 64 * verityPerBlock // blocks: 32 MiB of data, 64 hash blocks
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for from := int64(0); from < n; from += run {
+		to := min(from+run, n)
+		g.Go(func() error { return hashRun(src, off, from, to, n, salt, out, dst) })
+	}
+	return g.Wait()
+}
+
+// hashRun hashes blocks [from, to) of the n at off and writes their digests
+// at dst+from*32 (from is a multiple of verityPerBlock: whole hash blocks);
+// the run that ends the level pads its last hash block with zeros.
+func hashRun(src io.ReaderAt, off, from, to, n int64, salt []byte, out io.WriterAt, dst int64) error {
 	in := make([]byte, 256*VerityBlock) // read 1 MiB at a time
 	hb := make([]byte, 0, 256*VerityBlock)
-	for i := int64(0); i < n; {
-		c := min(n-i, int64(len(in)/VerityBlock))
+	pos := dst + from*verityDigest
+	for i := from; i < to; {
+		c := min(to-i, int64(len(in)/VerityBlock))
 		if _, err := src.ReadAt(in[:c*VerityBlock], off+i*VerityBlock); err != nil {
 			return fmt.Errorf("read block %d for the verity tree: %w", i, err)
 		}
@@ -120,14 +140,14 @@ func hashLevel(src io.ReaderAt, off, n int64, salt []byte, out io.WriterAt, dst 
 			hb = append(hb, saltedHash(salt, in[j*VerityBlock:(j+1)*VerityBlock])...)
 		}
 		i += c
-		if len(hb) == cap(hb) || i == n {
-			if pad := len(hb) % VerityBlock; pad != 0 {
+		if len(hb) == cap(hb) || i == to {
+			if pad := len(hb) % VerityBlock; pad != 0 && i == n {
 				hb = append(hb, make([]byte, VerityBlock-pad)...)
 			}
-			if _, err := out.WriteAt(hb, dst); err != nil {
+			if _, err := out.WriteAt(hb, pos); err != nil {
 				return fmt.Errorf("write verity tree: %w", err)
 			}
-			dst += int64(len(hb))
+			pos += int64(len(hb))
 			hb = hb[:0]
 		}
 	}
