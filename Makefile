@@ -14,7 +14,7 @@ AGENT_BIN := out/kiln-agent
 
 # Debian packages the build and the tests need.
 APT_PKGS := gdisk squashfs-tools e2fsprogs dosfstools mtools fdisk skopeo podman \
-            ignition zstd xz-utils util-linux openssl
+            ignition zstd xz-utils util-linux openssl cryptsetup-bin
 APT_E2E  := qemu-system-x86 ovmf debootstrap systemd
 # The reference registry the benchmarks measure kiln serve against.
 APT_BENCH := docker-registry
@@ -55,7 +55,7 @@ bench: deps-bench build
 
 # Each fuzz target runs briefly (FUZZTIME); corpora found failing land in testdata/fuzz.
 FUZZTIME ?= 10s
-FUZZ_TARGETS := ./builder/preload/internal/layerscan:FuzzTar ./recipes:FuzzLoad ./systemd/agent/registry:FuzzParseName ./systemd/agent/registry:FuzzRoute
+FUZZ_TARGETS := ./builder/preload/internal/layerscan:FuzzTar ./partitions:FuzzDiskReaders ./recipes:FuzzLoad ./systemd/agent/registry:FuzzParseName ./systemd/agent/registry:FuzzRoute
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; fn=$${t##*:}; \

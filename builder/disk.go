@@ -12,17 +12,28 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/units"
 )
 
-// renderIgnition renders the node's config: kiln's units and files for this
-// partition, plus the recipe's own SSH keys and fragments.
+// renderIgnition renders the node's config once before the long steps, so a
+// bad fragment or unit parameter fails now; assembleDisk renders it again
+// (ignitionFor) once the image partition's identity, which depends on its
+// content (GUID and dm-verity root hash), is known.
 func (b *build) renderIgnition(context.Context) error {
+	_, err := b.ignitionFor(partitions.ImageIdentity{PartitionGUID: partitions.DeriveGUID(b.seed(), contract.PartitionName)})
+	return err
+}
+
+// ignitionFor renders kiln's units and files for this partition, plus the
+// recipe's own SSH keys and fragments.
+func (b *build) ignitionFor(id partitions.ImageIdentity) ([]byte, error) {
 	r := b.recipe
-	partGUID := partitions.DeriveGUID(b.seed(), contract.PartitionName)
-	params := units.ParamsFrom(b.contents, partGUID)
+	params := units.ParamsFrom(b.contents, id.PartitionGUID)
+	if id.Verity != nil {
+		params.RootHash, params.HashOffset = id.Verity.RootHash, id.Verity.HashOffset
+	}
 	params.Reboot, params.Window = r.Upgrade.Reboot, r.Upgrade.RebootWindow
 	if r.Upgrade.RebootDelay != "" {
 		d, err := time.ParseDuration(r.Upgrade.RebootDelay) // validated with the recipe
 		if err != nil {
-			return fmt.Errorf("upgrade.rebootDelay: %w", err)
+			return nil, fmt.Errorf("upgrade.rebootDelay: %w", err)
 		}
 		params.RebootDelay = d
 	}
@@ -30,28 +41,28 @@ func (b *build) renderIgnition(context.Context) error {
 	if r.Upgrade.Health.Timeout != "" {
 		d, err := time.ParseDuration(r.Upgrade.Health.Timeout) // validated with the recipe
 		if err != nil {
-			return fmt.Errorf("upgrade.health.timeout: %w", err)
+			return nil, fmt.Errorf("upgrade.health.timeout: %w", err)
 		}
 		params.Health.Timeout = d
 	}
 	us, files, err := units.Render(params)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	release, err := releaseFiles(r)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cfg := ignition.Config{Version: r.Ignition.Version, User: r.Ignition.User, SSHKeys: r.Ignition.SSHKeys, Units: us, Files: append(files, release...)}
 	for _, p := range r.Ignition.Fragments {
 		data, err := os.ReadFile(r.Resolve(p))
 		if err != nil {
-			return fmt.Errorf("ignition fragment: %w", err)
+			return nil, fmt.Errorf("ignition fragment: %w", err)
 		}
 		cfg.Fragments = append(cfg.Fragments, ignition.Fragment{Name: p, Data: data})
 	}
 	b.ignition, err = ignition.Render(cfg)
-	return err
+	return b.ignition, err
 }
 
 // assembleDisk writes the disk into the temporary output file.
@@ -67,7 +78,8 @@ func (b *build) assembleDisk(ctx context.Context) error {
 		Placement:       r.ImagePartition.Placement,
 		SourceDateEpoch: b.epoch,
 		GUIDSeed:        b.seed(),
-		Ignition:        b.ignition,
+		Ignition:        b.ignitionFor,
+		NoVerity:        !r.ImagePartition.VerityOn(),
 		Progress:        b.o.Progress,
 	}
 	if !r.Disk.Size.Auto {

@@ -25,16 +25,29 @@ type Report struct {
 	// Sizes of the image partition's parts (oci, storage, bin), bytes,
 	// hard-linked files counted once per path as kiln.json lists them.
 	Sizes map[string]int64 `json:"sizes,omitempty"`
+	// Verified is what Verify checked against the build's seal, and what
+	// it could not check.
+	Verified *partitions.VerifyReport `json:"verified,omitempty"`
+}
+
+// recoverAs turns a panic of a disk reader into an error naming the part.
+func recoverAs(err *error, part string) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("%s is unreadable (the reader failed: %v): the disk is damaged or not built by kiln; rebuild or reflash it", part, r)
+	}
 }
 
 // Inspect reads a disk image's partition table and its image partition's
-// kiln.json, without mounting anything.
-func Inspect(disk string) (*Report, error) {
+// kiln.json, without mounting anything. A damaged disk is an error naming
+// the part, never a panic: go-diskfs's squashfs reader panics on some bit
+// flips, so its use is fenced here.
+func Inspect(disk string) (rep *Report, err error) {
+	defer recoverAs(&err, disk+": image partition")
 	layout, err := partitions.Inspect(disk)
 	if err != nil {
 		return nil, err
 	}
-	rep := &Report{Disk: disk, Layout: layout}
+	rep = &Report{Disk: disk, Layout: layout}
 	if _, ok := layout.Find(contract.PartitionName); !ok {
 		return rep, nil // a plain base image: nothing of kiln's on it
 	}
@@ -60,14 +73,29 @@ func Inspect(disk string) (*Report, error) {
 	return rep, nil
 }
 
-// Verify checks a disk image end to end: the GPT (both copies), and every
-// file of the image partition against kiln.json, re-hashing every byte. It
-// returns every problem found, not just the first.
-func Verify(ctx context.Context, disk string, p progress.Reporter) (*Report, error) {
-	rep, err := Inspect(disk)
+// VerifyOptions: see partitions.VerifyOptions.
+type VerifyOptions = partitions.VerifyOptions
+
+// Verify checks a disk image end to end: first every byte kiln wrote against
+// the seal the build left in it (partitions.VerifyDisk: both GPT copies,
+// every partition, the image partition through its verity tree), then
+// every file of the image partition against kiln.json, re-hashing every
+// byte. The file check returns every problem found, not just the first.
+func Verify(ctx context.Context, disk string, o VerifyOptions, p progress.Reporter) (rep *Report, err error) {
+	defer recoverAs(&err, disk+": image partition")
+	sealed, err := partitions.VerifyDisk(ctx, disk, o)
+	var damaged *partitions.VerifyError
+	if errors.As(err, &damaged) {
+		return nil, fmt.Errorf("%s failed verification; the disk is damaged or was modified: rebuild or reflash it:\n  %w", disk, err)
+	}
+	if err != nil { // not a disk at all, unreadable, interrupted
+		return nil, err
+	}
+	rep, err = Inspect(disk)
 	if err != nil {
 		return nil, err
 	}
+	rep.Verified = sealed
 	if rep.Contents == nil {
 		return rep, fmt.Errorf("%s has no %s partition: nothing to verify", disk, contract.PartitionName)
 	}

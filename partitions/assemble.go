@@ -7,10 +7,12 @@ package partitions
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/diskfs/go-diskfs/partition/gpt"
 	"github.com/google/uuid"
@@ -46,9 +48,14 @@ type AssembleOptions struct {
 	// GUIDSeed derives the disk GUID and the image partition's GUID, so the
 	// same inputs give the same disk. Required.
 	GUIDSeed []byte
-	// Ignition is written to ignition/config.ign in the boot partition;
-	// nil writes nothing (and leaves what the base has).
-	Ignition []byte
+	// Ignition renders the config written to ignition/config.ign in the
+	// boot partition, once the image partition's identity is known (the
+	// node's units name its GUID and verity root hash); nil writes nothing
+	// (and leaves what the base has).
+	Ignition func(ImageIdentity) ([]byte, error)
+	// NoVerity leaves out the dm-verity hash tree (for kernels without
+	// dm-verity); the seal then covers the image partition by its sha256.
+	NoVerity bool
 	// Placement of the image partition: PlaceBeforeRoot moves the root
 	// partition (GPT name "root", physically the last of the base) after
 	// the image partition, so CoreOS's growpart can grow root (and /var,
@@ -59,6 +66,17 @@ type AssembleOptions struct {
 	Placement string
 	// Progress may be nil.
 	Progress Reporter
+}
+
+// ImageIdentity is how the node finds and checks the image partition.
+type ImageIdentity struct {
+	PartitionGUID string  // lower case, as /dev/disk/by-partuuid names it
+	Verity        *Verity // nil with NoVerity
+}
+
+// StaticIgnition renders the same config whatever the identity.
+func StaticIgnition(config []byte) func(ImageIdentity) ([]byte, error) {
+	return func(ImageIdentity) ([]byte, error) { return config, nil }
 }
 
 // Placements of the image partition (AssembleOptions.Placement), as the
@@ -116,13 +134,29 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 		return nil, err
 	}
 
-	// 3. Sizes, checked before the long base copy.
-	g, err := place.size(fsSize, opts.Headroom, opts.PartitionSize, opts.DiskSize)
+	// 3. Sizes, checked before the long base copy. The partition holds the
+	// filesystem, its verity tree, headroom, and the seal at its end.
+	var treeSize int64
+	if !opts.NoVerity {
+		treeSize = verityTreeSize(fsSize / VerityBlock)
+	}
+	g, err := place.size(fsSize, treeSize+SealSize, opts.Headroom, opts.PartitionSize, opts.DiskSize)
 	if err != nil {
 		return nil, err
 	}
 	start, partSize, size, root, rootDst := g.start, g.partSize, g.diskSize, g.root, g.rootDst
 	sector := int64(base.SectorSize)
+	id := ImageIdentity{PartitionGUID: DeriveGUID(opts.GUIDSeed, contract.PartitionName)}
+	if !opts.NoVerity {
+		if id.Verity, err = writeImageVerity(opts.Output, start, fsSize, opts.GUIDSeed); err != nil {
+			return nil, err
+		}
+		g, err := RootHashGUID(id.Verity.RootHash)
+		if err != nil {
+			return nil, err
+		}
+		id.PartitionGUID = strings.ToLower(g)
+	}
 
 	// 4. The base partitions, byte for byte.
 	if err := copyBase(ctx, opts, g.segments()); err != nil {
@@ -144,7 +178,7 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 		}
 		base = &moved
 	}
-	if err := writeTable(opts.Output, base, size, start, partSize, opts.GUIDSeed); err != nil {
+	if err := writeTable(opts.Output, base, size, start, partSize, DeriveGUID(opts.GUIDSeed, "disk"), id.PartitionGUID); err != nil {
 		return nil, err
 	}
 
@@ -158,15 +192,95 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 		return nil, fmt.Errorf("base image %s: %w", opts.Base, err)
 	}
 	if opts.Ignition != nil {
-		if err := writeIgnition(disk, boot.Offset, opts.Ignition, opts.SourceDateEpoch); err != nil {
+		config, err := opts.Ignition(id)
+		if err != nil {
 			return nil, err
 		}
+		if err := writeIgnition(disk, boot.Offset, config, opts.SourceDateEpoch); err != nil {
+			return nil, err
+		}
+	}
+
+	// 7. The seal, last: it records every byte written so far, and its
+	// digest becomes the disk GUID (only the GPT headers change).
+	img, _ := l.Find(contract.PartitionName)
+	seal, err := sealDisk(opts.Output, l, img, fsSize, id.Verity)
+	if err != nil {
+		return nil, fmt.Errorf("seal the disk: %w", err)
+	}
+	if err := writeTable(opts.Output, base, size, start, partSize, SealGUID(seal), id.PartitionGUID); err != nil {
+		return nil, err
 	}
 	if err := opts.Output.Sync(); err != nil {
 		return nil, fmt.Errorf("sync disk: %w", err)
 	}
-	return l, nil
+	return Inspect(disk)
 }
+
+// writeImageVerity writes the hash tree right after the filesystem, with a
+// salt and superblock UUID derived from the build's inputs (reproducible).
+func writeImageVerity(f *os.File, start, fsSize int64, seed []byte) (*Verity, error) {
+	part := &offsetFile{f, start}
+	salt := sha256.Sum256(append([]byte("kiln verity salt\x00"), seed...))
+	id := uuid.MustParse(DeriveGUID(seed, "verity"))
+	v, err := writeVerity(part, part, fsSize/VerityBlock, fsSize, salt[:], id)
+	if err != nil {
+		return nil, fmt.Errorf("image partition verity tree: %w", err)
+	}
+	return v, nil
+}
+
+// sealDisk writes the seal at the end of the image partition and returns
+// its area.
+func sealDisk(f *os.File, l *Layout, img *Partition, fsSize int64, v *Verity) ([]byte, error) {
+	sector := int64(l.SectorSize)
+	s := &Seal{SchemaVersion: SealVersion, DiskSize: l.Size, SectorSize: l.SectorSize}
+	var err error
+	if s.GPTHeaders, err = headerDigest(f, sector); err != nil {
+		return nil, err
+	}
+	_, backup, err := gptHeaderSectors(f, sector)
+	if err != nil {
+		return nil, err
+	}
+	if s.Outside, err = outsideDigest(f, l.Size, sector, l.Partitions, 1, backup); err != nil {
+		return nil, err
+	}
+	for _, p := range l.Partitions {
+		sp := SealPartition{Number: p.Number, Name: p.Name, Type: p.Type, GUID: p.GUID, FirstLBA: p.FirstLBA, LastLBA: p.LastLBA, Attributes: p.Attributes}
+		if p.Number != img.Number {
+			if sp.Digest, err = digestRange(f, p.Offset, p.Size); err != nil {
+				return nil, err
+			}
+		}
+		s.Partitions = append(s.Partitions, sp)
+	}
+	s.Image = SealImage{FSSize: fsSize, Verity: v}
+	if v != nil {
+		s.Image.DigestFrom = v.HashOffset + v.HashSize
+	}
+	if s.Image.Digest, err = digestRange(f, img.Offset+s.Image.DigestFrom, img.Size-SealSize-s.Image.DigestFrom); err != nil {
+		return nil, err
+	}
+	area, err := encodeSeal(s)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := f.WriteAt(area, img.Offset+img.Size-SealSize); err != nil {
+		return nil, fmt.Errorf("write seal: %w", err)
+	}
+	return area, nil
+}
+
+// offsetFile reads and writes a file from an offset: a partition inside
+// the disk file.
+type offsetFile struct {
+	f   *os.File
+	off int64
+}
+
+func (o *offsetFile) ReadAt(p []byte, off int64) (int, error)  { return o.f.ReadAt(p, o.off+off) }
+func (o *offsetFile) WriteAt(p []byte, off int64) (int, error) { return o.f.WriteAt(p, o.off+off) }
 
 func (o *AssembleOptions) check() error {
 	switch {
@@ -301,13 +415,13 @@ func writeSparse(f *os.File, p []byte, off int64) error {
 
 // writeTable writes protective MBR, primary and backup GPT: the base's
 // partitions unchanged plus the image partition.
-func writeTable(f *os.File, base *Layout, size, start, partSize int64, seed []byte) error {
+func writeTable(f *os.File, base *Layout, size, start, partSize int64, diskGUID, imageGUID string) error {
 	sector := int64(base.SectorSize)
 	t := &gpt.Table{
 		LogicalSectorSize:  base.SectorSize,
 		PhysicalSectorSize: base.SectorSize,
 		ProtectiveMBR:      true,
-		GUID:               DeriveGUID(seed, "disk"),
+		GUID:               diskGUID,
 	}
 	last := 0
 	for _, p := range base.Partitions {
@@ -323,7 +437,7 @@ func writeTable(f *os.File, base *Layout, size, start, partSize int64, seed []by
 		End:   uint64((start+partSize)/sector - 1),
 		Type:  gpt.Type(contract.PartitionType),
 		Name:  contract.PartitionName,
-		GUID:  DeriveGUID(seed, contract.PartitionName),
+		GUID:  imageGUID,
 	})
 	if err := t.Write(f, size); err != nil {
 		return fmt.Errorf("write partition table: %w", err)

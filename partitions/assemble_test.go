@@ -34,7 +34,7 @@ var (
 
 // bases writes the fixture base disks once per test binary: raw, its
 // compressed forms, and one without a boot partition.
-func bases(t *testing.T) string {
+func bases(t testing.TB) string {
 	t.Helper()
 	baseOnce.Do(func() {
 		baseDir, baseErr = os.MkdirTemp("", "kiln-partitions-test-")
@@ -67,7 +67,7 @@ func TestMain(m *testing.M) {
 }
 
 // stageTree writes a tree with everything overlay layers need.
-func stageTree(t *testing.T) string {
+func stageTree(t testing.TB) string {
 	t.Helper()
 	root := filepath.Join(t.TempDir(), "tree")
 	must := func(err error) {
@@ -105,7 +105,7 @@ func stageTree(t *testing.T) string {
 	return root
 }
 
-func assemble(t *testing.T, opts AssembleOptions) (string, *Layout) {
+func assemble(t testing.TB, opts AssembleOptions) (string, *Layout) {
 	t.Helper()
 	out, err := os.CreateTemp(t.TempDir(), "disk-*.raw")
 	if err != nil {
@@ -120,13 +120,15 @@ func assemble(t *testing.T, opts AssembleOptions) (string, *Layout) {
 	return out.Name(), l
 }
 
-func defaultOpts(t *testing.T, tree string) AssembleOptions {
+func defaultOpts(t testing.TB, tree string) AssembleOptions {
 	return AssembleOptions{
 		Base: filepath.Join(bases(t), "base.raw"), ImageTree: tree, Headroom: 10,
 		SourceDateEpoch: epoch, GUIDSeed: []byte("acme-edge 1.4.0"), Placement: PlaceEnd,
-		Ignition: []byte(`{"ignition":{"version":"3.3.0"}}` + "\n"),
+		Ignition: StaticIgnition(testIgnition),
 	}
 }
+
+var testIgnition = []byte(`{"ignition":{"version":"3.3.0"}}` + "\n")
 
 func TestAssemble(t *testing.T) {
 	tree := stageTree(t)
@@ -154,9 +156,11 @@ func TestAssemble(t *testing.T) {
 	if len(l.Partitions) != len(base.Partitions)+1 {
 		t.Fatalf("want %d partitions, got %+v", len(base.Partitions)+1, l.Partitions)
 	}
-	if want := strings.ToUpper(DeriveGUID(opts.GUIDSeed, "disk")); l.GUID != want {
-		t.Errorf("disk GUID %s, want %s", l.GUID, want)
+	rep, err := VerifyDisk(context.Background(), disk, VerifyOptions{})
+	if err != nil {
+		t.Fatalf("verify the new disk: %v", err)
 	}
+	seal := rep.Seal
 	for i, bp := range base.Partitions {
 		p := l.Partitions[i]
 		if p.Number != bp.Number || p.Name != bp.Name || p.Type != bp.Type || p.GUID != bp.GUID || p.FirstLBA != bp.FirstLBA || p.LastLBA != bp.LastLBA {
@@ -177,8 +181,8 @@ func TestAssemble(t *testing.T) {
 	switch {
 	case img.Name != contract.PartitionName, img.Type != contract.PartitionType, img.Filesystem != FSSquashfs:
 		t.Errorf("image partition: %+v", img)
-	case img.GUID != strings.ToUpper(DeriveGUID(opts.GUIDSeed, contract.PartitionName)):
-		t.Errorf("image partition GUID %s not derived from the seed", img.GUID)
+	case seal.Image.Verity == nil || !strings.HasPrefix(seal.Image.Verity.RootHash, strings.ToLower(strings.ReplaceAll(img.GUID, "-", ""))):
+		t.Errorf("image partition GUID %s is not the start of the verity root hash (%+v)", img.GUID, seal.Image.Verity)
 	case img.Offset%MiB != 0 || img.Size%MiB != 0 || img.Offset < last.Offset+last.Size || img.Offset >= last.Offset+last.Size+MiB:
 		t.Errorf("image partition not 1 MiB aligned right after the base: %+v", img)
 	}
@@ -186,8 +190,18 @@ func TestAssemble(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := alignUp(fsSize*110/100, MiB); img.Size != want {
-		t.Errorf("image partition size %d, want %d (fs %d + 10%%)", img.Size, want, fsSize)
+	if want := alignUp(fsSize*110/100+verityTreeSize(fsSize/VerityBlock)+SealSize, MiB); img.Size != want {
+		t.Errorf("image partition size %d, want %d (fs %d + 10%% + verity tree + seal)", img.Size, want, fsSize)
+	}
+	if v := seal.Image.Verity; v == nil || v.HashOffset != fsSize {
+		t.Errorf("verity tree not right after the %d-byte filesystem: %+v", fsSize, v)
+	} else {
+		// veritysetup (what the node runs) accepts the tree and root hash.
+		part := filepath.Join(t.TempDir(), "image-partition")
+		copyRange(t, disk, img.Offset, img.Size, part)
+		if out, err := exec.Command("veritysetup", "verify", part, part, v.RootHash, fmt.Sprintf("--hash-offset=%d", v.HashOffset)).CombinedOutput(); err != nil {
+			t.Errorf("veritysetup verify: %v\n%s", err, out)
+		}
 	}
 	fit := alignUp(img.Offset+img.Size+33*512, MiB)
 	if l.Size != fit {
@@ -213,8 +227,8 @@ func TestAssemble(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(got, opts.Ignition) {
-		t.Errorf("Ignition read back %q, wrote %q", got, opts.Ignition)
+	if !bytes.Equal(got, testIgnition) {
+		t.Errorf("Ignition read back %q, wrote %q", got, testIgnition)
 	}
 	boot, _ := l.Find(BootPartition)
 	for path, mode := range map[string]string{"/ignition": "Mode:  0700", "/ignition/config.ign": "Mode:  0600"} {
@@ -739,6 +753,9 @@ func TestAssemble4Kn(t *testing.T) {
 	if l.SectorSize != 4096 {
 		t.Fatalf("sector size %d", l.SectorSize)
 	}
+	if _, err := VerifyDisk(context.Background(), disk, VerifyOptions{}); err != nil {
+		t.Errorf("verify a 4Kn disk: %v", err)
+	}
 	b, err := Inspect(base)
 	if err != nil {
 		t.Fatal(err)
@@ -752,7 +769,7 @@ func TestAssemble4Kn(t *testing.T) {
 	if l.Size != alignUp(l.Partitions[len(l.Partitions)-1].Offset+l.Partitions[len(l.Partitions)-1].Size+5*4096, MiB) {
 		t.Errorf("disk size %d not fit", l.Size)
 	}
-	if got, err := ReadIgnition(disk); err != nil || !bytes.Equal(got, opts.Ignition) {
+	if got, err := ReadIgnition(disk); err != nil || !bytes.Equal(got, testIgnition) {
 		t.Errorf("Ignition: %q, %v", got, err)
 	}
 	// Inspect reads it through a 4096-byte-sector block device too. (The

@@ -57,17 +57,18 @@ func placeImagePartition(base *Layout, baseName, place string, diskSize int64) (
 	return p, nil
 }
 
-// size completes the plan for an image filesystem of fsSize bytes: the
-// partition is fsSize plus headroom percent (or partitionSize when fixed),
+// size completes the plan for an image filesystem of fsSize bytes followed
+// by extra bytes (its verity tree and kiln's seal): the partition is both
+// plus headroom percent of the filesystem (or partitionSize when fixed),
 // root follows it when it moves, and the disk fits it all plus the backup
 // GPT (or is diskSize when fixed).
-func (p placement) size(fsSize int64, headroom int, partitionSize, diskSize int64) (geometry, error) {
+func (p placement) size(fsSize, extra int64, headroom int, partitionSize, diskSize int64) (geometry, error) {
 	g := geometry{placement: p}
-	g.partSize = alignUp(fsSize+fsSize*int64(headroom)/100, MiB)
+	g.partSize = alignUp(fsSize+extra+fsSize*int64(headroom)/100, MiB)
 	if partitionSize > 0 {
-		if partitionSize < fsSize {
-			return g, fmt.Errorf("image partition size %s is too small: the image filesystem needs %s; set imagePartition.size to at least %s or to auto",
-				human(partitionSize), human(fsSize), human(alignUp(fsSize, MiB)))
+		if need := fsSize + extra; partitionSize < need {
+			return g, fmt.Errorf("image partition size %s is too small: the image filesystem (with its verity tree and kiln's seal) needs %s; set imagePartition.size to at least %s or to auto",
+				human(partitionSize), human(need), human(alignUp(need, MiB)))
 		}
 		g.partSize = alignUp(partitionSize, MiB)
 	}

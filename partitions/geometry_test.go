@@ -54,7 +54,7 @@ func TestGeometry(t *testing.T) {
 			err: `partition 2 "boot" lies after root`},
 		{name: "unknown placement", base: coreOS(512), place: "middle", err: `placement "middle"`},
 		{name: "partition smaller than the filesystem", base: coreOS(512), fs: 10 * MiB, partSize: 5 * MiB,
-			err: "image partition size 5 MiB is too small: the image filesystem needs 10 MiB"},
+			err: "image partition size 5 MiB is too small: the image filesystem (with its verity tree and kiln's seal) needs 10 MiB"},
 		{name: "disk smaller than the base", base: coreOS(512), diskSize: 1 << 30,
 			err: "disk size 1 GiB is too small: the base alone needs 1.50 GiB"},
 		{name: "disk smaller than base plus images", base: coreOS(512), fs: 100 * MiB, diskSize: 1600 * MiB,
@@ -68,7 +68,7 @@ func TestGeometry(t *testing.T) {
 			p, err := placeImagePartition(tt.base, "base.raw", tt.place, tt.diskSize)
 			var g geometry
 			if err == nil {
-				g, err = p.size(tt.fs, tt.headroom, tt.partSize, tt.diskSize)
+				g, err = p.size(tt.fs, 0, tt.headroom, tt.partSize, tt.diskSize)
 			}
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) {

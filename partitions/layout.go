@@ -242,5 +242,6 @@ func (readerFile) Stat() (fs.FileInfo, error) { return nil, errors.New("no stat"
 func (readerFile) Read([]byte) (int, error)   { return 0, errors.New("no sequential read") }
 func (readerFile) Close() error               { return nil }
 func (readerFile) Seek(int64, int) (int64, error) {
-	return 0, errors.New("no seek: primary GPT is corrupt and the backup cannot be read from a stream")
+	// go-diskfs seeks only to read the backup after a bad primary.
+	return 0, errors.New("the primary GPT header or its partition entries are damaged (CRC mismatch); kiln disks must be exact: reflash it (sgdisk -v shows details)")
 }

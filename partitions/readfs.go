@@ -1,6 +1,7 @@
 package partitions
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -40,5 +41,65 @@ func OpenImagePartition(disk string) (fs.FS, io.Closer, error) {
 	// The default 128 MB block cache only helps random access; verify reads
 	// each 1 MiB block once, in order.
 	sq.SetCacheSize(16 << 20)
-	return sq, f, nil
+	return guardedFS{sq}, f, nil
+}
+
+// guardedFS turns panics of go-diskfs's squashfs reader (it panics on some
+// bit flips of its metadata) into errors, so a damaged disk is a clear
+// failure of `inspect`/`verify`, never a crash. The fuzz target
+// FuzzDiskReaders checks this boundary with bit flips of real disks.
+type guardedFS struct{ fsys fs.FS }
+
+func (g guardedFS) Open(name string) (f fs.File, err error) {
+	defer guard(&err, name)
+	if f, err = g.fsys.Open(name); err != nil {
+		return nil, err
+	}
+	return guardedFile{f, name}, nil
+}
+
+func (g guardedFS) ReadDir(name string) (ents []fs.DirEntry, err error) {
+	defer guard(&err, name)
+	return fs.ReadDir(g.fsys, name)
+}
+
+func (g guardedFS) Stat(name string) (fi fs.FileInfo, err error) {
+	defer guard(&err, name)
+	return fs.Stat(g.fsys, name)
+}
+
+type guardedFile struct {
+	f    fs.File
+	name string
+}
+
+func (g guardedFile) Read(p []byte) (n int, err error) {
+	defer guard(&err, g.name)
+	return g.f.Read(p)
+}
+
+func (g guardedFile) Stat() (fi fs.FileInfo, err error) {
+	defer guard(&err, g.name)
+	return g.f.Stat()
+}
+
+func (g guardedFile) Close() (err error) {
+	defer guard(&err, g.name)
+	return g.f.Close()
+}
+
+func (g guardedFile) ReadDir(n int) (ents []fs.DirEntry, err error) {
+	defer guard(&err, g.name)
+	d, ok := g.f.(fs.ReadDirFile)
+	if !ok {
+		return nil, &fs.PathError{Op: "readdir", Path: g.name, Err: errors.New("not a directory")}
+	}
+	return d.ReadDir(n)
+}
+
+// guard is deferred by every guarded call.
+func guard(err *error, name string) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("image partition: %s: its squashfs metadata is damaged (the reader failed: %v)", name, r)
+	}
 }

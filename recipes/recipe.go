@@ -91,6 +91,10 @@ func (r Registry) MirrorsTags() bool {
 	return *r.MirrorTags
 }
 
+// VerityOn says whether the partition gets a dm-verity hash tree (the
+// default) that the node opens it through.
+func (p ImagePartition) VerityOn() bool { return p.Verity == nil || *p.Verity }
+
 // HeadroomPercent is the space added to the content when Size is auto
 // (default 10).
 func (p ImagePartition) HeadroomPercent() int {

@@ -75,6 +75,9 @@ type ImagePartition struct {
 	// image partition, so the node can still grow root into the rest of
 	// its disk at first boot) or "end" (after the base's last partition).
 	Placement string `yaml:"placement"`
+	// Verity: protect the partition with a dm-verity hash tree (default
+	// true); false for node kernels without dm-verity.
+	Verity *bool `yaml:"verity,omitempty"`
 }
 
 // Image is one container image the appliance needs.

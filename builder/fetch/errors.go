@@ -20,6 +20,9 @@ var (
 	ErrPlatform    = errors.New("image not available for platform")
 	ErrCorrupt     = errors.New("corrupt blob")
 	ErrBadSource   = errors.New("bad image source")
+	// ErrLockMismatch: the lock's digest is not what the source has for
+	// the image's name.
+	ErrLockMismatch = errors.New("the lock and the source disagree")
 )
 
 // loginHint tells a technician how to give kiln registry credentials. kiln

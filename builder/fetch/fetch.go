@@ -3,6 +3,7 @@ package fetch
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -47,9 +48,25 @@ func (c *Cache) Fetch(ctx context.Context, source, baseDir, digest string, platf
 	}
 	b := &lazyBackend{src: src, platform: platform, o: makeOptions(opts)}
 
+	// The lock must say what the source says: asked of a local source that
+	// is there, of a registry only when the manifest must come from it
+	// anyway (a rebuild from a warm cache needs no network). A damaged
+	// manifest is reported as such first; a missing one as the lock's fault
+	// when the source names something else.
+	_, cached, _ := c.readCached(h, src)
 	raw, err := c.manifest(ctx, b, h)
+	if errors.Is(err, ErrNotFound) {
+		if lerr := checkLocked(ctx, b, h); errors.Is(lerr, ErrLockMismatch) {
+			return nil, lerr
+		}
+	}
 	if err != nil {
 		return nil, err
+	}
+	if !cached || localSourceThere(src) {
+		if err := checkLocked(ctx, b, h); err != nil {
+			return nil, err
+		}
 	}
 	k, err := kindOf(raw, src, h)
 	if err != nil {

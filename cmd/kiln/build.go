@@ -55,7 +55,9 @@ and left untouched by a failed or interrupted build.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%s, %d images)\n", res.Output, progress.Bytes(res.Layout.Size), len(res.Contents.Images))
+			// The disk GUID is the digest of the disk's seal: the factory's record
+			// that `kiln verify` and `kiln inspect` compare against.
+			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%s, %d images, disk GUID %s)\n", res.Output, progress.Bytes(res.Layout.Size), len(res.Contents.Images), res.Layout.GUID)
 			return nil
 		},
 	}

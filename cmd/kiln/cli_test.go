@@ -321,8 +321,24 @@ func TestVerifyFindsTampering(t *testing.T) {
 	fd.WriteAt(buf, off)
 	fd.Close()
 	out, code := kiln(t, f, "verify", disk)
-	if code == 0 || !strings.Contains(out, "failed verification") {
-		t.Fatalf("verify of a tampered disk: exit %d\n%s", code, out)
+	if code != 1 || !strings.Contains(out, "failed verification") || !strings.Contains(out, "image partition") {
+		t.Fatalf("verify of a tampered disk: exit %d, want 1 naming the image partition\n%s", code, out)
+	}
+	// Put the byte back and damage boot instead: exit 1 with the --booted
+	// hint; with --booted, OK with boot listed as not checked.
+	fd, _ = os.OpenFile(disk, os.O_RDWR, 0)
+	buf[0] ^= 0xff
+	fd.WriteAt(buf, off)
+	boot, _ := layout.Find("boot")
+	fd.WriteAt([]byte("node was here"), boot.Offset+boot.Size/2)
+	fd.Close()
+	out, code = kiln(t, f, "verify", disk)
+	if code != 1 || !strings.Contains(out, "(boot)") || !strings.Contains(out, "--booted") {
+		t.Fatalf("verify of a disk with boot changed: exit %d\n%s", code, out)
+	}
+	out = mustKiln(t, f, "verify", "--booted", disk)
+	if !strings.Contains(out, "not checked  partition") || !strings.Contains(out, "(boot): the node writes it") || !strings.Contains(out, "dm-verity") {
+		t.Fatalf("verify --booted:\n%s", out)
 	}
 }
 

@@ -54,10 +54,11 @@ func newInspectCommand() *cobra.Command {
 }
 
 func newVerifyCommand() *cobra.Command {
+	var o builder.VerifyOptions
 	var keys []string
 	cmd := &cobra.Command{
 		Use:   "verify DISK | verify BUNDLE --key NAME.pub",
-		Short: "Check a disk image (GPT, every file re-hashed) or a bundle (signature, every blob re-hashed, every byte)",
+		Short: "Check that a disk holds exactly the bytes kiln wrote (both GPTs, every partition, the image partition through dm-verity, every file against kiln.json), or a bundle (signature, every blob re-hashed)",
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if bundle.IsBundle(args[0]) {
@@ -76,14 +77,29 @@ func newVerifyCommand() *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: OK (%s %s %s bundle signed by %s, %d files, %d images verified)\n", args[0], m.Recipe, m.Version, m.Kind, rep.Verified, len(m.Files), len(m.Images))
 				return nil
 			}
-			rep, err := builder.Verify(cmd.Context(), args[0], newProgress())
+			rep, err := builder.Verify(cmd.Context(), args[0], o, newProgress())
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: OK (GPT sane, %d files, %d images verified)\n", args[0], len(rep.Contents.Files), len(rep.Contents.Images))
+			w := cmd.OutOrStdout()
+			v := rep.Verified
+			fmt.Fprintf(w, "%s: checked against the build's seal (disk GUID %s):\n", args[0], rep.Layout.GUID)
+			for _, c := range v.Checked {
+				fmt.Fprintf(w, "  ok           %s\n", c)
+			}
+			fmt.Fprintf(w, "  ok           %d files, %d images against kiln.json\n", len(rep.Contents.Files), len(rep.Contents.Images))
+			for _, u := range v.Unchecked {
+				fmt.Fprintf(w, "  not checked  %s\n", u)
+			}
+			if len(v.Unchecked) > 0 {
+				fmt.Fprintf(w, "%s: OK, except what is not checked above\n", args[0])
+			} else {
+				fmt.Fprintf(w, "%s: OK (exactly the bytes the build wrote)\n", args[0])
+			}
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&o.Booted, "booted", false, "the disk has booted on a node: skip boot, root and the GPT headers, which the node changes")
 	cmd.Flags().StringArrayVar(&keys, "key", nil, "public key a bundle must be signed with (NAME.pub; repeatable)")
 	return cmd
 }

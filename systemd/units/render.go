@@ -28,6 +28,9 @@ import (
 
 // Defaults for Params' timeouts.
 const (
+	// VerityName is the image partition's dm-verity device, /dev/mapper/VerityName.
+	VerityName = "kiln-images"
+
 	defaultDevWait = 90 * time.Second
 	defaultGate    = 2 * time.Minute
 	defaultWait    = time.Hour
@@ -52,6 +55,12 @@ type Params struct {
 	// (an additional image store, read-only from the partition), "copy"
 	// (copied into the main store at boot), or "" (nothing preloaded).
 	PreloadMode string
+
+	// RootHash (hex) and HashOffset (bytes into the partition) of the
+	// image partition's dm-verity tree; "" mounts the partition directly
+	// (the recipe turned verity off).
+	RootHash   string
+	HashOffset int64
 
 	// Timeouts; zero means the default (90s, 2m, 1h).
 	DeviceTimeout time.Duration // wait for the partition's device
@@ -97,6 +106,8 @@ func ParamsFrom(c *contract.Contents, partitionGUID string) Params {
 //go:embed *.service *.target *.mount
 var unitFS embed.FS
 
+var rootHashRE = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
+
 var guidRE = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
 
 // Render returns kiln's units and files for the node, sorted by name/path.
@@ -111,6 +122,9 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 		contract.ReleaseBeginUnit: true, contract.ReleaseCheckUnit: true}
 	if !p.AlwaysOn {
 		names = append(names, "kiln-firstboot.service")
+	}
+	if p.RootHash != "" {
+		names = append(names, "kiln-images-verity.service")
 	}
 	if p.PreloadMode == contract.PreloadCopy {
 		names = append(names, "kiln-preload-copy.service")
@@ -169,6 +183,8 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 // values are the template's inputs, derived and checked.
 type values struct {
 	PartitionGUID, Device, MountPoint, MountUnit, Agent, Marker, DropIn, Listen string
+	MountDevice, DeviceUnit, VerityName, RootHash                               string
+	HashOffset                                                                  int64
 	AlwaysOn                                                                    bool
 	DeviceTimeout, GateTimeout, GateUnitTimeout, WaitTimeout, WaitUnitTimeout   string
 	FailureMessage                                                              string
@@ -182,6 +198,9 @@ type values struct {
 func (p Params) values() (values, error) {
 	if !guidRE.MatchString(p.PartitionGUID) {
 		return values{}, fmt.Errorf("render units: image partition GUID %q is not a GUID (want xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)", p.PartitionGUID)
+	}
+	if p.RootHash != "" && (!rootHashRE.MatchString(p.RootHash) || p.HashOffset <= 0 || p.HashOffset%4096 != 0) {
+		return values{}, fmt.Errorf("render units: verity root hash %q at offset %d: want 64 hex digits and a positive multiple of 4096", p.RootHash, p.HashOffset)
 	}
 	listen := p.Listen
 	if listen == "" {
@@ -197,6 +216,11 @@ func (p Params) values() (values, error) {
 	v := values{
 		PartitionGUID:   guid,
 		Device:          "/dev/disk/by-partuuid/" + guid,
+		MountDevice:     "/dev/disk/by-partuuid/" + guid,
+		DeviceUnit:      `dev-disk-by\x2dpartuuid-` + strings.ReplaceAll(guid, "-", `\x2d`) + ".device", // systemd-escape --path
+		VerityName:      VerityName,
+		RootHash:        strings.ToLower(p.RootHash),
+		HashOffset:      p.HashOffset,
 		MountPoint:      contract.MountPoint,
 		MountUnit:       contract.MountUnit,
 		Agent:           contract.AgentPath,
@@ -242,12 +266,15 @@ func (p Params) values() (values, error) {
 	default:
 		return values{}, fmt.Errorf("render units: reboot policy %q: want %s, %s or %s", p.Reboot, RebootCountdown, RebootWindow, RebootCommand)
 	}
+	if v.RootHash != "" {
+		v.MountDevice = "/dev/mapper/" + VerityName
+	}
 	// Plain words only: the message goes through systemd's command-line
 	// parsing, so no quotes, $, % or backslashes.
-	v.FailureMessage = fmt.Sprintf("kiln: the image partition (partition GUID %s) was not mounted at %s within %s. "+
+	v.FailureMessage = fmt.Sprintf("kiln: the image partition (partition GUID %s) was not mounted at %s within %s: it is missing, or damaged (dm-verity refused it). "+
 		"The appliance's container images are on it, so they cannot be served. "+
 		"Check that this is the disk the appliance was built for (a replaced disk must be reflashed with the kiln recovery image). "+
-		"ls -l /dev/disk/by-partuuid lists the partitions present, journalctl -b -u %s shows why the mount failed.",
+		"ls -l /dev/disk/by-partuuid lists the partitions present, journalctl -b -u %s -u kiln-images-verity shows why the mount failed.",
 		guid, contract.MountPoint, v.DeviceTimeout, contract.MountUnit)
 	return v, nil
 }

@@ -18,6 +18,8 @@ import (
 
 const testGUID = "0F3C1A2B-1111-4222-8333-444455556666"
 
+const testRootHash = "0f3c1a2b11114222833344445555666677778888999900001111222233334444"
+
 var testImages = []contract.Image{
 	{Name: "quay.io/acme/app:1.2", Digest: "sha256:" + strings.Repeat("a", 64)},
 	{Name: "nginx", Digest: "sha256:" + strings.Repeat("b", 64)},
@@ -39,6 +41,7 @@ func TestRenderGolden(t *testing.T) {
 		{"health", Params{PartitionGUID: testGUID, Images: testImages, Health: Health{Units: []string{"crio.service", "app.service"},
 			Command: []string{"/usr/bin/curl", "-fsS", "http://127.0.0.1:8080/healthz"}, Timeout: 90 * time.Second}}},
 		{"reboot-countdown", Params{PartitionGUID: testGUID, Images: testImages, Reboot: RebootCountdown, RebootDelay: 5 * time.Minute}},
+		{"verity", Params{PartitionGUID: testGUID, Images: testImages, RootHash: testRootHash, HashOffset: 7 << 20}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -107,6 +110,8 @@ func TestRenderErrors(t *testing.T) {
 		{"privileged port", Params{PartitionGUID: testGUID, Listen: "127.0.0.1:443"}, "1024-65535"},
 		{"no port", Params{PartitionGUID: testGUID, Listen: "127.0.0.1"}, "IP:PORT"},
 		{"bad image", Params{PartitionGUID: testGUID, Images: []contract.Image{{Name: "Quay.io/UPPER:x", Digest: testImages[0].Digest}}}, "not a valid image reference"},
+		{"bad root hash", Params{PartitionGUID: testGUID, RootHash: "abc", HashOffset: 4096}, "64 hex digits"},
+		{"bad hash offset", Params{PartitionGUID: testGUID, RootHash: testRootHash, HashOffset: 100}, "multiple of 4096"},
 		{"bad digest", Params{PartitionGUID: testGUID, Images: []contract.Image{{Name: "quay.io/a:1", Digest: "sha256:123"}}}, "digest"},
 		{"window missing", Params{PartitionGUID: testGUID, Reboot: RebootWindow}, `reboot window ""`},
 		{"window quoted", Params{PartitionGUID: testGUID, Reboot: RebootWindow, Window: `Sun "03:00"`}, "without quotes"},
@@ -148,10 +153,11 @@ func verify(t *testing.T, units []ignition.Unit) {
 	t.Helper()
 	root := t.TempDir()
 	unitDir := filepath.Join(root, "etc/systemd/system")
-	mustRun(t, "mkdir", "-p", unitDir, filepath.Join(root, "usr/lib/systemd"), filepath.Join(root, "usr/bin"), filepath.Join(root, "usr/sbin"),
-		filepath.Dir(filepath.Join(root, contract.AgentPath)))
+	mustRun(t, "mkdir", "-p", unitDir, filepath.Join(root, "usr/lib/systemd"), filepath.Join(root, "usr/bin"),
+		filepath.Join(root, "usr/sbin"), filepath.Dir(filepath.Join(root, contract.AgentPath)))
 	mustRun(t, "cp", "-r", "/usr/lib/systemd/system", filepath.Join(root, "usr/lib/systemd/"))
-	for _, bin := range []string{"/usr/bin/echo", "/usr/bin/rm", "/usr/bin/systemctl", "/usr/sbin/shutdown", "/usr/bin/systemd-run"} {
+	for _, bin := range []string{"/usr/bin/echo", "/usr/bin/rm", "/usr/bin/systemctl", "/usr/sbin/shutdown", "/usr/bin/systemd-run",
+		"/usr/sbin/veritysetup", "/usr/bin/dd"} {
 		mustRun(t, "cp", bin, filepath.Join(root, bin))
 	}
 	mustRun(t, "cp", "/usr/bin/true", filepath.Join(root, contract.AgentPath))

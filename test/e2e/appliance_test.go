@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	_ "embed"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -127,7 +128,7 @@ func TestApplianceBoots(t *testing.T) {
 	requireDetail(t, first, "boot", "n=1")
 	requireDetail(t, first, "mount-partuuid", strings.ToLower(guid))
 	for _, name := range []string{
-		"ignition", "upstreams-dead", "mount-ro", "registry-ready", "mirror-after-ready",
+		"ignition", "upstreams-dead", "mount-ro", "mount-verity", "registry-ready", "mirror-after-ready",
 		"image-hello", "image-preloaded", "run-hello", "run-preloaded", "pull-served", "registry-served-pull", "pins", "firstboot-done", "registry-stopped", "mirror-removed",
 	} {
 		requirePass(t, first, name)
@@ -157,8 +158,9 @@ func TestApplianceBoots(t *testing.T) {
 	}
 }
 
-// TestApplianceFaults damages copies of a built appliance the two ways a
-// field disk breaks, and requires a clear report and a bounded boot:
+// TestApplianceFaults damages copies of a built appliance the ways a field
+// disk breaks, and requires a clear report and a bounded boot (bad-tree, a
+// damaged dm-verity tree, is described at its subtest):
 //   - missing-partition: the image partition's GPT entry is deleted
 //     (sgdisk -d): the mount gives up, kiln-images-failed.service prints its
 //     message on the console and in the journal, nothing hangs.
@@ -193,6 +195,29 @@ func TestApplianceFaults(t *testing.T) {
 		}
 	})
 
+	// bad-tree (issue 9): one byte of the dm-verity hash tree's top block
+	// flipped, so the tree no longer matches the root hash in the node's
+	// config: the image partition is not mounted, and the technician reads
+	// why on the console, as for a missing partition.
+	t.Run("bad-tree", func(t *testing.T) {
+		disk := filepath.Join(t.TempDir(), "disk.raw")
+		if err := rawdisk.Copy(disk, a.disk); err != nil {
+			t.Fatal(err)
+		}
+		at := offset + verityTreeOffset(t, disk, offset) + 4096 + 5 // past the verity superblock: the top hash block
+		flipByte(t, disk, at)
+		r := vm.Boot(t, disk, vm.WithName("bad-tree"), vm.WithTimeout(applianceTimeout(10*time.Minute)))
+		t.Logf("boot with a damaged verity tree took %s", r.Duration.Round(time.Second))
+		requireAllPass(t, r)
+		requireDetail(t, r, "fault", "bad-tree")
+		for _, name := range []string{"images-failed-message", "mount-absent", "registry-down", "no-mirror", "no-kiln-jobs"} {
+			requirePass(t, r, name)
+		}
+		if len(r.Lines("kiln: the image partition (partition GUID "+strings.ToLower(guid))) == 0 {
+			t.Errorf("console lacks kiln-images-failed.service's message naming GUID %s (console: %s)", guid, r.Console)
+		}
+	})
+
 	t.Run("damaged-blob", func(t *testing.T) {
 		disk := filepath.Join(t.TempDir(), "disk.raw")
 		if err := rawdisk.Copy(disk, a.disk); err != nil {
@@ -204,7 +229,7 @@ func TestApplianceFaults(t *testing.T) {
 		t.Logf("boot with a damaged blob took %s", r.Duration.Round(time.Second))
 		requireAllPass(t, r)
 		requireDetail(t, r, "fault", "damaged-blob")
-		for _, name := range []string{"mounted", "mirror-on", "pull-refused", "not-stored", "registry-names-blob", "firstboot-not-done"} {
+		for _, name := range []string{"mounted", "mirror-on", "pull-refused", "not-stored", "registry-names-blob", "verity-refused", "firstboot-not-done"} {
 			requirePass(t, r, name)
 		}
 	})
@@ -264,6 +289,40 @@ func flipBlobOnDisk(t *testing.T, disk string, offset, size int64, blob string) 
 		t.Fatal(err)
 	}
 	return at
+}
+
+// verityTreeOffset is where the image partition's dm-verity superblock
+// starts: right after the squashfs (its bytes_used, 4 KiB aligned).
+func verityTreeOffset(t *testing.T, disk string, partOffset int64) int64 {
+	t.Helper()
+	f, err := os.Open(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sb := make([]byte, 48)
+	if _, err := f.ReadAt(sb, partOffset); err != nil || string(sb[:4]) != "hsqs" {
+		t.Fatalf("no squashfs superblock at %d: %v", partOffset, err)
+	}
+	used := int64(binary.LittleEndian.Uint64(sb[40:48]))
+	return (used + 4095) &^ 4095
+}
+
+func flipByte(t *testing.T, disk string, at int64) {
+	t.Helper()
+	f, err := os.OpenFile(disk, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	one := make([]byte, 1)
+	if _, err := f.ReadAt(one, at); err != nil {
+		t.Fatal(err)
+	}
+	one[0] ^= 0xff
+	if _, err := f.WriteAt(one, at); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func mustRunCmd(t *testing.T, name string, args ...string) {

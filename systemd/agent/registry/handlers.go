@@ -123,6 +123,14 @@ func (v *verifyingReader) Seek(off int64, whence int) (int64, error) {
 func (v *verifyingReader) Read(p []byte) (int, error) {
 	start := v.pos
 	n, err := v.f.Read(p)
+	if err != nil && err != io.EOF {
+		// Through dm-verity a changed block reads as EIO: the partition
+		// refused bytes it did not build, so the blob is damaged.
+		v.s.verified.Store(v.digest, false)
+		v.s.log.Error("blob file damaged: unreadable (through dm-verity, a changed block of the image partition reads as an I/O error); verify the image partition with `kiln verify` or reflash it",
+			"file", v.bf.path, "digest", v.digest, "offset", v.pos, "error", err.Error())
+		panic(http.ErrAbortHandler)
+	}
 	v.h.Write(p[:n])
 	v.pos += int64(n)
 	if start < v.bf.size && v.pos == v.bf.size {

@@ -67,9 +67,24 @@ mount_checks() {
     local src opts pu
     src=$(findmnt -n -o SOURCE "$MNT"); opts=$(findmnt -n -o OPTIONS "$MNT")
     if [[ ",$opts," == *,ro,* ]]; then pass mount-ro "$src $opts"; else fail mount-ro "$src $opts"; fi
-    pu=$(blkid -p -s PART_ENTRY_UUID -o value "$src" 2>&1)
+    # dm-verity (issue 9): the mount's source is the verity device; the
+    # partition under it is what the GPT check compares.
+    local part=$src name
+    if [[ $src == /dev/mapper/* ]]; then
+        name=${src#/dev/mapper/}
+        part=$(veritysetup status "$name" | sed -n 's/^ *data device: *//p')
+        if veritysetup status "$name" 2>&1 | grep -q 'type: *VERITY'; then
+            pass mount-verity "$(veritysetup status "$name" | grep -E 'status|root hash|data device' | oneline 300)"
+        else
+            fail mount-verity "$src is not a verity device: $(veritysetup status "$name" 2>&1 | oneline 200)"
+        fi
+    else
+        fail mount-verity "$src is the partition itself, not a verity device"
+    fi
+    pu=$(blkid -p -s PART_ENTRY_UUID -o value "$part" 2>&1)
     # The detail is compared with the GPT by the test; the unit must name it too.
-    if [ "$(unit_what)" = "/dev/disk/by-partuuid/$pu" ]; then
+    if [ "$(unit_what)" = "/dev/disk/by-partuuid/$pu" ] ||
+        systemctl cat kiln-images-verity.service 2>/dev/null | grep -q "^ExecStart=.* /dev/disk/by-partuuid/$pu "; then
         pass mount-partuuid "$pu"
     else
         fail mount-partuuid "$pu (unit What=$(unit_what))"

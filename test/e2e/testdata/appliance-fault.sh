@@ -15,18 +15,37 @@ SERVED_REF="@SERVED_REF@"
 LAYER="@LAYER_DIGEST@"
 
 dev=$(unit_what)
+# dm-verity (issue 9): the partition is the verity unit's data device.
+vdev=$(systemctl cat kiln-images-verity.service 2>/dev/null | sed -n 's/^ExecStart=[^ ]* open \([^ ]*\) .*/\1/p')
+dev=${vdev:-$dev}
 udevadm settle --timeout=60 >/dev/null 2>&1
-if [ -e "$dev" ]; then fault=damaged-blob; else fault=missing-partition; fi
+ran() { [ "$(prop kiln-images-failed.service ExecMainStartTimestampMonotonic)" != 0 ] \
+    && [ "$(prop kiln-images-failed.service ActiveState)" != activating ]; }
+if [ -e "$dev" ]; then
+    # dm-verity (issue 9): the partition is there; a hash tree that does not
+    # match (bad-tree) fails the mount, a changed layer block does not.
+    settled() { findmnt -n "$MNT" >/dev/null || ran; }
+    wait_for 240 settled
+    if findmnt -n "$MNT" >/dev/null; then fault=damaged-blob; else fault=bad-tree; fi
+else
+    fault=missing-partition
+fi
 pass fault "$fault"
 
-if [ "$fault" = missing-partition ]; then
-    # The mount gives up after its bounded wait for the device, and
-    # kiln-images-failed.service tells the technician, console and journal.
-    ran() { [ "$(prop kiln-images-failed.service ExecMainStartTimestampMonotonic)" != 0 ] \
-        && [ "$(prop kiln-images-failed.service ActiveState)" != activating ]; }
+if [ "$fault" != damaged-blob ]; then
+    # The mount gives up after its bounded wait for the device (or dm-verity
+    # refuses the partition), and kiln-images-failed.service tells the
+    # technician, console and journal.
+    if [ "$fault" = bad-tree ]; then
+        why=$(journalctl -b 0 -q --no-pager -o cat -u kiln-images-verity.service -u var-lib-kiln-images.mount | grep -iE 'verity|corrupt|fail|superblock|error' | tail -n 3 | oneline 300)
+        pass bad-tree-reason "${why:-none}"
+    fi
     if wait_for 300 ran; then
         msg=$(journalctl -b 0 -q --no-pager -u kiln-images-failed.service -o cat | grep -m1 'kiln: the image partition')
-        if [ -n "$msg" ] && [[ "$msg" == *"${dev#/dev/disk/by-partuuid/}"* ]]; then
+        # The GUID the units wait for (the mount's own, or under dm-verity
+        # the verity unit's) must be in the message.
+        guid=$(systemctl show -P Description var-lib-kiln-images.mount | sed -n 's/.*partition GUID \([0-9a-f-]*\).*/\1/p')
+        if [ -n "$msg" ] && [ -n "$guid" ] && [[ "$msg" == *"$guid"* ]]; then
             pass images-failed-message "$(echo "$msg" | cut -c1-200)"
         else
             fail images-failed-message "message lacks the GUID or is missing: ${msg:-none}"
@@ -56,6 +75,9 @@ else
     if [ -n "$line" ]; then pass registry-names-blob "$(echo "$line" | cut -c1-300)"; else
         fail registry-names-blob "no 'damaged' line naming $LAYER; last: $(journalctl -b 0 -q --no-pager -u kiln-registry.service -o cat | tail -n 3 | oneline)"
     fi
+    # dm-verity (issue 9): the kernel refused the changed block, on the console.
+    line=$(journalctl -b 0 -k -q --no-pager -o cat | grep -m1 'verity.*corrupted')
+    if [ -n "$line" ]; then pass verity-refused "$line"; else fail verity-refused "no dm-verity corruption message in the kernel log"; fi
     # First boot is not declared done with an image missing.
     if [ -e /var/lib/kiln/firstboot.done ]; then fail firstboot-not-done "marker written"; else pass firstboot-not-done "$(prop kiln-firstboot.service ActiveState)"; fi
 fi
