@@ -10,6 +10,8 @@
 //	cri-check workload POD IMAGE DIGEST LINE
 //	                                      the pod is ready, its container runs IMAGE by DIGEST and logged LINE
 //	cri-check pull NAME DIGEST            PullImage by name, then ImageStatus: that digest
+//	cri-check pinned CHECK NAME DIGEST true|false
+//	                                      ImageStatus: the image (by that digest) is pinned, or not
 //
 // Built CGO_ENABLED=0 by the e2e test and delivered through Ignition.
 package main
@@ -69,6 +71,8 @@ func main() {
 		ok = c.workload(ctx, rest[0], rest[1], rest[2], rest[3])
 	case cmd == "pull" && len(rest) == 2:
 		ok = c.pull(ctx, rest[0], rest[1])
+	case cmd == "pinned" && len(rest) == 4 && (rest[3] == "true" || rest[3] == "false"):
+		ok = c.pinned(ctx, rest[0], rest[1], rest[2], rest[3] == "true")
 	default:
 		flag.Usage()
 		os.Exit(2)
@@ -140,12 +144,20 @@ func (c client) run(ctx context.Context, pod, image string, args []string) error
 		}
 	}
 	logDir := filepath.Join("/var/log/pods", podNamespace+"_"+pod)
+	// The log of an earlier run must not answer for this one.
+	if err := os.Remove(filepath.Join(logDir, pod+".log")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove the old container log: %w", err)
+	}
 	sbCfg := &cri.PodSandboxConfig{
 		Metadata:     &cri.PodSandboxMetadata{Name: pod, Namespace: podNamespace, Uid: "kiln-e2e-" + pod},
 		Hostname:     pod,
 		LogDirectory: logDir,
 		Labels:       map[string]string{"kiln-e2e/pod": pod},
-		Linux:        &cri.LinuxPodSandboxConfig{SecurityContext: &cri.LinuxSandboxSecurityContext{NamespaceOptions: &cri.NamespaceOption{}}},
+		// As kubelet sets them for a pod without shareProcessNamespace:
+		// network and IPC per pod, PID per container (then CRI-O runs no
+		// infra container, drop_infra_ctr).
+		Linux: &cri.LinuxPodSandboxConfig{SecurityContext: &cri.LinuxSandboxSecurityContext{NamespaceOptions: &cri.NamespaceOption{
+			Network: cri.NamespaceMode_POD, Ipc: cri.NamespaceMode_POD, Pid: cri.NamespaceMode_CONTAINER}}},
 	}
 	sb, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: sbCfg})
 	if err != nil {
@@ -159,6 +171,8 @@ func (c client) run(ctx context.Context, pod, image string, args []string) error
 			Args:     args,
 			LogPath:  pod + ".log",
 			Labels:   map[string]string{"kiln-e2e/pod": pod},
+			Linux: &cri.LinuxContainerConfig{SecurityContext: &cri.LinuxContainerSecurityContext{NamespaceOptions: &cri.NamespaceOption{
+				Network: cri.NamespaceMode_POD, Ipc: cri.NamespaceMode_POD, Pid: cri.NamespaceMode_CONTAINER}}},
 		},
 		SandboxConfig: sbCfg,
 	})
@@ -245,17 +259,19 @@ func (c client) workload(ctx context.Context, pod, image, digest, line string) b
 	if s.ImageRef != repo(image)+"@"+digest && s.ImageRef != digest {
 		return report("cri-workload", false, "container runs image %q (%s), want %s@%s", s.ImageRef, s.Image.GetImage(), repo(image), digest)
 	}
-	// CRI log format: "<time> stdout F <line>". Bounded wait for the line.
+	// CRI log format: "<time> stdout F <line>" (runc's own warnings go
+	// to stderr lines). Bounded wait for the line.
 	var got string
+	var found bool
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		got = logLine(s.LogPath)
-		if strings.HasSuffix(got, " "+line) || time.Now().After(deadline) {
+		got, found = findLogLine(s.LogPath, " stdout F "+line)
+		if found || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(time.Second)
 	}
-	if !strings.HasSuffix(got, " "+line) {
-		return report("cri-workload", false, "log %s: %q, want a line ending %q", s.LogPath, got, line)
+	if !found {
+		return report("cri-workload", false, "log %s has no stdout line %q; last: %q", s.LogPath, line, got)
 	}
 	ip := ""
 	if ps, err := c.rt.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: sb.Id}); err == nil && ps.Status.GetNetwork() != nil {
@@ -271,18 +287,23 @@ func lenItems(r *cri.ListPodSandboxResponse) int {
 	return len(r.Items)
 }
 
-// logLine returns the first line of a CRI container log, or why not.
-func logLine(path string) string {
+// findLogLine returns the first line of a CRI container log ending in
+// suffix, or else the log's last line (or why it could not be read).
+func findLogLine(path, suffix string) (string, bool) {
 	f, err := os.Open(path)
 	if err != nil {
-		return err.Error()
+		return err.Error(), false
 	}
 	defer f.Close()
+	last := "empty log"
 	sc := bufio.NewScanner(f)
-	if sc.Scan() {
-		return sc.Text()
+	for sc.Scan() {
+		if strings.HasSuffix(sc.Text(), suffix) {
+			return sc.Text(), true
+		}
+		last = sc.Text()
 	}
-	return "empty log"
+	return last, false
 }
 
 // pull is PullImage by name (through registries.conf and its mirrors), then
@@ -306,4 +327,16 @@ func (c client) pull(ctx context.Context, name, digest string) bool {
 		return report(check, false, "pulled %s has repo digests %q, want %s@%s", r.ImageRef, st.Image.RepoDigests, repo(name), digest)
 	}
 	return report(check, true, "%s in %s, pinned=%v", digest, time.Since(start).Round(time.Millisecond), st.Image.Pinned)
+}
+
+// pinned checks ImageStatus's pinned flag of name, which must have digest.
+func (c client) pinned(ctx context.Context, check, name, digest string, want bool) bool {
+	st, err := c.im.ImageStatus(ctx, &cri.ImageStatusRequest{Image: &cri.ImageSpec{Image: name}})
+	if err != nil || st.Image == nil {
+		return report(check, false, "ImageStatus %s: %v (image %v)", name, err, st.GetImage())
+	}
+	if !slices.Contains(st.Image.RepoDigests, repo(name)+"@"+digest) {
+		return report(check, false, "%s has repo digests %q, want %s@%s", name, st.Image.RepoDigests, repo(name), digest)
+	}
+	return report(check, st.Image.Pinned == want, "%s pinned=%v (want %v)", name, st.Image.Pinned, want)
 }
