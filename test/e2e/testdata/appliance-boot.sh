@@ -211,24 +211,24 @@ if [ "$n" = 1 ]; then
     # docs/units.md): a later drop-in that pins only the preloaded image
     # unpins the served one; removing it pins it again.
     reloads() { journalctl -b 0 -q --no-pager -u crio.service -o cat | grep -c 'Configuration reload completed'; }
-    # reload_crio: reload, then wait (bounded) until CRI-O says it is done.
-    reload_crio() {
+    reloaded_since() { [ "$(reloads)" -gt "$1" ]; }
+    # reload_pins CHECK PINNED: systemctl reload crio, then CRI-O must
+    # report the served image's pinned flag as PINNED within 60 s (the
+    # gate's own asynchronous reloads may complete in between, so wait for
+    # the outcome, not for one log line).
+    reload_pins() {
         local before; before=$(reloads)
-        systemctl reload crio.service && wait_for 60 test "$(reloads)" -gt "$before"
+        if ! systemctl reload crio.service || ! wait_for 60 reloaded_since "$before"; then
+            fail "$1" "no 'Configuration reload completed' from CRI-O within 60 s"; diag crio.service; return
+        fi
+        wait_for 60 /usr/local/bin/cri-check -timeout 20s pinned "$1" "$SERVED_REF" "$SERVED_DIGEST" "$2"
+        /usr/local/bin/cri-check -timeout 60s pinned "$1" "$SERVED_REF" "$SERVED_DIGEST" "$2"
     }
     extra=/etc/crio/crio.conf.d/60-kiln-e2e-reload.conf
     printf '[crio.image]\npinned_images = ["%s"]\n' "@PRELOADED_REF@" > "$extra"
-    if reload_crio; then
-        /usr/local/bin/cri-check -timeout 60s pinned cri-reload-unpins "$SERVED_REF" "$SERVED_DIGEST" false
-    else
-        fail cri-reload-unpins "no 'Configuration reload completed' from CRI-O within 60 s"; diag crio.service
-    fi
+    reload_pins cri-reload-unpins false
     rm -f "$extra"
-    if reload_crio; then
-        /usr/local/bin/cri-check -timeout 60s pinned cri-reload-pins "$SERVED_REF" "$SERVED_DIGEST" true
-    else
-        fail cri-reload-pins "no 'Configuration reload completed' from CRI-O within 60 s"; diag crio.service
-    fi
+    reload_pins cri-reload-pins true
 else
     # Second and later boots: nothing of the first boot runs again.
     if [ "$(prop kiln-firstboot.service ConditionResult)" = no ] && [ "$(prop kiln-firstboot.service ExecMainStartTimestampMonotonic)" = 0 ]; then
