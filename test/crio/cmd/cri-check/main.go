@@ -159,9 +159,20 @@ func (c client) run(ctx context.Context, pod, image string, args []string) error
 		Linux: &cri.LinuxPodSandboxConfig{SecurityContext: &cri.LinuxSandboxSecurityContext{NamespaceOptions: &cri.NamespaceOption{
 			Network: cri.NamespaceMode_POD, Ipc: cri.NamespaceMode_POD, Pid: cri.NamespaceMode_CONTAINER}}},
 	}
-	sb, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: sbCfg})
-	if err != nil {
-		return fmt.Errorf("RunPodSandbox %s: %w", pod, err)
+	// kubelet retries a failed sandbox with the next attempt number; so do
+	// we, a few times (CRI-O cleans up a sandbox it failed to start).
+	var sb *cri.RunPodSandboxResponse
+	for attempt := uint32(0); ; attempt++ {
+		sbCfg.Metadata.Attempt = attempt
+		sb, err = c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: sbCfg})
+		if err == nil {
+			break
+		}
+		if attempt == 2 {
+			return fmt.Errorf("RunPodSandbox %s, %d attempts: %w", pod, attempt+1, err)
+		}
+		fmt.Fprintf(os.Stderr, "cri-check: RunPodSandbox %s attempt %d: %v; retrying in 5s\n", pod, attempt, err)
+		time.Sleep(5 * time.Second)
 	}
 	ctr, err := c.rt.CreateContainer(ctx, &cri.CreateContainerRequest{
 		PodSandboxId: sb.PodSandboxId,
