@@ -7,26 +7,36 @@ TAGS      := containers_image_openpgp,exclude_graphdriver_btrfs
 GOFLAGS   := -tags=$(TAGS) -trimpath
 export CGO_ENABLED := 0
 BIN       := out/kiln
+# The node's edition of kiln (serve + agent only), copied onto the image
+# partition: no factory libraries, so a quarter of the size and a registry
+# that starts without their package inits (docs/decisions.md).
+AGENT_BIN := out/kiln-agent
 
 # Debian packages the build and the tests need.
 APT_PKGS := gdisk squashfs-tools e2fsprogs dosfstools mtools fdisk skopeo podman \
-            ignition zstd xz-utils util-linux
+            ignition zstd xz-utils util-linux openssl
 # gcc + libc6-dev: the e2e fixture builds CRI-O's pinns helper (static C).
 APT_E2E  := qemu-system-x86 ovmf debootstrap systemd gcc libc6-dev make
+# The reference registry the benchmarks measure kiln serve against.
+APT_BENCH := docker-registry
 
-.PHONY: all build test demo bench e2e fuzz deps deps-e2e clean vet
+.PHONY: all build test demo bench e2e fuzz deps deps-e2e deps-bench clean vet
 
 all: build
 
 build:
 	@mkdir -p out
 	$(GO) build $(GOFLAGS) -o $(BIN) ./cmd/kiln
+	$(GO) build -tags=$(TAGS),nodeonly -trimpath -ldflags='-s -w' -o $(AGENT_BIN) ./cmd/kiln
 
 deps:
 	@./test/deps.sh $(APT_PKGS)
 
 deps-e2e:
 	@./test/deps.sh $(APT_PKGS) $(APT_E2E)
+
+deps-bench:
+	@./test/deps.sh $(APT_PKGS) $(APT_BENCH)
 
 vet:
 	$(GO) vet $(GOFLAGS) ./...
@@ -46,7 +56,7 @@ demo: deps build
 	$(BIN) build recipes/demo.yaml -o out/demo.raw
 	$(BIN) inspect out/demo.raw
 
-bench: deps build
+bench: deps-bench build
 	$(GO) test $(GOFLAGS) -run '^$$' -bench . -benchtime 1x -timeout 60m ./...
 
 # Each fuzz target runs briefly (FUZZTIME); corpora found failing land in testdata/fuzz.

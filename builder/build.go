@@ -9,13 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"sort"
-
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/kiln-appliance/kiln/builder/fetch"
 	"github.com/kiln-appliance/kiln/builder/progress"
-	"github.com/kiln-appliance/kiln/builder/stage"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
@@ -30,9 +26,10 @@ type Options struct {
 	Output      string // the disk image to write
 	CacheDir    string // blob cache; fetch.DefaultDir() when empty
 	RefreshLock bool   // re-resolve tags and rewrite the lock
-	// Agent is the kiln binary to place on the image partition for the node
-	// to run. Empty means this very executable, which works only when the
-	// recipe's arch is the host's.
+	// Agent is the node's kiln binary to place on the image partition
+	// (`make build` writes it as out/kiln-agent: kiln built with the nodeonly
+	// tag). Empty means kiln-agent beside this executable, else this very
+	// executable; either works only when the recipe's arch is the host's.
 	Agent           string
 	SourceDateEpoch int64 // 0: $SOURCE_DATE_EPOCH, else DefaultSourceDateEpoch
 	Progress        progress.Reporter
@@ -47,16 +44,67 @@ type Result struct {
 	Contents *contract.Contents
 }
 
+// build is one run of the pipeline. Each step is a method that reads what
+// the steps before it left on the struct and adds its own result, so the
+// order of the pipeline is the order of the calls in Build.
+type build struct {
+	o      Options
+	epoch  int64
+	recipe *recipes.Recipe
+	agent  string // the kiln binary that goes onto the image partition
+
+	out       *os.File // the temporary disk file, renamed to o.Output at the end
+	lock      *recipes.Lock
+	lockBytes []byte
+	cache     *fetch.Cache
+	work      string // staging directory inside the cache directory
+	root      string // the image partition's tree, under work
+
+	images   []fetchedImage
+	contents *contract.Contents
+	ignition []byte
+	layout   *partitions.Layout
+}
+
 // Build runs the whole pipeline for the recipe at recipePath. On any error,
 // including cancellation, it leaves no output behind and an existing output
 // file untouched: the disk is written to a temporary file beside the output
 // and renamed over it only once complete.
-func Build(ctx context.Context, recipePath string, o Options) (res *Result, err error) {
+func Build(ctx context.Context, recipePath string, o Options) (*Result, error) {
+	b, err := newBuild(recipePath, o)
+	if err != nil {
+		return nil, err
+	}
+	defer b.cleanup()
+	steps := []func(context.Context) error{
+		b.createOutput, // first: an unwritable output fails now, not after an hour of fetching
+		b.sweepLeftovers,
+		b.lockImages,
+		b.fetchImages,
+		b.stagePartition,
+		b.renderIgnition,
+		b.assembleDisk,
+		b.commit,
+	}
+	for _, step := range steps {
+		if err := step(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return &Result{Output: o.Output, Layout: b.layout, Contents: b.contents}, nil
+}
+
+// newBuild reads and checks everything that needs no long work: the recipe,
+// the files it names, the agent binary, the timestamp.
+func newBuild(recipePath string, o Options) (*build, error) {
 	if o.Log == nil {
 		o.Log = io.Discard
 	}
 	if o.Progress == nil {
 		o.Progress = progress.Discard()
+	}
+	if o.CacheDir == "" {
+		o.CacheDir = fetch.DefaultDir()
 	}
 	epoch, err := sourceDateEpoch(o.SourceDateEpoch)
 	if err != nil {
@@ -73,200 +121,69 @@ func Build(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	if err != nil {
 		return nil, err
 	}
-
-	// Fail on an unwritable output directory now, not after an hour of fetching.
-	out, err := createTemp(o.Output)
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if err != nil {
-			out.Close()
-			os.Remove(out.Name())
-		}
-	}()
-
-	lock, err := EnsureLock(ctx, r, LockOptions{Refresh: o.RefreshLock, Fetch: o.Fetch}, o.Log)
-	if err != nil {
-		return nil, err
-	}
-	lockBytes, err := lock.Encode()
-	if err != nil {
-		return nil, err
-	}
-
-	cacheDir := o.CacheDir
-	if cacheDir == "" {
-		cacheDir = fetch.DefaultDir()
-	}
-	cache, err := fetch.Open(cacheDir)
-	if err != nil {
-		return nil, err
-	}
-	images, err := fetchAll(ctx, cache, r, lock, o)
-	if err != nil {
-		return nil, err
-	}
-
-	// The staging tree lives in the cache directory so blobs can be hard
-	// links to the cache rather than copies.
-	work, err := os.MkdirTemp(cacheDir, "build-")
-	if err != nil {
-		return nil, fmt.Errorf("staging directory: %w", err)
-	}
-	defer os.RemoveAll(work)
-	root := filepath.Join(work, "partition")
-	contents, err := stagePartition(ctx, root, work, cache, r, images, agent, epoch, o)
-	if err != nil {
-		return nil, err
-	}
-	contents.LockDigest = digestOf(lockBytes)
-	contents.Created = epoch
-	if err := stage.WriteContents(root, contents); err != nil {
-		return nil, err
-	}
-
-	seed := buildSeed(r, lockBytes, root)
-	partGUID := partitions.DeriveGUID(seed, contract.PartitionName)
-	ign, err := renderIgnition(r, contents, partGUID)
-	if err != nil {
-		return nil, err
-	}
-	layout, err := assemble(ctx, out, r, root, seed, epoch, ign, o)
-	if err != nil {
-		return nil, err
-	}
-	if err := out.Sync(); err != nil {
-		return nil, fmt.Errorf("write %s: %w", o.Output, err)
-	}
-	if err := out.Close(); err != nil {
-		return nil, fmt.Errorf("write %s: %w", o.Output, err)
-	}
-	if err := os.Rename(out.Name(), o.Output); err != nil {
-		return nil, fmt.Errorf("write %s: %w", o.Output, err)
-	}
-	syncDir(filepath.Dir(o.Output))
-	return &Result{Output: o.Output, Layout: layout, Contents: contents}, nil
+	return &build{o: o, epoch: epoch, recipe: r, agent: agent}, nil
 }
 
-// fetchedImage is a locked image whose blobs are all in the cache.
-type fetchedImage struct {
-	recipe recipes.Image
-	locked recipes.LockedImage
-	image  *fetch.Image
+// createOutput creates the temporary file the disk is written to, beside
+// the output.
+func (b *build) createOutput(context.Context) error {
+	if err := checkOutput(b.o.Output); err != nil {
+		return err
+	}
+	f, err := CreateTemp(b.o.Output)
+	b.out = f
+	return err
 }
 
-func fetchAll(ctx context.Context, cache *fetch.Cache, r *recipes.Recipe, lock *recipes.Lock, o Options) ([]fetchedImage, error) {
-	var reqs []fetch.Request
-	var locked []recipes.LockedImage
-	for _, img := range r.Images {
-		li, ok := lock.Image(img.Name)
-		if !ok { // lock.Check already refused this; keep the error precise anyway
-			return nil, fmt.Errorf("image %s is not in the lock file: run `kiln lock %s`", img.Name, r.Path)
-		}
-		locked = append(locked, li)
-		reqs = append(reqs, fetch.Request{Source: li.Source, BaseDir: r.Dir, Digest: li.Digest, Platform: platform(r)})
-	}
-	fetched, err := cache.FetchAll(ctx, reqs, o.Progress, o.Fetch...)
+// lockImages reads the lock, or resolves and writes one (EnsureLock).
+func (b *build) lockImages(ctx context.Context) error {
+	lock, err := EnsureLock(ctx, b.recipe, LockOptions{Refresh: b.o.RefreshLock, Fetch: b.o.Fetch}, b.o.Log)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	out := make([]fetchedImage, len(fetched))
-	for i, fi := range fetched {
-		out[i] = fetchedImage{recipe: r.Images[i], locked: locked[i], image: fi}
-	}
-	return out, nil
+	b.lockBytes, err = lock.Encode()
+	b.lock = lock
+	return err
 }
 
-// stagePartition lays out the image partition's tree under root.
-func stagePartition(ctx context.Context, root, work string, cache *fetch.Cache, r *recipes.Recipe, images []fetchedImage, agent string, epoch int64, o Options) (*contract.Contents, error) {
-	if err := os.MkdirAll(filepath.Join(root, "bin"), 0o755); err != nil {
-		return nil, err
+// commit makes the finished disk the output: sync, close, rename, sync the
+// directory. After it, cleanup has nothing of the output left to remove.
+func (b *build) commit(context.Context) error {
+	if err := b.out.Sync(); err != nil {
+		return fmt.Errorf("write %s: %w", b.o.Output, err)
 	}
-	var served, preloaded []stage.Image
-	contents := &contract.Contents{
-		SchemaVersion: contract.ContentsVersion,
-		Recipe:        r.Name,
-		Version:       r.Version,
-		Arch:          r.Arch,
+	if err := b.out.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", b.o.Output, err)
 	}
-	hosts := map[string]bool{}
-	for _, fi := range images {
-		si := stageImage(fi)
-		if fi.recipe.Served() {
-			served = append(served, si)
-			host, err := upstreamHost(fi.recipe.Name)
-			if err != nil {
-				return nil, err
-			}
-			hosts[host] = true
-		}
-		if fi.recipe.Preloaded() {
-			preloaded = append(preloaded, si)
-		}
-		contents.Images = append(contents.Images, contract.Image{
-			Name:      fi.recipe.Name,
-			Digest:    fi.locked.Digest,
-			MediaType: fi.locked.MediaType,
-			Size:      fi.locked.Size,
-			Served:    fi.recipe.Served(),
-			Preloaded: fi.recipe.Preloaded(),
-			ImageID:   fi.image.Config.Digest.String(),
-		})
+	if err := os.Rename(b.out.Name(), b.o.Output); err != nil {
+		return fmt.Errorf("write %s: %w", b.o.Output, err)
 	}
-	task := o.Progress.Task("stage image partition", 0)
-	if err := stage.WriteLayout(filepath.Join(root, contract.OCIDir), blobPath(cache), served); err != nil {
-		task.Done(err)
-		return nil, err
-	}
-	if len(preloaded) > 0 {
-		if err := preloadImages(ctx, root, work, cache, preloaded, epoch, r.Arch, o); err != nil {
-			task.Done(err)
-			return nil, err
-		}
-	}
-	if err := stage.CopyFile(agent, filepath.Join(root, contract.AgentBinary), 0o755); err != nil {
-		task.Done(err)
-		return nil, fmt.Errorf("copy agent binary %s: %w", agent, err)
-	}
-	files, err := stage.ListFiles(root)
-	task.Done(err)
-	if err != nil {
-		return nil, err
-	}
-	contents.Files = files
-	for h := range hosts {
-		contents.Registry.Upstreams = append(contents.Registry.Upstreams, h)
-	}
-	sort.Strings(contents.Registry.Upstreams)
-	contents.Registry.Listen = r.Registry.Listen
-	contents.Registry.AlwaysOn = r.Registry.AlwaysOn
-	contents.Registry.MirrorTags = r.Registry.MirrorsTags()
-	if len(preloaded) > 0 {
-		contents.Registry.PreloadMode = r.Preload.Mode
-	}
-	return contents, nil
+	b.out = nil
+	syncDir(filepath.Dir(b.o.Output))
+	return nil
 }
 
-func stageImage(fi fetchedImage) stage.Image {
-	blobs := []v1.Hash{fi.image.Config.Digest}
-	for _, l := range fi.image.Layers {
-		blobs = append(blobs, l.Digest)
+// cleanup removes the staging tree and, unless commit ran, the temporary
+// disk file.
+func (b *build) cleanup() {
+	if b.work != "" {
+		os.RemoveAll(b.work)
 	}
-	return stage.Image{Ref: fi.recipe.Name, Manifest: fi.image.Descriptor, Blobs: blobs}
+	if b.out != nil {
+		b.out.Close()
+		os.Remove(b.out.Name())
+	}
 }
 
-func blobPath(c *fetch.Cache) stage.BlobSource { return c.Path }
-
-// buildSeed derives the disk's GUIDs from the build's inputs, so the same
-// recipe, lock and content give the same disk, and different ones differ.
-func buildSeed(r *recipes.Recipe, lockBytes []byte, root string) []byte {
+// seed derives the disk's GUIDs from the build's inputs, so the same recipe,
+// lock and content give the same disk, and different ones differ.
+func (b *build) seed() []byte {
 	h := sha256.New()
-	recipeBytes, _ := os.ReadFile(r.Path)
-	contents, _ := os.ReadFile(filepath.Join(root, contract.ContentsFile))
-	for _, b := range [][]byte{recipeBytes, lockBytes, contents} {
-		fmt.Fprintf(h, "%d:", len(b))
-		h.Write(b)
+	recipeBytes, _ := os.ReadFile(b.recipe.Path)
+	contents, _ := os.ReadFile(filepath.Join(b.root, contract.ContentsFile))
+	for _, data := range [][]byte{recipeBytes, b.lockBytes, contents} {
+		fmt.Fprintf(h, "%d:", len(data))
+		h.Write(data)
 	}
 	return h.Sum(nil)
 }
@@ -289,6 +206,15 @@ func sourceDateEpoch(v int64) (int64, error) {
 	return DefaultSourceDateEpoch, nil
 }
 
+// NodeBinaryName is the node's edition of kiln (built with -tags nodeonly:
+// serve and agent only), looked for beside the kiln executable.
+const NodeBinaryName = "kiln-agent"
+
+func fileExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular()
+}
+
 var elfMachine = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
 
 // agentBinary finds the kiln binary the node will run and checks it is a
@@ -303,6 +229,11 @@ func agentBinary(path, arch string) (string, error) {
 			return "", fmt.Errorf("find this kiln binary for the node: %w; pass --agent", err)
 		}
 		path = exe
+		// The node's edition links none of the factory's libraries: a quarter
+		// of the size, and the registry starts without their package inits.
+		if node := filepath.Join(filepath.Dir(exe), NodeBinaryName); fileExists(node) {
+			path = node
+		}
 	}
 	f, err := elf.Open(path)
 	if err != nil {
@@ -313,19 +244,6 @@ func agentBinary(path, arch string) (string, error) {
 		return "", fmt.Errorf("agent binary %s is for %s, the recipe needs %s", path, f.Machine, want)
 	}
 	return path, nil
-}
-
-// createTemp creates the temporary file the disk is written to, beside out.
-func createTemp(out string) (*os.File, error) {
-	if out == "" {
-		return nil, fmt.Errorf("no output file given (-o DISK)")
-	}
-	dir := filepath.Dir(out)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(out)+".kiln-tmp-")
-	if err != nil {
-		return nil, fmt.Errorf("cannot write the output in %s: %w (choose a writable directory with -o)", dir, err)
-	}
-	return f, nil
 }
 
 func syncDir(dir string) {

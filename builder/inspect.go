@@ -90,7 +90,7 @@ func Verify(ctx context.Context, disk string, p progress.Reporter) (*Report, err
 			task.Done(err)
 			return nil, err
 		}
-		if err := verifyFile(fsys, f, task); err != nil {
+		if err := VerifyFile(fsys, f, contract.ContentsFile, task); err != nil {
 			problems = append(problems, err)
 		}
 	}
@@ -118,7 +118,9 @@ func Verify(ctx context.Context, disk string, p progress.Reporter) (*Report, err
 	return rep, nil
 }
 
-func verifyFile(fsys fs.FS, f contract.File, w io.Writer) error {
+// VerifyFile re-hashes one file of fsys against its listing (in listedIn,
+// named in the errors), copying what it reads to w.
+func VerifyFile(fsys fs.FS, f contract.File, listedIn string, w io.Writer) error {
 	r, err := fsys.Open(path.Clean(f.Path))
 	if err != nil {
 		return fmt.Errorf("%s: missing: %w", f.Path, err)
@@ -130,10 +132,10 @@ func verifyFile(fsys fs.FS, f contract.File, w io.Writer) error {
 		return fmt.Errorf("%s: unreadable: %w", f.Path, err)
 	}
 	if n != f.Size {
-		return fmt.Errorf("%s: size %d, kiln.json says %d", f.Path, n, f.Size)
+		return fmt.Errorf("%s: size %d, %s says %d", f.Path, n, listedIn, f.Size)
 	}
 	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != f.Digest {
-		return fmt.Errorf("%s: digest %s, kiln.json says %s", f.Path, got, f.Digest)
+		return fmt.Errorf("%s: digest %s, %s says %s", f.Path, got, listedIn, f.Digest)
 	}
 	return nil
 }

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -82,18 +81,4 @@ func EnsureLock(ctx context.Context, r *recipes.Recipe, o LockOptions, log io.Wr
 	}
 	fmt.Fprintf(log, "wrote %s (%d images)\n", path, len(lock.Images))
 	return lock, nil
-}
-
-// upstreamHost is the registry host of an image name, spelled the way
-// registries.conf spells it (docker.io, not index.docker.io).
-func upstreamHost(imageName string) (string, error) {
-	ref, err := name.ParseReference(imageName)
-	if err != nil {
-		return "", err
-	}
-	host := ref.Context().RegistryStr()
-	if host == name.DefaultRegistry {
-		host = "docker.io"
-	}
-	return strings.ToLower(host), nil
 }

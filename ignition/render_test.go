@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kiln-appliance/kiln/test/golden"
 )
 
 func sampleConfig() Config {
@@ -34,6 +36,7 @@ func ignitionValidate(t *testing.T, cfg []byte) {
 }
 
 func TestRenderValidates(t *testing.T) {
+	t.Parallel()
 	for _, v := range []string{"", "3.3.0"} { // Debian's ignition-validate (2.14) knows up to 3.4.0-experimental
 		out, err := Render(Config{Version: v, Units: sampleConfig().Units, Files: sampleConfig().Files, SSHKeys: sampleConfig().SSHKeys})
 		if err != nil {
@@ -54,24 +57,16 @@ func TestRenderValidates(t *testing.T) {
 }
 
 func TestRenderGolden(t *testing.T) {
+	t.Parallel()
 	out, err := Render(sampleConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden := filepath.Join("testdata", "sample.ign.golden")
-	if os.Getenv("UPDATE_GOLDEN") != "" {
-		os.WriteFile(golden, out, 0o644)
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (set UPDATE_GOLDEN=1 to create)", err)
-	}
-	if string(out) != string(want) {
-		t.Fatalf("render changed:\n got %s\nwant %s", out, want)
-	}
+	golden.Check(t, filepath.Join("testdata", "sample.ign.golden"), out)
 }
 
 func TestRenderMergesFragments(t *testing.T) {
+	t.Parallel()
 	c := sampleConfig()
 	c.Fragments = []Fragment{
 		{Name: "old.ign", Data: []byte(`{"ignition":{"version":"3.1.0"},"storage":{"files":[{"path":"/etc/motd","contents":{"source":"data:,hi"}}]}}`)},
@@ -92,6 +87,7 @@ func TestRenderMergesFragments(t *testing.T) {
 }
 
 func TestRenderErrors(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		cfg  Config

@@ -15,7 +15,6 @@ import (
 	"github.com/diskfs/go-diskfs/partition/gpt"
 	"github.com/google/uuid"
 
-	"github.com/kiln-appliance/kiln/builder/progress"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -59,14 +58,15 @@ type AssembleOptions struct {
 	// PlaceAuto (or "") is PlaceBeforeRoot when root is last, else PlaceEnd.
 	Placement string
 	// Progress may be nil.
-	Progress progress.Reporter
+	Progress Reporter
 }
 
-// Placements of the image partition (AssembleOptions.Placement).
+// Placements of the image partition (AssembleOptions.Placement), as the
+// recipe spells them.
 const (
-	PlaceAuto       = "auto"
-	PlaceBeforeRoot = "before-root"
-	PlaceEnd        = "end"
+	PlaceAuto       = contract.PlaceAuto
+	PlaceBeforeRoot = contract.PlaceBeforeRoot
+	PlaceEnd        = contract.PlaceEnd
 )
 
 // kilnNamespace is the name-based UUID namespace of GUIDs kiln derives.
@@ -95,45 +95,21 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	if err != nil {
 		return nil, err
 	}
-	sector := int64(base.SectorSize)
-	var root *Partition
-	switch opts.Placement {
-	case PlaceBeforeRoot:
-		if root, err = lastRoot(base); err != nil {
-			return nil, fmt.Errorf("base image %s: %w (set imagePartition.placement: end)", opts.Base, err)
-		}
-	case PlaceAuto, "":
-		root, _ = lastRoot(base)
-	case PlaceEnd:
-	default:
-		return nil, fmt.Errorf("image partition placement %q: want %s, %s or %s", opts.Placement, PlaceAuto, PlaceBeforeRoot, PlaceEnd)
-	}
-	var keepEnd int64 // base bytes [0, keepEnd) stay where they are
-	for _, p := range base.Partitions {
-		if root == nil || p.Number != root.Number {
-			keepEnd = max(keepEnd, p.Offset+p.Size)
-		}
-	}
-	start := alignUp(keepEnd, MiB)
-	baseNeed := start // room the base's partitions take on the disk
-	if root != nil {
-		baseNeed += alignUp(root.Size, MiB)
-	}
 	if p, ok := base.Find(contract.PartitionName); ok {
 		return nil, fmt.Errorf("base image %s already has a %s partition (number %d): it is a kiln disk, not a base; build from the vendor's base image", opts.Base, contract.PartitionName, p.Number)
+	}
+	place, err := placeImagePartition(base, opts.Base, opts.Placement, opts.DiskSize)
+	if err != nil {
+		return nil, err
 	}
 	// Fail before the long steps where we can.
 	if _, err := bootPartition(base); err != nil && base.labelsRead {
 		return nil, fmt.Errorf("base image %s: %w", opts.Base, err)
 	}
-	if opts.DiskSize > 0 && opts.DiskSize < baseNeed+MiB {
-		return nil, fmt.Errorf("disk size %s is too small: the base alone needs %s; set disk.size to at least %s plus the image partition (about the size of the images), or to fit",
-			human(opts.DiskSize), human(baseNeed), human(baseNeed))
-	}
 
 	// 2. The filesystem first: mksquashfs truncates its output file.
 	fsSize, err := writeSquashfs(ctx, squashfsOptions{
-		Tree: opts.ImageTree, Disk: disk, Offset: start,
+		Tree: opts.ImageTree, Disk: disk, Offset: place.start,
 		Compression: opts.Compression, SourceDateEpoch: opts.SourceDateEpoch, Progress: opts.Progress,
 	})
 	if err != nil {
@@ -141,43 +117,15 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	}
 
 	// 3. Sizes, checked before the long base copy.
-	partSize := alignUp(fsSize+fsSize*int64(opts.Headroom)/100, MiB)
-	if opts.PartitionSize > 0 {
-		if opts.PartitionSize < fsSize {
-			return nil, fmt.Errorf("image partition size %s is too small: the image filesystem needs %s; set imagePartition.size to at least %s or to auto",
-				human(opts.PartitionSize), human(fsSize), human(alignUp(fsSize, MiB)))
-		}
-		partSize = alignUp(opts.PartitionSize, MiB)
+	g, err := place.size(fsSize, opts.Headroom, opts.PartitionSize, opts.DiskSize)
+	if err != nil {
+		return nil, err
 	}
-	gptBackup := 33 * sector // backup partition array + header
-	if sector == 4096 {
-		gptBackup = 5 * sector
-	}
-	end := start + partSize
-	var rootDst int64
-	if root != nil {
-		rootDst = alignUp(end, MiB)
-		end = rootDst + root.Size
-	}
-	need := alignUp(end+gptBackup, MiB)
-	size := need
-	if opts.DiskSize > 0 {
-		if opts.DiskSize < need {
-			return nil, fmt.Errorf("disk size %s is too small: the base needs %s, the image partition %s, so at least %s; set disk.size to at least %s or to fit",
-				human(opts.DiskSize), human(baseNeed), human(partSize), human(need), human(need))
-		}
-		if opts.DiskSize%sector != 0 {
-			return nil, fmt.Errorf("disk size %d bytes is not a multiple of the %d-byte sector size; use a size in MiB or GiB", opts.DiskSize, sector)
-		}
-		size = opts.DiskSize
-	}
+	start, partSize, size, root, rootDst := g.start, g.partSize, g.diskSize, g.root, g.rootDst
+	sector := int64(base.SectorSize)
 
 	// 4. The base partitions, byte for byte.
-	segs := []segment{{src: 0, size: keepEnd, dst: 0}}
-	if root != nil {
-		segs = append(segs, segment{src: root.Offset, size: root.Size, dst: rootDst})
-	}
-	if err := copyBase(ctx, opts, segs); err != nil {
+	if err := copyBase(ctx, opts, g.segments()); err != nil {
 		return nil, err
 	}
 	if err := opts.Output.Truncate(size); err != nil {

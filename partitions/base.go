@@ -67,7 +67,12 @@ func OpenBase(path, digest string) (*Base, error) {
 		return nil, fmt.Errorf("open base image: %w", err)
 	}
 	b := &Base{Path: path, Format: BaseRaw, file: f, hash: sha256.New(), want: want, closer: func() {}}
-	var src io.Reader = f
+	holes, err := newHoleReader(f)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open base image: %w", err)
+	}
+	var src io.Reader = holes
 	if want != "" {
 		src = io.TeeReader(f, b.hash)
 	}

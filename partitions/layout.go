@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"github.com/diskfs/go-diskfs/partition/gpt"
+
+	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
 
 // MiB is the alignment of partitions kiln adds.
@@ -22,6 +24,7 @@ const (
 	FSSquashfs = "squashfs"
 	FSExt4     = "ext4" // also ext2/ext3: one magic
 	FSVfat     = "vfat"
+	FSBundle   = "kiln-bundle" // a kiln upgrade bundle: header, then squashfs
 )
 
 // Layout is a disk's partition table, as `kiln inspect` shows it.
@@ -91,6 +94,9 @@ func Inspect(path string) (*Layout, error) {
 		return nil, fmt.Errorf("inspect disk: %w", err)
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.IsDir() {
+		return nil, fmt.Errorf("inspect disk: %s is a directory: give a disk image file or a disk device (e.g. /dev/sdX)", path)
+	}
 	size, err := f.Seek(0, io.SeekEnd) // Stat says 0 for block devices
 	if err != nil {
 		return nil, fmt.Errorf("inspect disk: %w", err)
@@ -199,6 +205,8 @@ func detectFS(r io.ReaderAt) (fsType, label string) {
 	n, _ := r.ReadAt(b, 0)
 	b = b[:n]
 	switch {
+	case len(b) >= 8 && string(b[:8]) == bundle.Magic:
+		return FSBundle, ""
 	case len(b) >= 4 && string(b[:4]) == "hsqs":
 		return FSSquashfs, ""
 	case len(b) >= 1024+136 && binary.LittleEndian.Uint16(b[1024+56:]) == 0xEF53:

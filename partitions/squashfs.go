@@ -12,8 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/kiln-appliance/kiln/builder/progress"
 )
 
 // Compression values of the image filesystem (recipes.ImagePartition.Compression).
@@ -28,12 +26,15 @@ var compressionFlags = map[string][]string{
 
 // squashfsOptions is one mksquashfs run.
 type squashfsOptions struct {
+	// AllRoot makes every file owned by root whoever staged it (bundles:
+	// the same inputs give the same bytes on any factory host).
+	AllRoot         bool
 	Tree            string // directory to pack
 	Disk            string // file to write into
 	Offset          int64  // byte offset in Disk
 	Compression     string
 	SourceDateEpoch int64
-	Progress        progress.Reporter
+	Progress        Reporter
 }
 
 // writeSquashfs packs the tree into the disk file at offset with mksquashfs
@@ -66,6 +67,9 @@ func writeSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
 		// 360 MB RSS); 64M keeps it small and measured no slower.
 		"-mem", "64M"}
 	args = append(args, flags...)
+	if o.AllRoot {
+		args = append(args, "-all-root")
+	}
 	cmd := exec.CommandContext(ctx, "mksquashfs", args...)
 	cmd.Env = append(envWithout("SOURCE_DATE_EPOCH"), "SOURCE_DATE_EPOCH="+strconv.FormatInt(o.SourceDateEpoch, 10))
 	var out bytes.Buffer
@@ -135,7 +139,7 @@ func treeSize(root string) (int64, error) {
 // watchSize reports the growth of the file past offset until stopped
 // (mksquashfs has no machine-readable progress); stop returns the bytes
 // reported.
-func watchSize(path string, offset int64, task progress.Task) (stop func() int64) {
+func watchSize(path string, offset int64, task Task) (stop func() int64) {
 	done := make(chan struct{})
 	finished := make(chan struct{})
 	var last int64
@@ -162,7 +166,7 @@ func watchSize(path string, offset int64, task progress.Task) (stop func() int64
 }
 
 // countBytes adds n to a task without allocating n bytes.
-func countBytes(task progress.Task, n int64) {
+func countBytes(task Task, n int64) {
 	var buf [64 << 10]byte
 	for n > 0 {
 		c := min(n, int64(len(buf)))
@@ -171,9 +175,9 @@ func countBytes(task progress.Task, n int64) {
 	}
 }
 
-func progressOf(r progress.Reporter) progress.Reporter {
+func progressOf(r Reporter) Reporter {
 	if r == nil {
-		return progress.Discard()
+		return discard{}
 	}
 	return r
 }

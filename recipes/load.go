@@ -3,8 +3,6 @@ package recipes
 import (
 	"fmt"
 	"io"
-	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -16,6 +14,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/crypto/ssh"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
 
 const (
@@ -107,13 +108,16 @@ func (r *Recipe) applyDefaults() {
 			img.Preload = ptr(defaultPreload)
 		}
 	}
-	setDefault(&r.Registry.Listen, DefaultListen)
+	setDefault(&r.Registry.Listen, contract.DefaultListen)
 	if r.Registry.MirrorTags == nil {
 		r.Registry.MirrorTags = ptr(defaultMirrorTags)
 	}
 	setDefault(&r.Preload.Mode, DefaultPreloadMode)
 	setDefault(&r.Ignition.Version, DefaultIgnition)
 	setDefault(&r.Ignition.User, DefaultUser)
+	for i := range r.Release.Files {
+		setDefault(&r.Release.Files[i].Mode, DefaultFileMode)
+	}
 }
 
 func setDefault(s *string, def string) {
@@ -176,6 +180,39 @@ func (r *Recipe) validate(d *document) {
 	}
 	if !linuxUser.MatchString(ign.User) {
 		v.errorf("ignition.user", "%q is not a valid user name; use lower-case letters, digits, '_' or '-' (e.g. core)", ign.User)
+	}
+	r.validateRelease(v)
+}
+
+// validateRelease checks trust and release files. A recipe that trusts
+// keys takes upgrade bundles, which are ordered by semver.
+func (r *Recipe) validateRelease(v validator) {
+	for i, k := range r.Trust {
+		v.required(fmt.Sprintf("trust[%d]", i), k, "give the path of a public key file (kiln key generate writes NAME.pub), or remove the entry")
+	}
+	if len(r.Trust) > 0 {
+		if v.required("version", r.Version, `a recipe with trust keys takes upgrade bundles, which need a semver version: add e.g. "version: 1.0.0"`) {
+			if _, err := bundle.ParseVersion(r.Version); err != nil {
+				v.errorf("version", "%v; upgrade bundles (trust is set) order releases by semver", err)
+			}
+		}
+	}
+	seen := map[string]string{}
+	for i, f := range r.Release.Files {
+		field := fmt.Sprintf("release.files[%d]", i)
+		if v.required(field+".path", f.Path, "give the file's absolute path on the node, e.g. /etc/containers/systemd/app.container") {
+			if err := contract.CheckReleasePath(f.Path); err != nil {
+				v.errorf(field+".path", "%v", err)
+			} else if prev, dup := seen[f.Path]; dup {
+				v.errorf(field+".path", "%q is listed twice (also at %s); keep one entry", f.Path, prev)
+			} else {
+				seen[f.Path] = field
+			}
+		}
+		v.required(field+".source", f.Source, "give the file holding its content, relative to the recipe")
+		if n, err := strconv.ParseUint(f.Mode, 8, 32); err != nil || n > 0o777 {
+			v.errorf(field+".mode", "%q is not an octal permission such as \"0644\" or \"0600\"", f.Mode)
+		}
 	}
 }
 
@@ -310,20 +347,11 @@ func (v validator) digest(field, value string) bool {
 	return true
 }
 
-// listen checks an IP:PORT listen address. A host name is refused: the
-// registry must come up before name resolution does, and mirrors name it.
+// listen checks the node registry's listen address with the node's own
+// rule, so an address the units would refuse fails here, at its line.
 func (v validator) listen(field, value string) {
-	host, port, err := net.SplitHostPort(value)
-	if err != nil {
-		v.errorf(field, "%q is not an address; write IP:PORT, e.g. %s", value, DefaultListen)
-		return
-	}
-	if _, err := netip.ParseAddr(host); err != nil {
-		v.errorf(field, "%q: %q is not an IP address; write IP:PORT, e.g. %s", value, host, DefaultListen)
-		return
-	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		v.errorf(field, "%q: port %q is not a number from 1 to 65535", value, port)
+	if err := contract.CheckListen(value); err != nil {
+		v.errorf(field, "%v", err)
 	}
 }
 
@@ -366,6 +394,19 @@ func (r *Recipe) CheckFiles() error {
 	}
 	for i, f := range r.Ignition.Fragments {
 		check(fmt.Sprintf("ignition.fragments[%d]", i), f, false, "Ignition fragment")
+	}
+	for i, k := range r.Trust {
+		field := fmt.Sprintf("trust[%d]", i)
+		if check(field, k, false, "public key file") {
+			if data, err := os.ReadFile(r.Resolve(k)); err != nil {
+				d.errorf(field, "%v", err)
+			} else if _, err := bundle.ParsePublicKey(data); err != nil {
+				d.errorf(field, "%s: %v", r.Resolve(k), err)
+			}
+		}
+	}
+	for i, f := range r.Release.Files {
+		check(fmt.Sprintf("release.files[%d].source", i), f.Source, false, "release file")
 	}
 	for i, img := range r.Images {
 		field := fmt.Sprintf("images[%d].source", i)

@@ -23,6 +23,7 @@ const oneImage = `images:
 `
 
 func TestLoadExamples(t *testing.T) {
+	t.Parallel()
 	files, err := filepath.Glob("examples/*.yaml")
 	if err != nil || len(files) < 2 {
 		t.Fatalf("want at least two examples, got %v (%v)", files, err)
@@ -53,6 +54,7 @@ func mustAbs(t *testing.T, p string) string {
 }
 
 func TestDefaults(t *testing.T) {
+	t.Parallel()
 	r, err := Parse("r.yaml", []byte(head+oneImage))
 	if err != nil {
 		t.Fatal(err)
@@ -84,6 +86,7 @@ func TestDefaults(t *testing.T) {
 }
 
 func TestAccessors(t *testing.T) {
+	t.Parallel()
 	r, err := Parse("r.yaml", []byte(head+`arch: arm64
 imagePartition: {headroom: 0}
 registry: {mirrorTags: false}
@@ -123,6 +126,7 @@ images:
 // TestLoadErrors pins the exact message, with its position, for each class
 // of bad input.
 func TestLoadErrors(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name, yaml, want string
 	}{
@@ -184,15 +188,27 @@ func TestLoadErrors(t *testing.T) {
 		{"source no transport", head + oneImage + "    source: quay.io/acme/app:1.2\n", `r.yaml:7:13: images[0].source: source "quay.io/acme/app:1.2" has no transport; write docker://quay.io/acme/app:1.2 for a registry, oci:DIR[:TAG] for an OCI layout directory or docker-archive:FILE[:REF] for a docker save archive`},
 		{"source unknown transport", head + oneImage + "    source: dir:/srv/app\n", `r.yaml:7:13: images[0].source: source "dir:/srv/app" has unknown transport "dir:"; kiln reads docker://, oci: and docker-archive:`},
 		{"neither served nor preloaded", head + oneImage + "    serve: false\n", `r.yaml:6:5: images[0]: image "quay.io/acme/app:1.2" is neither served nor preloaded, so it would not be on the appliance; set serve: true or preload: true`},
-		{"listen host name", head + oneImage + "registry: {listen: 'localhost:5050'}\n", `r.yaml:7:20: registry.listen: "localhost:5050": "localhost" is not an IP address; write IP:PORT, e.g. 127.0.0.1:5050`},
-		{"listen no port", head + oneImage + "registry: {listen: 127.0.0.1}\n", `r.yaml:7:20: registry.listen: "127.0.0.1" is not an address; write IP:PORT, e.g. 127.0.0.1:5050`},
-		{"listen bad port", head + oneImage + "registry: {listen: '[::1]:70000'}\n", `r.yaml:7:20: registry.listen: "[::1]:70000": port "70000" is not a number from 1 to 65535`},
+		{"listen host name", head + oneImage + "registry: {listen: 'localhost:5050'}\n", `r.yaml:7:20: registry.listen: "localhost:5050": the host must be a loopback IP such as 127.0.0.1 (the node's registry is never exposed to the network)`},
+		{"listen not loopback", head + oneImage + "registry: {listen: '10.0.0.1:5050'}\n", `r.yaml:7:20: registry.listen: "10.0.0.1:5050": the host must be a loopback IP such as 127.0.0.1 (the node's registry is never exposed to the network)`},
+		{"listen privileged port", head + oneImage + "registry: {listen: '127.0.0.1:80'}\n", `r.yaml:7:20: registry.listen: "127.0.0.1:80": the port must be 1024-65535 (the registry runs without privileges)`},
+		{"listen no port", head + oneImage + "registry: {listen: 127.0.0.1}\n", `r.yaml:7:20: registry.listen: "127.0.0.1" is not IP:PORT (e.g. 127.0.0.1:5050)`},
+		{"listen bad port", head + oneImage + "registry: {listen: '[::1]:70000'}\n", `r.yaml:7:20: registry.listen: "[::1]:70000": the port must be 1024-65535 (the registry runs without privileges)`},
 		{"preload mode", head + oneImage + "preload: {mode: overlay}\n", `r.yaml:7:17: preload.mode: "overlay" is not supported; use one of store, copy`},
 		{"ignition version short", head + oneImage + "ignition: {version: 3.3}\n", `r.yaml:7:21: ignition.version: "3.3" is not supported; write "3.3.0"`},
 		{"ignition version new", head + oneImage + "ignition: {version: 3.5.0}\n", `r.yaml:7:21: ignition.version: "3.5.0" is not supported; use one of 3.3.0, 3.4.0`},
 		{"empty fragment", head + oneImage + "ignition:\n  fragments: ['']\n", `r.yaml:8:15: ignition.fragments[0]: is empty; give the path of an Ignition config file, or remove the entry`},
 		{"ssh key truncated", head + oneImage + "ignition:\n  sshAuthorizedKeys: [ssh-ed25519 AAAAC3Nza]\n", `r.yaml:8:23: ignition.sshAuthorizedKeys[0]: not one SSH public key ("ssh-ed25519 AAAAC3Nza"); paste a single whole line of a .pub file, e.g. ~/.ssh/id_ed25519.pub`},
 		{"user", head + oneImage + "ignition: {user: Admin}\n", `r.yaml:7:18: ignition.user: "Admin" is not a valid user name; use lower-case letters, digits, '_' or '-' (e.g. core)`},
+
+		// Trust and release files.
+		{"trust without semver", head + oneImage + "version: '1.0'\ntrust: [k.pub]\n", `r.yaml:7:10: version: version "1.0" is not semver (MAJOR.MINOR.PATCH, e.g. 1.4.0): 1.0 is not in dotted-tri format; upgrade bundles (trust is set) order releases by semver`},
+		{"trust without version", head + oneImage + "trust: [k.pub]\n", `r.yaml:1:1: version: required field is missing; a recipe with trust keys takes upgrade bundles, which need a semver version: add e.g. "version: 1.0.0"`},
+		{"trust empty entry", head + oneImage + "version: 1.0.0\ntrust: ['']\n", `r.yaml:8:9: trust[0]: is empty; give the path of a public key file (kiln key generate writes NAME.pub), or remove the entry`},
+		{"release path outside", head + oneImage + "release:\n  files:\n    - {path: /etc/passwd, source: p}\n", `r.yaml:9:14: release.files[0].path: "/etc/passwd" is outside the directories a release may own (/etc/containers/systemd/, /etc/kubernetes/manifests/, /etc/kiln/release/)`},
+		{"release path dotdot", head + oneImage + "release:\n  files:\n    - {path: /etc/kiln/release/../../shadow, source: p}\n", `r.yaml:9:14: release.files[0].path: "/etc/kiln/release/../../shadow" is not a clean absolute path; write it like /etc/containers/systemd/app.container`},
+		{"release path twice", head + oneImage + "release:\n  files:\n    - {path: /etc/kiln/release/a, source: p}\n    - {path: /etc/kiln/release/a, source: q}\n", `r.yaml:10:14: release.files[1].path: "/etc/kiln/release/a" is listed twice (also at release.files[0]); keep one entry`},
+		{"release no source", head + oneImage + "release:\n  files:\n    - {path: /etc/kiln/release/a}\n", `r.yaml:9:7: release.files[0].source: required field is missing; give the file holding its content, relative to the recipe`},
+		{"release mode", head + oneImage + "release:\n  files:\n    - {path: /etc/kiln/release/a, source: p, mode: '0999'}\n", `r.yaml:9:52: release.files[0].mode: "0999" is not an octal permission such as "0644" or "0600"`},
 
 		// Sizes.
 		{"size fraction", head + oneImage + "disk: {size: 1.5GiB}\n", `r.yaml:7:14: disk.size: size "1.5GiB": use a whole number with a smaller unit (e.g. 1536MiB, not 1.5GiB)`},
@@ -224,6 +240,7 @@ func TestLoadErrors(t *testing.T) {
 // order, and no second error for a field that already has one.
 // TestLoadAccepts covers YAML forms that must load.
 func TestLoadAccepts(t *testing.T) {
+	t.Parallel()
 	for name, y := range map[string]string{
 		"document markers": "---\n" + head + oneImage + "...\n",
 		"trailing ---":     head + oneImage + "---\n# the end\n",
@@ -244,6 +261,7 @@ func TestLoadAccepts(t *testing.T) {
 }
 
 func TestLoadManyErrors(t *testing.T) {
+	t.Parallel()
 	_, err := Parse("r.yaml", []byte(`apiVersion: kiln.dev/v1alpha1
 kind: Appliance
 name: [acme]
@@ -267,6 +285,7 @@ r.yaml:7:12: images[0].serve: expected true or false, got "yes"`
 }
 
 func TestLoadFileErrors(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	if _, err := Load(filepath.Join(dir, "missing.yaml")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("missing file: %v", err)
@@ -281,6 +300,7 @@ func TestLoadFileErrors(t *testing.T) {
 }
 
 func TestCheckFiles(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	write := func(p string) {
 		t.Helper()
@@ -340,6 +360,7 @@ images:
 // TestDocsListEveryField keeps docs/recipes.md in step with the types: every
 // YAML field of a recipe has a row in its tables.
 func TestDocsListEveryField(t *testing.T) {
+	t.Parallel()
 	doc, err := os.ReadFile("../docs/recipes.md")
 	if err != nil {
 		t.Fatal(err)
@@ -361,4 +382,28 @@ func TestDocsListEveryField(t *testing.T) {
 		}
 	}
 	walk(reflect.TypeFor[Recipe]())
+}
+
+// TestCheckFilesTrustAndRelease: trust keys must exist and be ed25519 public
+// keys; release files must exist.
+func TestCheckFilesTrustAndRelease(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "base.raw"), nil, 0o644)
+	os.WriteFile(filepath.Join(dir, "bad.pub"), []byte("ssh-ed25519 AAAA\n"), 0o644)
+	recipe := head + oneImage + "version: 1.0.0\ntrust: [bad.pub, gone.pub]\nrelease:\n  files:\n    - {path: /etc/kiln/release/a.conf, source: a.conf}\n"
+	path := filepath.Join(dir, "r.yaml")
+	os.WriteFile(path, []byte(recipe), 0o644)
+	r, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = r.CheckFiles()
+	want := []string{
+		path + ":8:9: trust[0]: " + dir + "/bad.pub: not a PEM key file (make one with `kiln key generate`)",
+		path + ":8:18: trust[1]: public key file " + dir + "/gone.pub: no such file or directory",
+		path + ":11:48: release.files[0].source: release file " + dir + "/a.conf: no such file or directory",
+	}
+	if err == nil || err.Error() != strings.Join(want, "\n") {
+		t.Errorf("got\n%v\nwant\n%s", err, strings.Join(want, "\n"))
+	}
 }

@@ -18,6 +18,7 @@ const (
 )
 
 func TestLockPath(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]string{
 		"demo.yaml":          "demo.lock",
 		"recipes/demo.yml":   "recipes/demo.lock",
@@ -56,6 +57,7 @@ func testLock(r *Recipe) *Lock {
 }
 
 func TestLockRoundTrip(t *testing.T) {
+	t.Parallel()
 	r := lockRecipe(t)
 	l := testLock(r)
 	data, err := l.Encode()
@@ -117,6 +119,7 @@ images:
 }
 
 func TestLockInputs(t *testing.T) {
+	t.Parallel()
 	base := lockRecipe(t).LockInputs()
 	if !strings.HasPrefix(base, "sha256:") || len(base) != 71 {
 		t.Fatalf("LockInputs = %q", base)
@@ -145,6 +148,7 @@ func TestLockInputs(t *testing.T) {
 
 // TestLockCheck covers each kind of staleness and its message.
 func TestLockCheck(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name    string
 		edit    func(r *Recipe, l *Lock)
@@ -189,6 +193,7 @@ func TestLockCheck(t *testing.T) {
 }
 
 func TestReadLockErrors(t *testing.T) {
+	t.Parallel()
 	const good = `apiVersion: kiln.dev/v1alpha1
 kind: Lock
 inputs: ` + digestA + `
@@ -234,6 +239,7 @@ images:
 }
 
 func TestLockWriteFile(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "demo.lock")
 	r := lockRecipe(t)

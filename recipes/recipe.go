@@ -1,6 +1,11 @@
 package recipes
 
-import "path/filepath"
+import (
+	"path/filepath"
+	"strconv"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
+)
 
 // Defaults, applied by Load and assumed by the accessors when a field is unset.
 const (
@@ -8,21 +13,15 @@ const (
 	DefaultHeadroom    = 10
 	DefaultFilesystem  = "squashfs"
 	DefaultCompression = "none"
-	DefaultPlacement   = "auto"
-	DefaultListen      = "127.0.0.1:5050"
-	DefaultPreloadMode = PreloadStore
+	DefaultPlacement   = contract.PlaceAuto
+	DefaultPreloadMode = contract.PreloadStore
 	DefaultIgnition    = "3.3.0"
 	DefaultUser        = "core"
+	DefaultFileMode    = "0644"
 
 	defaultServe      = true
 	defaultPreload    = false
 	defaultMirrorTags = true
-)
-
-// Preload modes.
-const (
-	PreloadStore = "store" // the store is an additional, read-only image store
-	PreloadCopy  = "copy"  // copied into the node's main store at first boot
 )
 
 // Values kiln accepts for the enumerated fields, in the order the docs list
@@ -34,8 +33,8 @@ var (
 	Arches           = []string{"amd64", "arm64"}
 	Filesystems      = []string{"squashfs"}
 	Compressions     = []string{"none", "zstd", "gzip", "xz", "lz4"}
-	Placements       = []string{"auto", "before-root", "end"}
-	PreloadModes     = []string{PreloadStore, PreloadCopy}
+	Placements       = contract.Placements
+	PreloadModes     = contract.PreloadModes
 	IgnitionVersions = []string{"3.3.0", "3.4.0"}
 )
 
@@ -111,6 +110,16 @@ func (r *Recipe) Image(name string) (Image, bool) {
 		}
 	}
 	return Image{}, false
+}
+
+// FileMode is the file's permission bits (Mode, or DefaultFileMode).
+func (f ReleaseFile) FileMode() uint32 {
+	m := f.Mode
+	if m == "" {
+		m = DefaultFileMode
+	}
+	n, _ := strconv.ParseUint(m, 8, 32) // validated by Load
+	return uint32(n)
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -8,6 +8,7 @@ import (
 )
 
 func TestParseSize(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		in   string
 		want Size
@@ -48,6 +49,7 @@ func TestParseSize(t *testing.T) {
 }
 
 func TestSizeString(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		in   Size
 		want string
@@ -73,6 +75,7 @@ func TestSizeString(t *testing.T) {
 // TestSizeYAMLRoundTrip marshals sizes with yaml.v3 and reads them back,
 // through both yaml.Unmarshal and Load's decoder.
 func TestSizeYAMLRoundTrip(t *testing.T) {
+	t.Parallel()
 	for _, s := range []Size{{Auto: true}, {Bytes: 1}, {Bytes: 1000}, {Bytes: 4096}, {Bytes: 1536 << 20}, {Bytes: 16e9}, {Bytes: 5 << 40}, {Bytes: math.MaxInt64}} {
 		out, err := yaml.Marshal(Disk{Size: s})
 		if err != nil {

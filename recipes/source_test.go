@@ -3,6 +3,7 @@ package recipes
 import "testing"
 
 func TestParseSource(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		in   string
 		want Source

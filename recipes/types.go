@@ -26,6 +26,10 @@ type Recipe struct {
 	Registry       Registry       `yaml:"registry"`
 	Preload        Preload        `yaml:"preload"`
 	Ignition       Ignition       `yaml:"ignition"`
+	// Trust lists the public key files (PEM, as `kiln key generate` writes)
+	// whose signatures the appliance accepts on upgrade bundles.
+	Trust   []string `yaml:"trust,omitempty"`
+	Release Release  `yaml:"release"`
 
 	// Path is the file the recipe was read from; Dir is its directory,
 	// against which relative paths in the recipe are resolved. Not YAML.
@@ -118,6 +122,24 @@ type Ignition struct {
 	// SSHKeys are authorized keys for User (default "core").
 	SSHKeys []string `yaml:"sshAuthorizedKeys,omitempty"`
 	User    string   `yaml:"user,omitempty"`
+}
+
+// Release is what a release owns on the node besides its images.
+type Release struct {
+	Files []ReleaseFile `yaml:"files,omitempty"`
+}
+
+// ReleaseFile is one file the release owns: written by the factory build
+// through Ignition and replaced by an upgrade bundle (the node keeps the
+// previous set for rollback).
+type ReleaseFile struct {
+	// Path on the node, under one of contract.ReleaseDirs, e.g.
+	// /etc/containers/systemd/app.container.
+	Path string `yaml:"path"`
+	// Source is the file's content, relative to the recipe's directory.
+	Source string `yaml:"source"`
+	// Mode is the octal permission bits; default "0644".
+	Mode string `yaml:"mode,omitempty"`
 }
 
 // Size is a byte count written in YAML as "auto", "fit", a plain integer

@@ -289,8 +289,8 @@ func newArchiveBackend(src source) (*archiveBackend, error) {
 		return nil, fmt.Errorf("%w: %s: %v; check the source path in the recipe (relative paths start at the recipe's directory)", ErrBadSource, src, err)
 	}
 	var tag *name.Tag
-	if src.Tag != "" {
-		t, err := name.NewTag(src.Tag)
+	if src.Ref != "" {
+		t, err := name.NewTag(src.Ref)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s: %v", ErrBadSource, src, err)
 		}
@@ -310,8 +310,8 @@ func newArchiveBackend(src source) (*archiveBackend, error) {
 			switch {
 			case tag == nil && len(m) > 1:
 				return nil, fmt.Errorf("%w: %s: the archive holds %d images (%s); say which with docker-archive:%s:REF", ErrBadSource, src, len(m), strings.Join(tags, ", "), src.Path)
-			case tag != nil && !slices.Contains(tags, tag.Name()) && !slices.Contains(tags, src.Tag):
-				return nil, fmt.Errorf("%w: %s: no image tagged %s in %s; it has %s", ErrNotFound, src, src.Tag, src.Path, strings.Join(tags, ", "))
+			case tag != nil && !slices.Contains(tags, tag.Name()) && !slices.Contains(tags, src.Ref):
+				return nil, fmt.Errorf("%w: %s: no image tagged %s in %s; it has %s", ErrNotFound, src, src.Ref, src.Path, strings.Join(tags, ", "))
 			}
 		}
 	}

@@ -25,6 +25,7 @@ import (
 type Cache struct {
 	dir    string
 	flight singleflight.Group // one download per blob within this process
+	stall  time.Duration      // how long a blob's source may send nothing
 }
 
 // DefaultDir is $XDG_CACHE_HOME/kiln, or ~/.cache/kiln.
@@ -42,7 +43,7 @@ func Open(dir string) (*Cache, error) {
 		return nil, fmt.Errorf("open blob cache: %w (set XDG_CACHE_HOME or --cache to a writable directory)", err)
 	}
 	removeStaleTemps(blobs)
-	return &Cache{dir: dir}, nil
+	return &Cache{dir: dir, stall: stallTimeout}, nil
 }
 
 // staleAfter is how long a temp file goes unwritten before it is taken for
@@ -123,13 +124,13 @@ func (c *Cache) write(ctx context.Context, d v1.Descriptor, what string, open fu
 	// forever: every read pushes the deadline back.
 	ctx, stalled := context.WithCancelCause(ctx)
 	defer stalled(nil)
-	watchdog := time.AfterFunc(stallTimeout, func() { stalled(errStalled) })
+	watchdog := time.AfterFunc(c.stall, func() { stalled(errStalled) })
 	defer watchdog.Stop()
 
 	rc, err := open(ctx)
 	if err != nil {
 		if context.Cause(ctx) == errStalled {
-			return fmt.Errorf("%w: %s: blob %s: no answer for %v; the registry or the network is stuck, try again", ErrUnreachable, what, d.Digest, stallTimeout)
+			return fmt.Errorf("%w: %s: blob %s: no answer for %v; the registry or the network is stuck, try again", ErrUnreachable, what, d.Digest, c.stall)
 		}
 		return err
 	}
@@ -149,11 +150,11 @@ func (c *Cache) write(ctx context.Context, d v1.Descriptor, what string, open fu
 	h := sha256.New()
 	// Read one byte past the expected size, so an oversized blob is caught
 	// without reading all of it.
-	n, err := io.Copy(io.MultiWriter(tmp, h, progress), ctxReader{ctx, io.LimitReader(rc, d.Size+1), watchdog})
+	n, err := io.Copy(io.MultiWriter(tmp, h, progress), ctxReader{ctx, io.LimitReader(rc, d.Size+1), watchdog, c.stall})
 	got := v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(h.Sum(nil))}
 	switch {
 	case context.Cause(ctx) == errStalled:
-		return fmt.Errorf("%w: %s: blob %s: no data for %v after %d of %d bytes; the registry or the network is stuck, try again", ErrUnreachable, what, d.Digest, stallTimeout, n, d.Size)
+		return fmt.Errorf("%w: %s: blob %s: no data for %v after %d of %d bytes; the registry or the network is stuck, try again", ErrUnreachable, what, d.Digest, c.stall, n, d.Size)
 	case ctx.Err() != nil:
 		return fmt.Errorf("%s: fetch blob %s: %w", what, d.Digest, ctx.Err())
 	case errors.Is(err, syscall.ENOSPC):
@@ -186,8 +187,9 @@ func (c *Cache) write(ctx context.Context, d v1.Descriptor, what string, open fu
 // tempPrefix starts the names of blobs being written.
 const tempPrefix = ".tmp-"
 
-// stallTimeout is how long a blob's source may send nothing.
-var stallTimeout = 2 * time.Minute
+// stallTimeout is how long a blob's source may send nothing (a Cache's
+// default; also how long a registry may take to answer a request).
+const stallTimeout = 2 * time.Minute
 
 var errStalled = errors.New("source stalled")
 
@@ -197,6 +199,7 @@ type ctxReader struct {
 	ctx      context.Context
 	r        io.Reader
 	watchdog *time.Timer
+	stall    time.Duration
 }
 
 func (r ctxReader) Read(p []byte) (int, error) {
@@ -205,7 +208,7 @@ func (r ctxReader) Read(p []byte) (int, error) {
 	}
 	n, err := r.r.Read(p)
 	if n > 0 {
-		r.watchdog.Reset(stallTimeout)
+		r.watchdog.Reset(r.stall)
 	}
 	return n, err
 }

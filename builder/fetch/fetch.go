@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/kiln-appliance/kiln/builder/progress"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // Image is a fetched image: every blob it names is in the cache.
@@ -69,6 +70,10 @@ func (c *Cache) Fetch(ctx context.Context, source, baseDir, digest string, platf
 		if k.isIndex() {
 			return nil, fmt.Errorf("%w: %s: nested index %s; kiln reads one level", ErrBadSource, src, h)
 		}
+	}
+	if len(raw) > contract.MaxManifestSize {
+		return nil, fmt.Errorf("%w: %s: manifest %s is %d bytes; the node's registry serves manifests of at most %d bytes (the distribution spec's limit), so the appliance could not serve it: rebuild the image with fewer layers",
+			ErrBadSource, src, h, len(raw), contract.MaxManifestSize)
 	}
 	m, err := v1.ParseManifest(bytes.NewReader(raw))
 	if err != nil {
@@ -155,6 +160,7 @@ func (c *Cache) manifest(ctx context.Context, b *lazyBackend, h v1.Hash) ([]byte
 
 // Request is one image for FetchAll.
 type Request struct {
+	Name     string // the image's name, for messages
 	Source   string
 	BaseDir  string
 	Digest   string
@@ -171,6 +177,9 @@ func (c *Cache) FetchAll(ctx context.Context, reqs []Request, reporter progress.
 	for i, r := range reqs {
 		g.Go(func() error {
 			img, err := c.Fetch(ctx, r.Source, r.BaseDir, r.Digest, r.Platform, reporter, opts...)
+			if err != nil && r.Name != "" {
+				return fmt.Errorf("image %s: %w", r.Name, err)
+			}
 			out[i] = img
 			return err
 		})

@@ -271,6 +271,7 @@ func TestFetchCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	c.stall = 300 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	_, repoTag, _ := strings.Cut(imgs[0].Ref, "/")
@@ -295,8 +296,6 @@ func TestFetchCancel(t *testing.T) {
 // TestFetchStall: a registry that stops sending mid-layer is given up on
 // with an error that says so, and leaves nothing in the cache.
 func TestFetchStall(t *testing.T) {
-	defer func(d time.Duration) { stallTimeout = d }(stallTimeout)
-	stallTimeout = 300 * time.Millisecond
 	dir := t.TempDir()
 	imgs, err := images.RandomImages(dir, 1, 4<<20, 0, 3)
 	if err != nil {
@@ -309,6 +308,7 @@ func TestFetchStall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	c.stall = 300 * time.Millisecond
 	_, repoTag, _ := strings.Cut(imgs[0].Ref, "/")
 	start := time.Now()
 	_, err = c.Fetch(context.Background(), "docker://"+reg.host+"/"+repoTag, "", imgs[0].Digest, amd64, nil)

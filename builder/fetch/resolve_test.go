@@ -121,7 +121,7 @@ func TestResolveErrors(t *testing.T) {
 		kind         error
 		says         []string
 	}{
-		{"no transport", "quay.io/kiln/hello:1.0", amd64, ErrBadSource, []string{"docker://REF"}},
+		{"no transport", "quay.io/kiln/hello:1.0", amd64, ErrBadSource, []string{"write docker://quay.io/kiln/hello:1.0 for a registry"}},
 		{"unknown transport", "ftp:x", amd64, ErrBadSource, []string{"unknown transport"}},
 		{"missing tag", "docker://" + f.reg.host + "/kiln/hello:2.0", amd64, ErrNotFound, []string{"hello:2.0", "tag"}},
 		{"missing repo", "docker://" + f.reg.host + "/kiln/nope:1.0", amd64, ErrNotFound, []string{"nope", "repository"}},

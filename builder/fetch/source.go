@@ -1,59 +1,36 @@
 package fetch
 
 import (
-	"fmt"
 	"path/filepath"
-	"strings"
+
+	"github.com/kiln-appliance/kiln/recipes"
 )
 
 // Transports a recipe's image source may use.
 const (
-	TransportDocker        = "docker"
-	TransportOCI           = "oci"
-	TransportDockerArchive = "docker-archive"
+	TransportDocker        = recipes.TransportDocker
+	TransportOCI           = recipes.TransportOCI
+	TransportDockerArchive = recipes.TransportDockerArchive
 )
 
-// source is a parsed image source string. It mirrors recipes.Source so this
-// package does not depend on the recipe parser.
+// source is a recipe source (recipes.ParseSource: the one parser of the
+// transport syntax) with its path made absolute.
 type source struct {
-	Transport string
-	Ref       string // docker: the image reference
-	Path      string // oci, docker-archive: directory or file, made absolute
-	Tag       string // oci: TAG; docker-archive: REF (may be empty)
-	raw       string
+	recipes.Source
+	raw string
 }
 
 func (s source) String() string { return s.raw }
 
-// parseSource splits "docker://REF", "oci:DIR[:TAG]" or
-// "docker-archive:FILE[:REF]". Like skopeo, the path ends at the first colon
-// after the transport, so TAG may itself be a full reference with a colon.
-// Relative paths are joined to baseDir.
+// parseSource parses s with the recipe's parser and joins a relative path to
+// baseDir.
 func parseSource(s, baseDir string) (source, error) {
-	src := source{raw: s}
-	transport, rest, ok := strings.Cut(s, ":")
-	if !ok || rest == "" || strings.ContainsAny(transport, "./") { // "quay.io/app:1", "host:5000/app"
-		return src, fmt.Errorf("image source %q has no transport; write docker://REF for a registry, oci:DIR[:TAG] for an OCI layout or docker-archive:FILE[:REF] for a `docker save` archive", s)
+	p, err := recipes.ParseSource(s)
+	if err != nil {
+		return source{raw: s}, err
 	}
-	src.Transport = transport
-	switch transport {
-	case TransportDocker:
-		ref, ok := strings.CutPrefix(rest, "//")
-		if !ok || ref == "" {
-			return src, fmt.Errorf("image source %q: docker sources are written docker://REGISTRY/REPO:TAG", s)
-		}
-		src.Ref = ref
-		return src, nil
-	case TransportOCI, TransportDockerArchive:
-		path, tag, _ := strings.Cut(rest, ":")
-		if path == "" {
-			return src, fmt.Errorf("image source %q: missing path after %q", s, transport+":")
-		}
-		if !filepath.IsAbs(path) && baseDir != "" {
-			path = filepath.Join(baseDir, path)
-		}
-		src.Path, src.Tag = path, tag
-		return src, nil
+	if p.Path != "" && !filepath.IsAbs(p.Path) && baseDir != "" {
+		p.Path = filepath.Join(baseDir, p.Path)
 	}
-	return src, fmt.Errorf("image source %q: unknown transport %q; want docker://, oci: or docker-archive:", s, transport)
+	return source{Source: p, raw: s}, nil
 }

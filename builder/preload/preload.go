@@ -26,6 +26,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kiln-appliance/kiln/builder/internal/leftover"
 	"github.com/kiln-appliance/kiln/builder/progress"
 	digest "github.com/opencontainers/go-digest"
 	imgspecv1 "github.com/opencontainers/image-spec/specs-go/v1"
@@ -41,6 +42,10 @@ import (
 
 // Driver is the containers/storage graph driver of the store.
 const Driver = "overlay"
+
+// RunRootPrefix starts the name of the run root a preload creates in
+// $TMPDIR (with its owner's tag, see builder/internal/leftover).
+const RunRootPrefix = "kiln-preload-run-"
 
 // Image is one image to preload.
 type Image struct {
@@ -123,7 +128,7 @@ func Build(ctx context.Context, storeDir string, images []Image, opts ...Option)
 	}
 
 	start := time.Now()
-	runRoot, err := os.MkdirTemp("", "kiln-preload-run-")
+	runRoot, err := os.MkdirTemp("", leftover.Pattern(RunRootPrefix))
 	if err != nil {
 		return nil, fmt.Errorf("preload: %w", err)
 	}

@@ -12,10 +12,14 @@ type Reporter interface {
 }
 
 // Task is one unit of work. Write counts bytes done (the bytes themselves
-// are ignored, so a Task can sit in an io.TeeReader or io.MultiWriter).
-type Task interface {
+// are ignored, so a Task can sit in an io.TeeReader or io.MultiWriter); Done
+// ends the task, err is nil on success.
+//
+// It is an alias of an unnamed interface so that lower packages (partitions)
+// can declare the same Reporter interface without importing this one: the
+// method sets are then identical and a Reporter satisfies both.
+type Task = interface {
 	io.Writer
-	// Done ends the task; err is nil on success.
 	Done(err error)
 }
 

@@ -7,6 +7,7 @@ import (
 )
 
 func TestBytes(t *testing.T) {
+	t.Parallel()
 	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 1536 << 20: "1.5 GiB", 5 << 40: "5.0 TiB"} {
 		if got := Bytes(n); got != want {
 			t.Errorf("Bytes(%d) = %q, want %q", n, got, want)
@@ -15,6 +16,7 @@ func TestBytes(t *testing.T) {
 }
 
 func TestLogLines(t *testing.T) {
+	t.Parallel()
 	var b strings.Builder
 	clock := time.Unix(0, 0)
 	r := New(&b, false).(*text)
@@ -30,6 +32,7 @@ func TestLogLines(t *testing.T) {
 }
 
 func TestTerminalRedrawsInPlace(t *testing.T) {
+	t.Parallel()
 	var b strings.Builder
 	clock := time.Unix(0, 0)
 	r := New(&b, true).(*text)

@@ -33,11 +33,26 @@ type Image struct {
 // BlobSource returns the path of a blob already verified in the cache.
 type BlobSource func(v1.Hash) string
 
+// LayoutOption changes what WriteLayout writes.
+type LayoutOption func(*layoutOptions)
+
+type layoutOptions struct{ keep func(v1.Hash) bool }
+
+// OnlyBlobs writes only the blobs keep accepts (index.json still lists every
+// image): an upgrade bundle's delta leaves out what the node already has.
+func OnlyBlobs(keep func(v1.Hash) bool) LayoutOption {
+	return func(o *layoutOptions) { o.keep = keep }
+}
+
 // WriteLayout writes an OCI image layout with images into dir (which must not
 // exist yet). Blobs are hard-linked from src when dir is on the same
 // filesystem, copied otherwise; each blob is stored once however many images
 // share it. index.json lists the images sorted by reference.
-func WriteLayout(dir string, src BlobSource, images []Image) error {
+func WriteLayout(dir string, src BlobSource, images []Image, opts ...LayoutOption) error {
+	o := layoutOptions{keep: func(v1.Hash) bool { return true }}
+	for _, opt := range opts {
+		opt(&o)
+	}
 	blobDir := filepath.Join(dir, "blobs", "sha256")
 	if err := os.MkdirAll(blobDir, 0o755); err != nil {
 		return err
@@ -51,6 +66,9 @@ func WriteLayout(dir string, src BlobSource, images []Image) error {
 	for _, img := range sorted {
 		for _, h := range append([]v1.Hash{img.Manifest.Digest}, img.Blobs...) {
 			dst := filepath.Join(blobDir, h.Hex)
+			if !o.keep(h) {
+				continue
+			}
 			if _, err := os.Lstat(dst); err == nil {
 				continue
 			}

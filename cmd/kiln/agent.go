@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/kiln-appliance/kiln/systemd/agent/preloadcopy"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -13,8 +12,8 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/agent/firstboot"
 	"github.com/kiln-appliance/kiln/systemd/agent/gate"
 	"github.com/kiln-appliance/kiln/systemd/agent/pins"
+	"github.com/kiln-appliance/kiln/systemd/agent/preloadcopy"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	"github.com/kiln-appliance/kiln/systemd/units"
 )
 
 func init() { subcommands = append(subcommands, newAgentCommand) }
@@ -26,14 +25,15 @@ func newAgentCommand() *cobra.Command {
 		Use:   "agent",
 		Short: "On-node programs run by kiln's systemd units",
 	}
-	agent.AddCommand(newMirrorGateCommand(), newWaitImagesCommand(), newWritePinsCommand(), newPreloadCopyCommand())
+	agent.AddCommand(newMirrorGateCommand(), newWaitImagesCommand(), newWritePinsCommand(), newPreloadCopyCommand(),
+		newStatusCommand(), newReleaseCommand())
 	return agent
 }
 
 // partitionArg takes the one PARTITION argument (a mounted image partition).
 func partitionArg(cmd *cobra.Command, args []string) error {
 	if len(args) != 1 {
-		return usageError{fmt.Errorf("%s: want one argument, the mounted image partition (e.g. %s), got %d", cmd.CommandPath(), units.MountPoint, len(args))}
+		return usageError{fmt.Errorf("%s: want one argument, the mounted image partition (e.g. %s), got %d", cmd.CommandPath(), contract.MountPoint, len(args))}
 	}
 	return nil
 }
@@ -70,7 +70,7 @@ func newMirrorGateCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "how long to wait for the registry")
-	cmd.Flags().StringVar(&dropIn, "drop-in", gate.DefaultDropIn, "registries.conf drop-in to write")
+	cmd.Flags().StringVar(&dropIn, "drop-in", contract.MirrorDropIn, "registries.conf drop-in to write")
 	cmd.Flags().BoolVar(&remove, "remove", false, "remove the drop-in and exit")
 	return cmd
 }
@@ -94,27 +94,24 @@ func newWaitImagesCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			opts, err := stypes.DefaultStoreOptions()
+			store, err := openNodeStore(func(opts *stypes.StoreOptions) {
+				if root != "" {
+					opts.GraphRoot = root
+				}
+				if runRoot != "" {
+					opts.RunRoot = runRoot
+				}
+				if driver != "" {
+					opts.GraphDriverName = driver
+				}
+				opts.GraphDriverOptions = append(opts.GraphDriverOptions, storageOpts...)
+			})
 			if err != nil {
-				return fmt.Errorf("read containers/storage configuration: %w", err)
-			}
-			if root != "" {
-				opts.GraphRoot = root
-			}
-			if runRoot != "" {
-				opts.RunRoot = runRoot
-			}
-			if driver != "" {
-				opts.GraphDriverName = driver
-			}
-			opts.GraphDriverOptions = append(opts.GraphDriverOptions, storageOpts...)
-			store, err := storage.GetStore(opts)
-			if err != nil {
-				return fmt.Errorf("open containers/storage at %s: %w", opts.GraphRoot, err)
+				return err
 			}
 			defer store.Shutdown(false)
 
-			images := firstboot.ImagesFrom(c)
+			images := c.Images
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
 			if err := firstboot.Wait(ctx, store, images, interval, cmd.OutOrStdout()); err != nil {
@@ -132,7 +129,7 @@ func newWaitImagesCommand() *cobra.Command {
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Hour, "how long to wait")
 	cmd.Flags().DurationVar(&interval, "interval", 5*time.Second, "how often to look")
-	cmd.Flags().StringVar(&marker, "marker", "", "file to write once every image is present (e.g. "+units.Marker+")")
+	cmd.Flags().StringVar(&marker, "marker", "", "file to write once every image is present (e.g. "+contract.FirstBootMarker+")")
 	cmd.Flags().StringVar(&root, "root", "", "containers/storage graph root (default: from storage.conf)")
 	cmd.Flags().StringVar(&runRoot, "runroot", "", "containers/storage run root (default: from storage.conf)")
 	cmd.Flags().StringVar(&driver, "storage-driver", "", "containers/storage driver (default: from storage.conf)")
@@ -153,18 +150,14 @@ func newWritePinsCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var images []pins.Image
-			for _, im := range c.Images {
-				images = append(images, pins.Image{Name: im.Name, Digest: im.Digest})
-			}
-			if err := pins.Write(path, images); err != nil {
+			if err := pins.Write(path, c.Images); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "pinned %d image(s) in %s\n", len(images), path)
+			fmt.Fprintf(cmd.OutOrStdout(), "pinned %d image(s) in %s\n", len(c.Images), path)
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&path, "path", pins.DefaultPath, "CRI-O drop-in to write")
+	cmd.Flags().StringVar(&path, "path", contract.PinsDropIn, "CRI-O drop-in to write")
 	return cmd
 }
 
@@ -180,7 +173,22 @@ func newPreloadCopyCommand() *cobra.Command {
 			return preloadcopy.CopyToMainStore(cmd.Context(), from, to, preloadcopy.WithLog(cmd.OutOrStdout()))
 		},
 	}
-	cmd.Flags().StringVar(&from, "from", preloadcopy.StorePath, "the preloaded store")
+	cmd.Flags().StringVar(&from, "from", contract.StorePath, "the preloaded store")
 	cmd.Flags().StringVar(&to, "to", preloadcopy.DefaultGraphRoot, "the node's main store")
 	return cmd
+}
+
+// openNodeStore opens the node's containers/storage as storage.conf
+// configures it (the store CRI-O and podman use), adjusted by adjust.
+func openNodeStore(adjust func(*stypes.StoreOptions)) (storage.Store, error) {
+	opts, err := stypes.DefaultStoreOptions()
+	if err != nil {
+		return nil, fmt.Errorf("read containers/storage configuration: %w", err)
+	}
+	adjust(&opts)
+	store, err := storage.GetStore(opts)
+	if err != nil {
+		return nil, fmt.Errorf("open containers/storage at %s: %w", opts.GraphRoot, err)
+	}
+	return store, nil
 }

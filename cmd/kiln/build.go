@@ -1,3 +1,5 @@
+//go:build !nodeonly
+
 package main
 
 import (
@@ -60,7 +62,7 @@ and left untouched by a failed or interrupted build.`,
 	cmd.Flags().StringVarP(&o.Output, "output", "o", "", "disk image to write (required)")
 	cmd.Flags().StringVar(&o.CacheDir, "cache", "", "blob cache directory (default $XDG_CACHE_HOME/kiln)")
 	cmd.Flags().BoolVar(&o.RefreshLock, "refresh-lock", false, "re-resolve the recipe's tags and rewrite its lock file")
-	cmd.Flags().StringVar(&o.Agent, "agent", "", "kiln binary for the node's arch (default: this binary, when the arches match)")
+	cmd.Flags().StringVar(&o.Agent, "agent", "", "the node's kiln binary (kiln-agent, built with -tags nodeonly) for the recipe's arch (default: kiln-agent beside this binary, else this binary, when the arches match)")
 	cmd.MarkFlagRequired("output")
 	fetch.register(cmd)
 	return cmd
@@ -96,14 +98,4 @@ func newLockCommand() *cobra.Command {
 // newProgress shows a live bar on a terminal and plain lines otherwise.
 func newProgress() progress.Reporter {
 	return progress.New(os.Stderr, term.IsTerminal(int(os.Stderr.Fd())))
-}
-
-// exactArgs is cobra.ExactArgs with kiln's usage exit code.
-func exactArgs(n int) cobra.PositionalArgs {
-	return func(cmd *cobra.Command, args []string) error {
-		if err := cobra.ExactArgs(n)(cmd, args); err != nil {
-			return usageError{fmt.Errorf("%w (usage: kiln %s)", err, cmd.Use)}
-		}
-		return nil
-	}
 }

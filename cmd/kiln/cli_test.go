@@ -6,6 +6,7 @@ package main
 // ignition-validate).
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
@@ -18,7 +19,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/partitions"
@@ -39,6 +39,13 @@ func TestMain(m *testing.M) {
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build kiln: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	// The node's edition, beside kiln, as `make build` leaves it: builds use it.
+	build = exec.Command("go", "build", "-tags", "containers_image_openpgp,exclude_graphdriver_btrfs,nodeonly", "-o", filepath.Join(dir, "kiln-agent"), ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build kiln-agent: %v\n%s", err, out)
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -243,6 +250,12 @@ func TestBuildDiskIsRealAndReadable(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(mnt, contract.AgentBinary)); err != nil || fi.Mode().Perm() != 0o755 {
 		t.Errorf("agent binary: %v, %v; want mode 0755", fi, err)
 	}
+	// The node gets the node's edition from beside kiln, not kiln itself.
+	onDisk, _ := os.ReadFile(filepath.Join(mnt, contract.AgentBinary))
+	nodeEdition, _ := os.ReadFile(filepath.Join(filepath.Dir(kilnBin), "kiln-agent"))
+	if len(onDisk) == 0 || !bytes.Equal(onDisk, nodeEdition) {
+		t.Errorf("%s on the partition (%d bytes) is not kiln-agent (%d bytes)", contract.AgentBinary, len(onDisk), len(nodeEdition))
+	}
 	// The node's registry runs as an unprivileged dynamic user: everything
 	// it serves must be world-readable.
 	for _, dir := range []string{contract.OCIDir, contract.ContentsFile} {
@@ -403,7 +416,9 @@ func TestBadInput(t *testing.T) {
 				tt.edit(t, f)
 			}
 			out := filepath.Join(f.dir, "out.raw")
-			os.WriteFile(out, []byte("previous disk"), 0o644)
+			if err := os.WriteFile(out, []byte("previous disk"), 0o644); err != nil {
+				t.Fatal(err)
+			}
 			args := []string{"build", f.recipe, "-o", out}
 			if tt.args != nil {
 				args = tt.args(f)
@@ -442,6 +457,9 @@ func TestCorruptBlobIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(f.dir, "out.raw")
+	if err := os.WriteFile(out, []byte("previous disk"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	msg, code := kiln(t, f, "build", f.recipe, "-o", out)
 	if code == 0 || !strings.Contains(msg, layers[0]) {
 		t.Fatalf("build with a corrupt blob: exit %d, want an error naming %s:\n%s", code, layers[0], msg)
@@ -464,36 +482,58 @@ func TestStaleLockIsRefused(t *testing.T) {
 func TestInterruptLeavesNothing(t *testing.T) {
 	f := newFixture(t, "base.raw", "fit", "true")
 	out := filepath.Join(f.dir, "out.raw")
-	os.WriteFile(out, []byte("previous disk"), 0o644)
-	for _, delay := range []time.Duration{300 * time.Millisecond, time.Second, 2500 * time.Millisecond} {
-		cmd := exec.Command(kilnBin, "build", f.recipe, "-o", out)
-		cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+f.cache)
-		var buf bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &buf, &buf
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(delay)
-		cmd.Process.Signal(syscall.SIGINT)
-		err := cmd.Wait()
-		if err == nil {
-			continue // finished before the signal: nothing to check at this delay
-		}
-		if code := cmd.ProcessState.ExitCode(); code != 130 {
-			t.Errorf("after SIGINT at %v: exit %d, want 130\n%s", delay, code, buf.String())
+	if err := os.WriteFile(out, []byte("previous disk"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Interrupt as each long step starts (its progress line), so every run
+	// is cut short at a known place; a build that finishes anyway fails.
+	for _, step := range []string{"stage image partition", "write image filesystem", "copy base partitions"} {
+		if code, log := interruptAt(t, f.cache, step, "build", f.recipe, "-o", out); code != 130 {
+			t.Errorf("SIGINT when %q started: exit %d, want 130\n%s", step, code, log)
 		}
 		assertUntouched(t, f.dir, out)
 		leftovers, _ := filepath.Glob(filepath.Join(f.cache, "kiln", "build-*"))
 		if len(leftovers) > 0 {
-			t.Errorf("after SIGINT at %v: staging left behind: %v", delay, leftovers)
+			t.Errorf("SIGINT when %q started: staging left behind: %v", step, leftovers)
 		}
 	}
+}
+
+// interruptAt runs kiln with args and sends it SIGINT as step starts (its
+// progress line); it returns the exit code (a run that finishes anyway
+// returns 0) and what kiln printed.
+func interruptAt(t *testing.T, cache, step string, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(kilnBin, args...)
+	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+cache)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() {
+		log.WriteString(sc.Text() + "\n")
+		if strings.HasPrefix(sc.Text(), step+": started") {
+			cmd.Process.Signal(syscall.SIGINT)
+			break
+		}
+	}
+	io.Copy(&log, stderr)
+	cmd.Wait()
+	return cmd.ProcessState.ExitCode(), log.String()
 }
 
 // assertUntouched checks the previous output is as it was and no temp file is left.
 func assertUntouched(t *testing.T, dir, out string) {
 	t.Helper()
-	if b, err := os.ReadFile(out); err == nil && string(b) != "previous disk" {
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Errorf("failed build removed or hid the previous %s: %v", out, err)
+	} else if string(b) != "previous disk" {
 		t.Errorf("failed build replaced %s", out)
 	}
 	tmps, _ := filepath.Glob(filepath.Join(dir, ".*kiln-tmp-*"))

@@ -1,3 +1,5 @@
+//go:build !nodeonly
+
 package main
 
 import (
@@ -11,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-appliance/kiln/builder"
+	"github.com/kiln-appliance/kiln/builder/bundle"
 	"github.com/kiln-appliance/kiln/builder/progress"
 )
 
@@ -19,12 +22,19 @@ func init() { subcommands = append(subcommands, newInspectCommand, newVerifyComm
 func newInspectCommand() *cobra.Command {
 	var format string
 	cmd := &cobra.Command{
-		Use:   "inspect DISK",
-		Short: "Show a disk image's partitions and the images on its image partition",
+		Use:   "inspect DISK|BUNDLE",
+		Short: "Show a disk image's partitions and images, or what an upgrade bundle holds and whom it is for",
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if format != "text" && format != "json" {
 				return usageError{fmt.Errorf("--output %q: want text or json", format)}
+			}
+			if bundle.IsBundle(args[0]) {
+				rep, err := bundle.Inspect(args[0])
+				if err != nil {
+					return err
+				}
+				return printBundle(cmd.OutOrStdout(), rep, format)
 			}
 			rep, err := builder.Inspect(args[0])
 			if err != nil {
@@ -44,11 +54,28 @@ func newInspectCommand() *cobra.Command {
 }
 
 func newVerifyCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "verify DISK",
-		Short: "Check a disk image: GPT, and every file of the image partition re-hashed against kiln.json",
+	var keys []string
+	cmd := &cobra.Command{
+		Use:   "verify DISK | verify BUNDLE --key NAME.pub",
+		Short: "Check a disk image (GPT, every file re-hashed) or a bundle (signature, every blob re-hashed, every byte)",
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if bundle.IsBundle(args[0]) {
+				if len(keys) == 0 {
+					return usageError{fmt.Errorf("%s is an upgrade bundle: give the public key(s) to check its signature with --key NAME.pub", args[0])}
+				}
+				pubs, err := readKeys(keys)
+				if err != nil {
+					return err
+				}
+				rep, err := bundle.Verify(cmd.Context(), args[0], pubs, newProgress())
+				if err != nil {
+					return err
+				}
+				m := rep.Manifest
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: OK (%s %s %s bundle signed by %s, %d files, %d images verified)\n", args[0], m.Recipe, m.Version, m.Kind, rep.Verified, len(m.Files), len(m.Images))
+				return nil
+			}
 			rep, err := builder.Verify(cmd.Context(), args[0], newProgress())
 			if err != nil {
 				return err
@@ -57,6 +84,8 @@ func newVerifyCommand() *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().StringArrayVar(&keys, "key", nil, "public key a bundle must be signed with (NAME.pub; repeatable)")
+	return cmd
 }
 
 func printReport(w io.Writer, rep *builder.Report) {

@@ -67,3 +67,13 @@ func newRootCommand() *cobra.Command {
 // subcommands is filled by the init functions of this package's other files,
 // one file per command, so each command stays in one place.
 var subcommands []func() *cobra.Command
+
+// exactArgs is cobra.ExactArgs with kiln's usage exit code.
+func exactArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := cobra.ExactArgs(n)(cmd, args); err != nil {
+			return usageError{fmt.Errorf("%w (usage: kiln %s)", err, cmd.Use)}
+		}
+		return nil
+	}
+}

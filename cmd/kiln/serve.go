@@ -8,12 +8,16 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/registry"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 func init() { subcommands = append(subcommands, newServeCommand) }
 
 func newServeCommand() *cobra.Command {
-	var listen string
+	var (
+		listen       string
+		anyInterface bool
+	)
 	cmd := &cobra.Command{
 		Use:   "serve [--listen ADDR] DIR...",
 		Short: "Serve OCI layouts (or mounted image partitions) as a read-only local registry",
@@ -28,6 +32,12 @@ Tells systemd READY=1 once the index is loaded and the listener accepts; stops o
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, dirs []string) error {
+			// The same rule as the units: a registry the node's units would
+			// refuse is not started by hand either, unless asked for.
+			if err := contract.CheckListen(listen); err != nil && !anyInterface {
+				return usageError{fmt.Errorf("serve: --listen %v. The registry has no authentication: whoever reaches "+
+					"the address can pull every image. To serve beyond this host on purpose, add --allow-non-loopback", err)}
+			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 			if err := registry.Run(cmd.Context(), listen, dirs, registry.WithLogger(log)); err != nil {
 				return fmt.Errorf("serve: %w", err)
@@ -35,6 +45,7 @@ Tells systemd READY=1 once the index is loaded and the listener accepts; stops o
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:5050", "address to listen on (host:port)")
+	cmd.Flags().StringVar(&listen, "listen", contract.DefaultListen, "address to listen on: a loopback IP and a port from 1024 (host:port)")
+	cmd.Flags().BoolVar(&anyInterface, "allow-non-loopback", false, "accept any --listen address (a non-loopback IP, a port below 1024): the registry has no authentication")
 	return cmd
 }

@@ -32,6 +32,17 @@ const PartitionName = "kiln-images"
 // (Random, generated once for kiln; not registered anywhere.)
 const PartitionType = "8B9E5D1C-6A3F-4C27-9B1E-2F6D0A4C7E51"
 
+// Placements of the image partition on the disk (the recipe's
+// imagePartition.placement): what the disk looks like to the node.
+const (
+	PlaceAuto       = "auto"        // before-root when the base's last partition is root, else end
+	PlaceBeforeRoot = "before-root" // root moves after the image partition, so it can still grow
+	PlaceEnd        = "end"         // after the base's last partition
+)
+
+// Placements lists them in the order the docs give them.
+var Placements = []string{PlaceAuto, PlaceBeforeRoot, PlaceEnd}
+
 // ContentsVersion is the schema version of kiln.json.
 const ContentsVersion = 1
 

@@ -7,28 +7,21 @@ import (
 	"testing"
 
 	"github.com/kiln-appliance/kiln/ignition"
-	"github.com/kiln-appliance/kiln/systemd/agent/pins"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/units"
 )
 
-// What Render returns goes through the ignition package unchanged (the types
-// convert) and the result passes the real ignition-validate.
+// What Render returns goes through the ignition package and the result
+// passes the real ignition-validate.
 func TestRenderedConfigValidates(t *testing.T) {
 	units, files, err := units.Render(units.Params{
 		PartitionGUID: "0F3C1A2B-1111-4222-8333-444455556666",
-		Images:        []pins.Image{{Name: "quay.io/acme/app:1.2", Digest: "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}},
+		Images:        []contract.Image{{Name: "quay.io/acme/app:1.2", Digest: "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var cfg ignition.Config
-	for _, u := range units {
-		cfg.Units = append(cfg.Units, ignition.Unit(u))
-	}
-	for _, f := range files {
-		cfg.Files = append(cfg.Files, ignition.File(f))
-	}
-	out, err := ignition.Render(cfg)
+	out, err := ignition.Render(ignition.Config{Units: units, Files: files})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,16 +1,16 @@
-// Package units renders the on-node side of kiln: the systemd units that
-// mount the image partition, serve it as a local registry, gate the runtime's
-// mirror entry on that registry serving this content, and stop it all once
-// first boot is done; plus the files that go with them (CRI-O pins, a
-// tmpfiles.d cleanup). The programs those units run live in sub-packages
-// (registry, gate, pins, firstboot) and behind `kiln agent`.
+// Package units renders, at build time, the node's side of kiln: the systemd
+// units that mount the image partition, serve it as a local registry, gate
+// the runtime's mirror entry on that registry serving this content, and stop
+// it all once first boot is done; plus the files that go with them (CRI-O
+// pins, a tmpfiles.d cleanup, storage.conf). Every path and name they share
+// with the node comes from systemd/contract; the programs the units run live
+// in systemd/agent and behind `kiln agent`.
 package units
 
 import (
 	"bytes"
 	"embed"
 	"fmt"
-	"net"
 	"regexp"
 	"sort"
 	"strconv"
@@ -18,61 +18,31 @@ import (
 	"text/template"
 	"time"
 
-	"github.com/kiln-appliance/kiln/systemd/agent/gate"
+	"github.com/kiln-appliance/kiln/ignition"
 	"github.com/kiln-appliance/kiln/systemd/agent/pins"
 	"github.com/kiln-appliance/kiln/systemd/agent/preloadcopy"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
-// Where things live on the node.
+// Defaults for Params' timeouts.
 const (
-	MountPoint = "/var/lib/kiln/images"
-	MountUnit  = "var-lib-kiln-images.mount" // must match MountPoint (systemd-escape --path)
-	Agent      = MountPoint + "/" + contract.AgentBinary
-	Marker     = "/var/lib/kiln/firstboot.done"
-	// Target is what to start to get the registry and its mirror entry,
-	// e.g. during an upgrade reboot: systemctl start kiln-registry.target.
-	Target = "kiln-registry.target"
-
-	TmpfilesPath = "/etc/tmpfiles.d/kiln-mirror.conf"
-	CrioDropIn   = "/etc/systemd/system/crio.service.d/10-kiln-images.conf"
-
-	// Preload modes (as in the recipe).
-	PreloadStore   = "store"
-	PreloadCopy    = "copy"
-	DefaultListen  = "127.0.0.1:5050"
 	defaultDevWait = 90 * time.Second
 	defaultGate    = 2 * time.Minute
 	defaultWait    = time.Hour
 )
-
-// Unit is a systemd unit to install; Enabled units are enabled by Ignition.
-// Same fields as ignition.Unit, so ignition.Unit(u) converts it.
-type Unit struct {
-	Name     string
-	Contents string
-	Enabled  bool
-}
-
-// File is a file to write on the node. Same fields as ignition.File.
-type File struct {
-	Path     string
-	Mode     int
-	Contents []byte
-}
 
 // Params is what the units depend on. Build it with ParamsFrom.
 type Params struct {
 	// PartitionGUID is the image partition's unique partition GUID (not its
 	// type GUID): the mount names the device by it.
 	PartitionGUID string
-	// Listen is the registry's loopback address; DefaultListen when empty.
+	// Listen is the registry's loopback address; contract.DefaultListen when empty.
 	Listen string
 	// AlwaysOn keeps the registry and mirror running on every boot instead
 	// of stopping them once first boot has every image in local storage.
 	AlwaysOn bool
 	// Images are pinned for CRI-O (by digest and by name).
-	Images []pins.Image
+	Images []contract.Image
 	// PreloadMode is how the preloaded store reaches the runtime: "store"
 	// (an additional image store, read-only from the partition), "copy"
 	// (copied into the main store at boot), or "" (nothing preloaded).
@@ -88,9 +58,7 @@ type Params struct {
 // partition's unique GUID.
 func ParamsFrom(c *contract.Contents, partitionGUID string) Params {
 	p := Params{PartitionGUID: partitionGUID, Listen: c.Registry.Listen, AlwaysOn: c.Registry.AlwaysOn, PreloadMode: c.Registry.PreloadMode}
-	for _, im := range c.Images {
-		p.Images = append(p.Images, pins.Image{Name: im.Name, Digest: im.Digest})
-	}
+	p.Images = c.Images
 	return p
 }
 
@@ -100,59 +68,59 @@ var unitFS embed.FS
 var guidRE = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
 
 // Render returns kiln's units and files for the node, sorted by name/path.
-func Render(p Params) ([]Unit, []File, error) {
+func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 	v, err := p.values()
 	if err != nil {
 		return nil, nil, err
 	}
-	names := []string{MountUnit, "kiln-images-failed.service", "kiln-registry.service",
-		"kiln-mirror.service", Target}
-	enabled := map[string]bool{MountUnit: true, Target: p.AlwaysOn, "kiln-firstboot.service": true}
+	names := []string{contract.MountUnit, "kiln-images-failed.service", "kiln-registry.service",
+		"kiln-mirror.service", contract.RegistryTarget}
+	enabled := map[string]bool{contract.MountUnit: true, contract.RegistryTarget: p.AlwaysOn, "kiln-firstboot.service": true}
 	if !p.AlwaysOn {
 		names = append(names, "kiln-firstboot.service")
 	}
-	if p.PreloadMode == PreloadCopy {
+	if p.PreloadMode == contract.PreloadCopy {
 		names = append(names, "kiln-preload-copy.service")
 		enabled["kiln-preload-copy.service"] = true
 	}
 	sort.Strings(names)
-	var units []Unit
+	var units []ignition.Unit
 	for _, name := range names {
 		text, err := renderUnit(name, v)
 		if err != nil {
 			return nil, nil, err
 		}
-		units = append(units, Unit{Name: name, Contents: text, Enabled: enabled[name]})
+		units = append(units, ignition.Unit{Name: name, Contents: text, Enabled: enabled[name]})
 	}
 
 	pinConf, err := pins.Render(p.Images)
 	if err != nil {
 		return nil, nil, err
 	}
-	files := []File{
-		{Path: pins.DefaultPath, Mode: 0o644, Contents: pinConf},
+	files := []ignition.File{
+		{Path: contract.PinsDropIn, Mode: 0o644, Contents: pinConf},
 		// A drop-in left behind by a crash would point the runtime at a
 		// registry that is not running: remove it at every boot, before
 		// anything pulls; the gate writes it again once the registry serves.
-		{Path: TmpfilesPath, Mode: 0o644, Contents: []byte(
+		{Path: contract.MirrorTmpfiles, Mode: 0o644, Contents: []byte(
 			"# Rendered by kiln: the mirror drop-in only exists while kiln-mirror.service runs.\n" +
-				"r " + gate.DefaultDropIn + "\n")},
+				"r " + contract.MirrorDropIn + "\n")},
 	}
 	switch p.PreloadMode {
-	case "", PreloadCopy:
-	case PreloadStore:
+	case "", contract.PreloadCopy:
+	case contract.PreloadStore:
 		files = append(files,
 			// The preloaded store, read-only on the image partition, is an
 			// additional image store of the node's main store.
-			File{Path: preloadcopy.StorageConfPath, Mode: 0o644, Contents: preloadcopy.StorageConf(preloadcopy.Conf{
-				AdditionalImageStores: []string{preloadcopy.StorePath}})},
+			ignition.File{Path: contract.StorageConf, Mode: 0o644, Contents: preloadcopy.StorageConf(preloadcopy.Conf{
+				AdditionalImageStores: []string{contract.StorePath}})},
 			// With the store path absent, podman and CRI-O refuse to start:
 			// CRI-O waits for the partition's mount.
-			File{Path: CrioDropIn, Mode: 0o644, Contents: []byte(
+			ignition.File{Path: contract.CrioDropIn, Mode: 0o644, Contents: []byte(
 				"# Rendered by kiln: CRI-O reads the preloaded store on the image partition.\n" +
-					"[Unit]\nRequiresMountsFor=" + preloadcopy.StorePath + "\n")})
+					"[Unit]\nRequiresMountsFor=" + contract.StorePath + "\n")})
 	default:
-		return nil, nil, fmt.Errorf("render units: preload mode %q: want %q or %q", p.PreloadMode, PreloadStore, PreloadCopy)
+		return nil, nil, fmt.Errorf("render units: preload mode %q: want %q or %q", p.PreloadMode, contract.PreloadStore, contract.PreloadCopy)
 	}
 	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
 	return units, files, nil
@@ -172,10 +140,10 @@ func (p Params) values() (values, error) {
 	}
 	listen := p.Listen
 	if listen == "" {
-		listen = DefaultListen
+		listen = contract.DefaultListen
 	}
-	if err := checkListen(listen); err != nil {
-		return values{}, err
+	if err := contract.CheckListen(listen); err != nil {
+		return values{}, fmt.Errorf("render units: registry listen address %w", err)
 	}
 	guid := strings.ToLower(p.PartitionGUID) // udev's by-partuuid names are lower case
 	dev := orDefault(p.DeviceTimeout, defaultDevWait)
@@ -184,11 +152,11 @@ func (p Params) values() (values, error) {
 	v := values{
 		PartitionGUID:   guid,
 		Device:          "/dev/disk/by-partuuid/" + guid,
-		MountPoint:      MountPoint,
-		MountUnit:       MountUnit,
-		Agent:           Agent,
-		Marker:          Marker,
-		DropIn:          gate.DefaultDropIn,
+		MountPoint:      contract.MountPoint,
+		MountUnit:       contract.MountUnit,
+		Agent:           contract.AgentPath,
+		Marker:          contract.FirstBootMarker,
+		DropIn:          contract.MirrorDropIn,
 		Listen:          listen,
 		AlwaysOn:        p.AlwaysOn,
 		DeviceTimeout:   seconds(dev),
@@ -203,26 +171,8 @@ func (p Params) values() (values, error) {
 		"The appliance's container images are on it, so they cannot be served. "+
 		"Check that this is the disk the appliance was built for (a replaced disk must be reflashed with the kiln recovery image). "+
 		"ls -l /dev/disk/by-partuuid lists the partitions present, journalctl -b -u %s shows why the mount failed.",
-		guid, MountPoint, v.DeviceTimeout, MountUnit)
+		guid, contract.MountPoint, v.DeviceTimeout, contract.MountUnit)
 	return v, nil
-}
-
-// checkListen insists on a loopback IP and an unprivileged port: the unit
-// allows only localhost traffic and gives the registry no capabilities.
-func checkListen(listen string) error {
-	host, port, err := net.SplitHostPort(listen)
-	if err != nil {
-		return fmt.Errorf("registry listen address %q: %v (want IP:PORT, e.g. %s)", listen, err, DefaultListen)
-	}
-	ip := net.ParseIP(host)
-	if ip == nil || !ip.IsLoopback() {
-		return fmt.Errorf("registry listen address %q: must be a loopback IP such as 127.0.0.1 (the local registry is never exposed to the network)", listen)
-	}
-	n, err := strconv.Atoi(port)
-	if err != nil || n < 1024 || n > 65535 {
-		return fmt.Errorf("registry listen address %q: port must be 1024-65535 (the registry runs without privileges)", listen)
-	}
-	return nil
 }
 
 func renderUnit(name string, v values) (string, error) {

@@ -2,7 +2,6 @@ package units
 
 import (
 	"bytes"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,15 +10,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kiln-appliance/kiln/systemd/agent/pins"
+	"github.com/kiln-appliance/kiln/ignition"
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/test/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite testdata/*.golden")
 
 const testGUID = "0F3C1A2B-1111-4222-8333-444455556666"
 
-var testImages = []pins.Image{
+var testImages = []contract.Image{
 	{Name: "quay.io/acme/app:1.2", Digest: "sha256:" + strings.Repeat("a", 64)},
 	{Name: "nginx", Digest: "sha256:" + strings.Repeat("b", 64)},
 }
@@ -33,8 +31,8 @@ func TestRenderGolden(t *testing.T) {
 		{"alwayson", Params{PartitionGUID: testGUID, AlwaysOn: true, Images: testImages}},
 		{"custom", Params{PartitionGUID: testGUID, Listen: "127.0.0.1:6000", Images: testImages,
 			DeviceTimeout: 30 * time.Second, GateTimeout: 45 * time.Second, WaitTimeout: 10 * time.Minute}},
-		{"preload-store", Params{PartitionGUID: testGUID, Images: testImages, PreloadMode: PreloadStore}},
-		{"preload-copy", Params{PartitionGUID: testGUID, Images: testImages, PreloadMode: PreloadCopy}},
+		{"preload-store", Params{PartitionGUID: testGUID, Images: testImages, PreloadMode: contract.PreloadStore}},
+		{"preload-copy", Params{PartitionGUID: testGUID, Images: testImages, PreloadMode: contract.PreloadCopy}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -50,7 +48,7 @@ func TestRenderGolden(t *testing.T) {
 			for _, f := range files {
 				fmt.Fprintf(&b, "### file %s mode=%#o\n%s\n", f.Path, f.Mode, f.Contents)
 			}
-			golden(t, filepath.Join("testdata", tt.name+".golden"), b.Bytes())
+			golden.Check(t, filepath.Join("testdata", tt.name+".golden"), b.Bytes())
 		})
 	}
 }
@@ -69,9 +67,9 @@ func TestRenderAlwaysOn(t *testing.T) {
 				enabled[u.Name] = true
 			}
 		}
-		want := map[string]bool{MountUnit: true, "kiln-firstboot.service": true}
+		want := map[string]bool{contract.MountUnit: true, "kiln-firstboot.service": true}
 		if alwaysOn {
-			want = map[string]bool{MountUnit: true, Target: true}
+			want = map[string]bool{contract.MountUnit: true, contract.RegistryTarget: true}
 		}
 		if fmt.Sprint(enabled) != fmt.Sprint(want) {
 			t.Errorf("alwaysOn=%v: enabled units %v, want %v", alwaysOn, enabled, want)
@@ -102,8 +100,8 @@ func TestRenderErrors(t *testing.T) {
 		{"hostname listen", Params{PartitionGUID: testGUID, Listen: "localhost:5050"}, "loopback"},
 		{"privileged port", Params{PartitionGUID: testGUID, Listen: "127.0.0.1:443"}, "1024-65535"},
 		{"no port", Params{PartitionGUID: testGUID, Listen: "127.0.0.1"}, "IP:PORT"},
-		{"bad image", Params{PartitionGUID: testGUID, Images: []pins.Image{{Name: "Quay.io/UPPER:x", Digest: testImages[0].Digest}}}, "not a valid image reference"},
-		{"bad digest", Params{PartitionGUID: testGUID, Images: []pins.Image{{Name: "quay.io/a:1", Digest: "sha256:123"}}}, "digest"},
+		{"bad image", Params{PartitionGUID: testGUID, Images: []contract.Image{{Name: "Quay.io/UPPER:x", Digest: testImages[0].Digest}}}, "not a valid image reference"},
+		{"bad digest", Params{PartitionGUID: testGUID, Images: []contract.Image{{Name: "quay.io/a:1", Digest: "sha256:123"}}}, "digest"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -119,17 +117,17 @@ func TestRenderErrors(t *testing.T) {
 // that holds the host's system units, the commands the units run, and a
 // stand-in for the agent binary at its path on the image partition. Any
 // output is a failure: systemd-analyze exits 0 on unknown keys and bad values.
-func verify(t *testing.T, units []Unit) {
+func verify(t *testing.T, units []ignition.Unit) {
 	t.Helper()
 	root := t.TempDir()
 	unitDir := filepath.Join(root, "etc/systemd/system")
 	mustRun(t, "mkdir", "-p", unitDir, filepath.Join(root, "usr/lib/systemd"), filepath.Join(root, "usr/bin"),
-		filepath.Dir(filepath.Join(root, Agent)))
+		filepath.Dir(filepath.Join(root, contract.AgentPath)))
 	mustRun(t, "cp", "-r", "/usr/lib/systemd/system", filepath.Join(root, "usr/lib/systemd/"))
 	for _, bin := range []string{"/usr/bin/echo", "/usr/bin/rm", "/usr/bin/systemctl"} {
 		mustRun(t, "cp", bin, filepath.Join(root, bin))
 	}
-	mustRun(t, "cp", "/usr/bin/true", filepath.Join(root, Agent))
+	mustRun(t, "cp", "/usr/bin/true", filepath.Join(root, contract.AgentPath))
 	var paths []string
 	for _, u := range units {
 		p := filepath.Join(unitDir, u.Name)
@@ -152,23 +150,6 @@ func mustRun(t *testing.T, name string, args ...string) {
 	}
 }
 
-func golden(t *testing.T, path string, got []byte) {
-	t.Helper()
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to create it)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from the rendered output (run go test -update if the change is intended):\n%s", path, got)
-	}
-}
-
 // The tmpfiles.d line really removes a stale mirror drop-in, as
 // systemd-tmpfiles-setup.service does at boot (--remove --boot).
 func TestTmpfilesRemovesStaleDropIn(t *testing.T) {
@@ -179,7 +160,7 @@ func TestTmpfilesRemovesStaleDropIn(t *testing.T) {
 	root := t.TempDir()
 	var conf string
 	for _, f := range files {
-		if f.Path == TmpfilesPath {
+		if f.Path == contract.MirrorTmpfiles {
 			conf = filepath.Join(root, "kiln-mirror.conf")
 			if err := os.WriteFile(conf, f.Contents, 0o644); err != nil {
 				t.Fatal(err)
@@ -187,7 +168,7 @@ func TestTmpfilesRemovesStaleDropIn(t *testing.T) {
 		}
 	}
 	if conf == "" {
-		t.Fatalf("no %s rendered", TmpfilesPath)
+		t.Fatalf("no %s rendered", contract.MirrorTmpfiles)
 	}
 	stale := filepath.Join(root, "etc/containers/registries.conf.d/50-kiln-mirror.conf")
 	keep := filepath.Join(root, "etc/containers/registries.conf.d/10-admin.conf")
@@ -211,11 +192,11 @@ func TestTmpfilesRemovesStaleDropIn(t *testing.T) {
 
 // The mount unit's name is what systemd derives from its path.
 func TestMountUnitName(t *testing.T) {
-	out, err := exec.Command("systemd-escape", "--path", "--suffix=mount", MountPoint).Output()
+	out, err := exec.Command("systemd-escape", "--path", "--suffix=mount", contract.MountPoint).Output()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.TrimSpace(string(out)); got != MountUnit {
-		t.Fatalf("systemd-escape says %s, MountUnit is %s", got, MountUnit)
+	if got := strings.TrimSpace(string(out)); got != contract.MountUnit {
+		t.Fatalf("systemd-escape says %s, contract.MountUnit is %s", got, contract.MountUnit)
 	}
 }

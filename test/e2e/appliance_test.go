@@ -489,8 +489,10 @@ func addOwnLayer(dir, ref, digest string) (string, error) {
 	return d.String(), err
 }
 
-// buildKilnBinary builds the real kiln binary, static, as a release would;
-// $KILN_E2E_KILN names a prebuilt one instead (CI artifacts, bisecting).
+// buildKilnBinary builds the real kiln binary, static, as a release would,
+// with the node's edition (kiln-agent) beside it, which builds then put on
+// the image partition, as `make build` does; $KILN_E2E_KILN names a prebuilt
+// one instead (CI artifacts, bisecting; a kiln-agent beside it is used).
 func buildKilnBinary(t *testing.T, dir string) string {
 	t.Helper()
 	if p := os.Getenv("KILN_E2E_KILN"); p != "" {
@@ -503,6 +505,13 @@ func buildKilnBinary(t *testing.T, dir string) string {
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if msg, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/kiln: %v\n%s", err, msg)
+	}
+	cmd = exec.Command("go", "build", "-tags", "containers_image_openpgp,exclude_graphdriver_btrfs,nodeonly", "-ldflags=-s -w",
+		"-o", filepath.Join(dir, "kiln-agent"), "./cmd/kiln")
+	cmd.Dir = repo.Root()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build -tags nodeonly ./cmd/kiln: %v\n%s", err, msg)
 	}
 	return out
 }

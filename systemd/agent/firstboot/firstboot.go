@@ -9,67 +9,38 @@ package firstboot
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
 	"time"
 
-	"github.com/opencontainers/go-digest"
 	"go.podman.io/storage"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/agent/internal/localimage"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
-
-// Image is one image that must be in local storage.
-type Image struct {
-	Name    string // for messages
-	Digest  string // manifest digest
-	ImageID string // config digest (containers/storage image ID), may be empty
-}
-
-// ImagesFrom lists every image of a partition's kiln.json.
-func ImagesFrom(c *contract.Contents) []Image {
-	var out []Image
-	for _, im := range c.Images {
-		out = append(out, Image{Name: im.Name, Digest: im.Digest, ImageID: strings.TrimPrefix(im.ImageID, "sha256:")})
-	}
-	return out
-}
 
 // Missing returns the images the store (with its additional image stores)
 // does not hold, in input order. An image is present when an image in the
 // store lists its manifest digest, or has its ID.
-func Missing(store storage.Store, images []Image) ([]Image, error) {
-	var missing []Image
+func Missing(store storage.Store, images []contract.Image) ([]contract.Image, error) {
+	var missing []contract.Image
 	for _, im := range images {
-		d, err := digest.Parse(im.Digest)
+		ids, err := localimage.Find(store, im)
 		if err != nil {
-			return nil, fmt.Errorf("image %s: digest %q: %v", im.Name, im.Digest, err)
+			return nil, err
 		}
-		found, err := store.ImagesByDigest(d)
-		if err != nil {
-			return nil, fmt.Errorf("look up %s in containers/storage: %w", im.Name, err)
+		if len(ids) == 0 {
+			missing = append(missing, im)
 		}
-		if len(found) > 0 {
-			continue
-		}
-		if im.ImageID != "" {
-			if _, err := store.Image(im.ImageID); err == nil {
-				continue
-			} else if !errors.Is(err, storage.ErrImageUnknown) {
-				return nil, fmt.Errorf("look up %s in containers/storage: %w", im.Name, err)
-			}
-		}
-		missing = append(missing, im)
 	}
 	return missing, nil
 }
 
 // Wait polls the store until every image is present or ctx ends (bound it
 // with a timeout). Each change in what is missing is logged once.
-func Wait(ctx context.Context, store storage.Store, images []Image, interval time.Duration, log io.Writer) error {
+func Wait(ctx context.Context, store storage.Store, images []contract.Image, interval time.Duration, log io.Writer) error {
 	if log == nil {
 		log = io.Discard
 	}
@@ -104,12 +75,12 @@ func Wait(ctx context.Context, store storage.Store, images []Image, interval tim
 }
 
 // MarkDone atomically writes the marker that keeps first boot from running again.
-func MarkDone(marker string, images []Image) error {
+func MarkDone(marker string, images []contract.Image) error {
 	text := fmt.Sprintf("kiln first boot complete: all %d image(s) in local storage\n", len(images))
 	return atomicfile.WriteFile(marker, []byte(text), 0o644)
 }
 
-func names(images []Image) string {
+func names(images []contract.Image) string {
 	var s []string
 	for _, im := range images {
 		s = append(s, im.Name+"@"+im.Digest)

@@ -7,82 +7,36 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/random"
-	"go.podman.io/image/v5/copy"
-	ocilayout "go.podman.io/image/v5/oci/layout"
-	"go.podman.io/image/v5/signature"
-	istorage "go.podman.io/image/v5/storage"
 	"go.podman.io/storage"
-	stypes "go.podman.io/storage/types"
 
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/test/fixtures/images"
 )
 
-// fixture writes an OCI layout with one random image tagged "app" and
-// returns its directory and the image as kiln.json would list it.
-func fixture(t *testing.T) (string, Image) {
+// fixture writes an OCI layout with one random image and returns its
+// layout reference and the image as kiln.json would list it.
+func fixture(t *testing.T) (string, contract.Image) {
 	t.Helper()
-	dir := t.TempDir()
-	img, err := random.Image(4096, 2)
+	ref, im, err := images.RandomInLayout(t.TempDir(), "quay.io/acme/app:1.2")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := layout.Write(dir, empty.Index)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": "app"})); err != nil {
-		t.Fatal(err)
-	}
-	d, _ := img.Digest()
-	cfg, _ := img.ConfigName()
-	return dir, Image{Name: "quay.io/acme/app:1.2", Digest: d.String(), ImageID: cfg.Hex}
+	return ref, im
 }
 
-// openStore opens a real containers/storage store (vfs driver: no mounts
-// needed; the lookup code is the same for overlay) with optional additional
-// image stores.
 func openStore(t *testing.T, root string, additional ...string) storage.Store {
-	t.Helper()
-	opts := stypes.StoreOptions{
-		GraphRoot:       filepath.Join(root, "graph"),
-		RunRoot:         filepath.Join(root, "run"),
-		GraphDriverName: "vfs",
-	}
-	for _, a := range additional {
-		opts.GraphDriverOptions = append(opts.GraphDriverOptions, "imagestore="+a)
-	}
-	s, err := storage.GetStore(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown(true) })
-	return s
+	return images.TestStore(t, root, additional...)
 }
 
-// copyIn copies the layout's image into the store under name, with c/image,
-// as a pull by CRI-O or podman would.
-func copyIn(t *testing.T, store storage.Store, layoutDir, name string) {
+// copyIn copies the layout's image into the store under name, as a pull
+// by CRI-O or podman would.
+func copyIn(t *testing.T, store storage.Store, ref, name string) {
 	t.Helper()
-	src, err := ocilayout.ParseReference(layoutDir + ":app")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst, err := istorage.Transport.ParseStoreReference(store, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc, err := signature.NewPolicyContext(&signature.Policy{Default: []signature.PolicyRequirement{signature.NewPRInsecureAcceptAnything()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Destroy()
-	if _, err := copy.Image(context.Background(), pc, dst, src, &copy.Options{}); err != nil {
+	if err := images.CopyToStore(context.Background(), store, ref, name); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -94,15 +48,15 @@ func TestPresentInMainStore(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var log bytes.Buffer
-	if err := Wait(ctx, store, []Image{im}, 100*time.Millisecond, &log); err != nil {
+	if err := Wait(ctx, store, []contract.Image{im}, 100*time.Millisecond, &log); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(log.String(), "all 1 image(s) are in local storage") {
 		t.Errorf("log: %s", log.String())
 	}
 	// Found by ID alone too (a manifest rewritten on the way in keeps its config).
-	byID := Image{Name: im.Name, Digest: "sha256:" + strings.Repeat("1", 64), ImageID: im.ImageID}
-	if m, err := Missing(store, []Image{byID}); err != nil || len(m) != 0 {
+	byID := contract.Image{Name: im.Name, Digest: "sha256:" + strings.Repeat("1", 64), ImageID: im.ImageID}
+	if m, err := Missing(store, []contract.Image{byID}); err != nil || len(m) != 0 {
 		t.Errorf("by image ID: missing %v, %v", m, err)
 	}
 }
@@ -122,7 +76,7 @@ func TestPresentInAdditionalStore(t *testing.T) {
 	}
 
 	main := openStore(t, t.TempDir(), onPartition)
-	if m, err := Missing(main, []Image{im}); err != nil || len(m) != 0 {
+	if m, err := Missing(main, []contract.Image{im}); err != nil || len(m) != 0 {
 		t.Fatalf("image in the additional store: missing %v, %v", m, err)
 	}
 }
@@ -133,11 +87,11 @@ func TestAbsentTimesOut(t *testing.T) {
 	copyIn(t, store, dir, im.Name)
 	// Another image under a name that is present must not count: only the
 	// digest (or ID) does.
-	absent := Image{Name: im.Name, Digest: "sha256:" + strings.Repeat("2", 64)}
+	absent := contract.Image{Name: im.Name, Digest: "sha256:" + strings.Repeat("2", 64)}
 	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	err := Wait(ctx, store, []Image{im, absent}, 100*time.Millisecond, nil)
+	err := Wait(ctx, store, []contract.Image{im, absent}, 100*time.Millisecond, nil)
 	if err == nil || !strings.Contains(err.Error(), "1 of 2 image(s) are still not in local storage: quay.io/acme/app:1.2@sha256:2222") {
 		t.Fatalf("Wait error = %v", err)
 	}
@@ -154,8 +108,13 @@ func TestArrivesWhileWaiting(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- Wait(ctx, store, []Image{im}, 100*time.Millisecond, nil) }()
-	time.Sleep(500 * time.Millisecond)
+	log := &lineSignal{seen: make(chan struct{})}
+	go func() { done <- Wait(ctx, store, []contract.Image{im}, 100*time.Millisecond, log) }()
+	select { // Wait has looked, and found the image missing
+	case <-log.seen:
+	case err := <-done:
+		t.Fatalf("Wait returned before the image arrived: %v", err)
+	}
 	select {
 	case err := <-done:
 		t.Fatalf("Wait returned before the image arrived: %v", err)
@@ -167,12 +126,8 @@ func TestArrivesWhileWaiting(t *testing.T) {
 	}
 }
 
-func TestImagesFromAndMarker(t *testing.T) {
-	c := &contract.Contents{Images: []contract.Image{{Name: "a", Digest: "sha256:x", ImageID: "sha256:abc"}}}
-	got := ImagesFrom(c)
-	if len(got) != 1 || got[0].ImageID != "abc" {
-		t.Fatalf("ImagesFrom = %+v", got)
-	}
+func TestMarker(t *testing.T) {
+	got := []contract.Image{{Name: "a", Digest: "sha256:x", ImageID: "sha256:abc"}}
 	marker := filepath.Join(t.TempDir(), "kiln", "firstboot.done")
 	if err := MarkDone(marker, got); err != nil {
 		t.Fatal(err)
@@ -180,4 +135,15 @@ func TestImagesFromAndMarker(t *testing.T) {
 	if _, err := os.Stat(marker); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// lineSignal closes seen at the first write: Wait logs once it has looked.
+type lineSignal struct {
+	once sync.Once
+	seen chan struct{}
+}
+
+func (l *lineSignal) Write(p []byte) (int, error) {
+	l.once.Do(func() { close(l.seen) })
+	return len(p), nil
 }

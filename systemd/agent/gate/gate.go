@@ -10,6 +10,7 @@
 package gate
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -18,29 +19,19 @@ import (
 	"strings"
 	"time"
 
-	"go.podman.io/image/v5/docker/reference"
+	"github.com/BurntSushi/toml"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
-// DefaultDropIn is the registries.conf drop-in kiln owns while the mirror is on.
-const DefaultDropIn = "/etc/containers/registries.conf.d/50-kiln-mirror.conf"
-
-// Image is one manifest the registry must serve before the gate opens.
-type Image struct {
-	Name      string // e.g. quay.io/acme/app:1.2
-	Digest    string // manifest digest, sha256:…
-	MediaType string // manifest media type, for the Accept header
-}
-
 // Gate holds what to wait for and what to write.
 type Gate struct {
-	Listen     string   // registry address, e.g. 127.0.0.1:5050
-	Upstreams  []string // registry hosts to mirror, e.g. quay.io, docker.io
-	MirrorTags bool     // mirror tag pulls too, not only digest pulls
-	Images     []Image  // every manifest that must be served
-	DropIn     string   // DefaultDropIn when empty
+	Listen     string           // registry address, e.g. 127.0.0.1:5050
+	Upstreams  []string         // registry hosts to mirror, e.g. quay.io, docker.io
+	MirrorTags bool             // mirror tag pulls too, not only digest pulls
+	Images     []contract.Image // every manifest that must be served
+	DropIn     string           // contract.MirrorDropIn when empty
 
 	Interval time.Duration // between attempts; 500ms when zero
 	Client   *http.Client  // a short-timeout client when nil
@@ -53,7 +44,12 @@ type Gate struct {
 func New(c *contract.Contents) (*Gate, error) {
 	g := &Gate{Listen: c.Registry.Listen, MirrorTags: c.Registry.MirrorTags}
 	if g.Listen == "" {
-		g.Listen = "127.0.0.1:5050"
+		g.Listen = contract.DefaultListen
+	}
+	// The same rule the factory applied: the address also goes into the
+	// drop-in's comment and mirror locations.
+	if err := contract.CheckListen(g.Listen); err != nil {
+		return nil, fmt.Errorf("kiln.json: registry listen address %v", err)
 	}
 	hosts := map[string]bool{}
 	for _, h := range c.Registry.Upstreams {
@@ -63,12 +59,12 @@ func New(c *contract.Contents) (*Gate, error) {
 		if !im.Served {
 			continue
 		}
-		named, err := reference.ParseNormalizedNamed(im.Name)
+		ref, err := contract.ParseReference(im.Name)
 		if err != nil {
-			return nil, fmt.Errorf("kiln.json: image %q: %v", im.Name, err)
+			return nil, fmt.Errorf("kiln.json: %v", err)
 		}
-		hosts[reference.Domain(named)] = true
-		g.Images = append(g.Images, Image{Name: im.Name, Digest: im.Digest, MediaType: im.MediaType})
+		hosts[ref.Host] = true
+		g.Images = append(g.Images, im)
 	}
 	for h := range hosts {
 		g.Upstreams = append(g.Upstreams, h)
@@ -86,14 +82,32 @@ func (g *Gate) DropInContents() []byte {
 	if g.MirrorTags {
 		mode = "all"
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "# Written by kiln-mirror.service (kiln agent mirror-gate) once the local registry\n")
-	fmt.Fprintf(&b, "# at %s served this appliance's images; removed before it stops.\n", g.Listen)
-	for _, h := range g.Upstreams {
-		fmt.Fprintf(&b, "\n[[registry]]\nprefix = %q\nlocation = %q\n\n", h, h)
-		fmt.Fprintf(&b, "[[registry.mirror]]\nlocation = %q\ninsecure = true\npull-from-mirror = %q\n", g.Listen+"/"+h, mode)
+	type mirror struct {
+		Location       string `toml:"location"`
+		Insecure       bool   `toml:"insecure"`
+		PullFromMirror string `toml:"pull-from-mirror"`
 	}
-	return []byte(b.String())
+	type registry struct {
+		Prefix   string   `toml:"prefix"`
+		Location string   `toml:"location"`
+		Mirror   []mirror `toml:"mirror"`
+	}
+	var conf struct {
+		Registry []registry `toml:"registry"`
+	}
+	for _, h := range g.Upstreams {
+		conf.Registry = append(conf.Registry, registry{Prefix: h, Location: h,
+			Mirror: []mirror{{Location: g.Listen + "/" + h, Insecure: true, PullFromMirror: mode}}})
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "# Written by kiln-mirror.service (kiln agent mirror-gate) once the local registry\n")
+	fmt.Fprintf(&b, "# at %s served this appliance's images; removed before it stops.\n\n", g.Listen)
+	enc := toml.NewEncoder(&b)
+	enc.Indent = ""
+	if err := enc.Encode(conf); err != nil {
+		panic(fmt.Sprintf("encode registries.conf drop-in: %v", err)) // only strings and bools: cannot fail
+	}
+	return b.Bytes()
 }
 
 // Check makes one attempt: GET /v2/ must answer 200, and every image's
@@ -108,11 +122,11 @@ func (g *Gate) Check(ctx context.Context) error {
 		return fmt.Errorf("GET %s answered %s, want 200 OK", base, resp.Status)
 	}
 	for _, im := range g.Images {
-		named, err := reference.ParseNormalizedNamed(im.Name)
+		ref, err := contract.ParseReference(im.Name)
 		if err != nil {
-			return fmt.Errorf("image %q: %v", im.Name, err)
+			return err
 		}
-		repo := reference.Domain(named) + "/" + reference.Path(named)
+		repo := ref.Repository()
 		url := base + repo + "/manifests/" + im.Digest
 		resp, err := g.do(ctx, http.MethodHead, url, im.MediaType)
 		if err != nil {
@@ -221,7 +235,7 @@ func (g *Gate) Close() error {
 
 func (g *Gate) dropIn() string {
 	if g.DropIn == "" {
-		return DefaultDropIn
+		return contract.MirrorDropIn
 	}
 	return g.DropIn
 }

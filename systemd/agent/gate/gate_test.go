@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -85,6 +86,50 @@ func newGate(t *testing.T, c *contract.Contents) *Gate {
 	return g
 }
 
+// logWatch is a gate log that tests can wait on: it proves the gate made
+// the attempt a test means to observe, instead of sleeping a fixed window.
+type logWatch struct {
+	t     *testing.T
+	mu    sync.Mutex
+	lines []string
+	added chan struct{}
+}
+
+func newLogWatch(t *testing.T) *logWatch { return &logWatch{t: t, added: make(chan struct{}, 1)} }
+
+func (l *logWatch) Write(p []byte) (int, error) {
+	l.t.Log(strings.TrimSpace(string(p)))
+	l.mu.Lock()
+	l.lines = append(l.lines, string(p))
+	l.mu.Unlock()
+	select {
+	case l.added <- struct{}{}:
+	default:
+	}
+	return len(p), nil
+}
+
+// waitFor returns once a logged line contains s, failing after 20 s.
+func (l *logWatch) waitFor(s string) {
+	l.t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		l.mu.Lock()
+		for _, line := range l.lines {
+			if strings.Contains(line, s) {
+				l.mu.Unlock()
+				return
+			}
+		}
+		l.mu.Unlock()
+		select {
+		case <-l.added:
+		case <-deadline:
+			l.t.Fatalf("the gate never logged %q", s)
+		}
+	}
+}
+
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) {
@@ -149,11 +194,13 @@ func TestOpenWaitsForLateRegistry(t *testing.T) {
 	done := make(chan error, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	log := newLogWatch(t)
+	g.Log = log
 	go func() { done <- g.Open(ctx) }()
 
-	time.Sleep(700 * time.Millisecond)
+	log.waitFor("no registry answers")
 	serve(t, addr, registry.New(registry.Logger(nopLogger())))
-	time.Sleep(700 * time.Millisecond) // up, but empty
+	log.waitFor("does not serve") // up, but empty: the gate has seen it and keeps waiting
 	if _, err := os.Stat(g.DropIn); !os.IsNotExist(err) {
 		t.Fatalf("drop-in written before the content was served: %v", err)
 	}

@@ -8,57 +8,48 @@ package pins
 import (
 	"bytes"
 	"fmt"
+	"path/filepath"
 	"sort"
-	"strconv"
 
+	"github.com/BurntSushi/toml"
 	"github.com/opencontainers/go-digest"
-	"go.podman.io/image/v5/docker/reference"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
-
-// DefaultPath is the CRI-O drop-in kiln owns.
-const DefaultPath = "/etc/crio/crio.conf.d/50-kiln-pins.conf"
-
-// Image is one image to pin: the name workloads use and its manifest digest.
-type Image struct {
-	Name   string // e.g. quay.io/acme/app:1.2
-	Digest string // sha256:…
-}
 
 // Refs returns the references that pin im: repo@digest, and the name as
 // written (tagged, :latest when it has neither tag nor digest, or its own
 // digest when it differs from Digest, as with a multi-arch index). CRI-O
-// matches pins against full names, so they are fully qualified
-// (docker.io/library/… for Docker Hub short names).
-func Refs(im Image) ([]string, error) {
-	named, err := reference.ParseNormalizedNamed(im.Name)
+// matches pins against full names, so they are fully qualified the way the
+// runtime normalises them (docker.io/library/… for Docker Hub short names).
+func Refs(im contract.Image) ([]string, error) {
+	ref, err := contract.ParseReference(im.Name)
 	if err != nil {
 		return nil, fmt.Errorf("pin image %q: not a valid image reference: %v", im.Name, err)
 	}
-	d, err := digest.Parse(im.Digest)
-	if err != nil {
+	if _, err := digest.Parse(im.Digest); err != nil {
 		return nil, fmt.Errorf("pin image %q: digest %q: %v (want sha256:<64 hex>)", im.Name, im.Digest, err)
 	}
-	byDigest, err := reference.WithDigest(reference.TrimNamed(named), d)
-	if err != nil {
-		return nil, fmt.Errorf("pin image %q: %v", im.Name, err)
-	}
-	refs := []string{byDigest.String()}
-	if _, isDigested := named.(reference.Digested); isDigested {
+	refs := []string{ref.Repository() + "@" + im.Digest}
+	switch {
+	case ref.Digest != "":
 		// A tag next to a digest ("repo:tag@sha256:…") is not how CRI-O names
 		// images; pin the digest form only.
-		if n := reference.TrimNamed(named).String() + "@" + named.(reference.Digested).Digest().String(); n != refs[0] {
+		if n := ref.Repository() + "@" + ref.Digest; n != refs[0] {
 			refs = append(refs, n)
 		}
-		return refs, nil
+	case ref.Tag != "":
+		refs = append(refs, ref.Repository()+":"+ref.Tag)
+	default:
+		refs = append(refs, ref.Repository()+":latest")
 	}
-	return append(refs, reference.TagNameOnly(named).String()), nil
+	return refs, nil
 }
 
 // Render returns the drop-in for images: sorted, without duplicates, so the
 // same images always give the same bytes.
-func Render(images []Image) ([]byte, error) {
+func Render(images []contract.Image) ([]byte, error) {
 	seen := map[string]bool{}
 	var all []string
 	for _, im := range images {
@@ -74,24 +65,84 @@ func Render(images []Image) ([]byte, error) {
 		}
 	}
 	sort.Strings(all)
+	return render(all)
+}
+
+// render writes the drop-in for refs. The table header is fixed text; the
+// list goes through the TOML encoder, so each reference is quoted as TOML
+// quotes (Go's %q does not: it writes \x01 where TOML wants \u0001).
+func render(refs []string) ([]byte, error) {
 	var b bytes.Buffer
 	b.WriteString("# Rendered by kiln: every image this appliance needs, by digest and by name,\n")
 	b.WriteString("# so that kubelet's image garbage collection never removes one.\n")
-	b.WriteString("[crio.image]\npinned_images = [\n")
-	for _, r := range all {
-		// References hold only [a-z0-9._:/@-]; quoting is for form's sake.
-		fmt.Fprintf(&b, "  %s,\n", strconv.Quote(r))
+	b.WriteString("[crio.image]\n")
+	err := toml.NewEncoder(&b).Encode(struct {
+		PinnedImages lines `toml:"pinned_images"`
+	}{refs})
+	if err != nil {
+		return nil, fmt.Errorf("render pins: %w", err)
 	}
-	b.WriteString("]\n")
+	return b.Bytes(), nil
+}
+
+// lines is a TOML array of strings written one element a line, as people
+// write long lists (the encoder writes arrays on one line).
+type lines []string
+
+func (l lines) MarshalTOML() ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteString("[\n")
+	for _, s := range l {
+		q, err := toml.Marshal(struct {
+			V string `toml:"v"`
+		}{s})
+		if err != nil {
+			return nil, err
+		}
+		// q is `v = "…"` and a newline: keep the quoted value.
+		b.WriteString("  ")
+		b.Write(bytes.TrimSuffix(bytes.TrimPrefix(q, []byte("v = ")), []byte("\n")))
+		b.WriteString(",\n")
+	}
+	b.WriteString("]")
 	return b.Bytes(), nil
 }
 
 // Write renders the pins for images and atomically replaces path with them
 // (temp file, fsync, rename, fsync directory): CRI-O never reads half a list.
-func Write(path string, images []Image) error {
+// The temp file is written in the directory above path's (/etc/crio for
+// /etc/crio/crio.conf.d/…): CRI-O parses every file in crio.conf.d, so a
+// writer killed before its rename must not leave its temp file there. The
+// next write removes such a file (see atomicfile).
+func Write(path string, images []contract.Image) error {
+	return write(path, images)
+}
+
+func write(path string, images []contract.Image, opts ...atomicfile.Option) error {
 	data, err := Render(images)
 	if err != nil {
 		return err
 	}
-	return atomicfile.WriteFile(path, data, 0o644)
+	opts = append(opts, atomicfile.WithTempDir(filepath.Dir(filepath.Dir(path))))
+	return atomicfile.WriteFile(path, data, 0o644, opts...)
+}
+
+// Read returns the references a pins drop-in lists, parsed as TOML as CRI-O
+// does; a key CRI-O would not know is an error (the file is not kiln's).
+func Read(path string) ([]string, error) {
+	var conf struct {
+		Crio struct {
+			Image struct {
+				PinnedImages []string `toml:"pinned_images"`
+			} `toml:"image"`
+		} `toml:"crio"`
+	}
+	md, err := toml.DecodeFile(path, &conf)
+	if err != nil {
+		return nil, fmt.Errorf("read pins: %w", err)
+	}
+	if u := md.Undecoded(); len(u) > 0 {
+		return nil, fmt.Errorf("read pins %s: keys CRI-O would not know: %v", path, u)
+	}
+	return conf.Crio.Image.PinnedImages, nil
 }

@@ -1,18 +1,15 @@
 package pins
 
 import (
-	"bytes"
-	"flag"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
 
-	"github.com/BurntSushi/toml"
+	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/test/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite testdata/*.golden")
 
 var (
 	dA = "sha256:" + strings.Repeat("a", 64)
@@ -20,7 +17,7 @@ var (
 	dC = "sha256:" + strings.Repeat("c", 64)
 )
 
-var images = []Image{
+var images = []contract.Image{
 	{Name: "quay.io/acme/app:1.2", Digest: dA},
 	{Name: "nginx", Digest: dB},                                       // Docker Hub short name, no tag
 	{Name: "registry.example.com:5000/tools/debug@" + dC, Digest: dA}, // index digest in the name, platform digest apart
@@ -28,47 +25,23 @@ var images = []Image{
 }
 
 func TestRenderGolden(t *testing.T) {
+	t.Parallel()
 	got, err := Render(images)
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join("testdata", "pins.golden")
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("rendered pins differ from %s (go test -update if intended):\n%s", path, got)
-	}
+	golden.Check(t, filepath.Join("testdata", "pins.golden"), got)
 }
 
 // The written file is what CRI-O reads: parse it as TOML, as CRI-O does, and
 // check that every image is pinned by digest and by its name.
 func TestWriteParses(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "crio.conf.d", "50-kiln-pins.conf")
 	if err := Write(path, images); err != nil {
 		t.Fatal(err)
 	}
-	var conf struct {
-		Crio struct {
-			Image struct {
-				PinnedImages []string `toml:"pinned_images"`
-			} `toml:"image"`
-		} `toml:"crio"`
-	}
-	md, err := toml.DecodeFile(path, &conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if u := md.Undecoded(); len(u) > 0 {
-		t.Errorf("keys CRI-O would not know: %v", u)
-	}
-	got := conf.Crio.Image.PinnedImages
+	got := parsePins(t, path)
 	want := []string{
 		"docker.io/library/nginx:latest",
 		"docker.io/library/nginx@" + dB,
@@ -89,8 +62,8 @@ func TestWriteParses(t *testing.T) {
 	if err := Write(path, images[:1]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := toml.DecodeFile(path, &conf); err != nil || len(conf.Crio.Image.PinnedImages) != 2 {
-		t.Errorf("after rewrite: %v %v", conf.Crio.Image.PinnedImages, err)
+	if got := parsePins(t, path); len(got) != 2 {
+		t.Errorf("after rewrite: %v", got)
 	}
 	entries, _ := os.ReadDir(filepath.Dir(path))
 	if len(entries) != 1 {
@@ -99,25 +72,26 @@ func TestWriteParses(t *testing.T) {
 }
 
 func TestErrors(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
-		im   Image
+		im   contract.Image
 		want string
 	}{
-		{"upper case", Image{Name: "Quay.io/Acme/App:1", Digest: dA}, "not a valid image reference"},
-		{"empty name", Image{Digest: dA}, "not a valid image reference"},
-		{"short digest", Image{Name: "quay.io/a/b:1", Digest: "sha256:abc"}, "digest"},
-		{"no digest", Image{Name: "quay.io/a/b:1"}, "digest"},
+		{"upper case", contract.Image{Name: "Quay.io/Acme/App:1", Digest: dA}, "not a valid image reference"},
+		{"empty name", contract.Image{Digest: dA}, "not a valid image reference"},
+		{"short digest", contract.Image{Name: "quay.io/a/b:1", Digest: "sha256:abc"}, "digest"},
+		{"no digest", contract.Image{Name: "quay.io/a/b:1"}, "digest"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := Render([]Image{tt.im})
+			_, err := Render([]contract.Image{tt.im})
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("error %v, want %q", err, tt.want)
 			}
 			// Nothing is written when the input is bad.
 			path := filepath.Join(t.TempDir(), "pins.conf")
-			if err := Write(path, []Image{tt.im}); err == nil {
+			if err := Write(path, []contract.Image{tt.im}); err == nil {
 				t.Fatal("Write accepted bad input")
 			}
 			if _, err := os.Stat(path); !os.IsNotExist(err) {

@@ -6,15 +6,14 @@ import (
 	"strconv"
 )
 
-// Error codes of the OCI distribution spec (and RANGE_INVALID / TAG_INVALID
-// from the Docker registry API, which clients also know).
+// Error codes of the OCI distribution spec (and RANGE_INVALID from the
+// Docker registry API, which clients also know, for a 416).
 const (
 	codeBlobUnknown     = "BLOB_UNKNOWN"
 	codeManifestUnknown = "MANIFEST_UNKNOWN"
 	codeNameInvalid     = "NAME_INVALID"
 	codeNameUnknown     = "NAME_UNKNOWN"
 	codeDigestInvalid   = "DIGEST_INVALID"
-	codeTagInvalid      = "TAG_INVALID"
 	codeRangeInvalid    = "RANGE_INVALID"
 	codeUnsupported     = "UNSUPPORTED"
 	codeUnknown         = "UNKNOWN"

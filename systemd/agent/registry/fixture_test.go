@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
 // fixture is an OCI layout built by the tests:
@@ -103,7 +104,7 @@ func descriptorOf(img v1.Image) (*v1.Descriptor, error) {
 }
 
 func refName(n string) layout.Option {
-	return layout.WithAnnotations(map[string]string{refNameAnnotation: n})
+	return layout.WithAnnotations(map[string]string{ocispec.AnnotationRefName: n})
 }
 
 // must unwraps a fixture-building call; fixtures cannot fail short of a bug.

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash"
 	"io"
@@ -13,7 +14,10 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
 func writeJSON(w http.ResponseWriter, contentType string, body []byte) {
@@ -28,7 +32,7 @@ func writeJSON(w http.ResponseWriter, contentType string, body []byte) {
 // referrers); the same content under another name is MANIFEST_UNKNOWN.
 func (s *Server) manifest(w http.ResponseWriter, r *http.Request, repo *repository, rt route) {
 	digest := rt.ref
-	if !validDigest(rt.ref) {
+	if !strings.Contains(rt.ref, ":") { // a tag (parseRoute checked which)
 		var ok bool
 		if digest, ok = repo.tags[rt.ref]; !ok {
 			newError(http.StatusNotFound, codeManifestUnknown, fmt.Sprintf("tag %s:%s is not on this node", rt.name, rt.ref)).write(w)
@@ -41,7 +45,7 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, repo *reposito
 	}
 	m := s.ix.manifests[digest]
 	w.Header().Set("Content-Type", m.mediaType)
-	s.serveContent(w, r, digest, bytes.NewReader(m.data))
+	s.serveContent(w, r, digest, int64(len(m.data)), bytes.NewReader(m.data))
 }
 
 // blob streams a blob from its file: Range, HEAD and conditional requests
@@ -55,7 +59,14 @@ func (s *Server) blob(w http.ResponseWriter, r *http.Request, repo *repository, 
 		return
 	}
 	bf := s.ix.blobs[rt.ref]
-	f, err := os.Open(bf.path)
+	f, err := openRegular(bf.path)
+	if errors.Is(err, errNotRegular) {
+		// A symlink could point anywhere on the node: never followed.
+		s.log.Error("blob file is not a regular file: not served; verify the image partition with `kiln verify` or reflash it",
+			"file", bf.path, "digest", rt.ref, "error", err)
+		newError(http.StatusNotFound, codeBlobUnknown, fmt.Sprintf("blob %s is not in repository %s on this node", rt.ref, rt.name)).write(w)
+		return
+	}
 	if err != nil {
 		s.damaged(w, rt.ref, bf, err.Error())
 		return
@@ -82,7 +93,7 @@ func (s *Server) blob(w http.ResponseWriter, r *http.Request, repo *repository, 
 		}
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	s.serveContent(w, r, rt.ref, content)
+	s.serveContent(w, r, rt.ref, bf.size, content)
 }
 
 // verifyingReader hashes a blob as it is sent in full for the first time.
@@ -136,31 +147,58 @@ func (s *Server) damaged(w http.ResponseWriter, digest string, bf blobFile, why 
 		"blob "+digest+" is damaged on this node's image partition (verify it with `kiln verify` or reflash it)").write(w)
 }
 
-// serveContent sends content with Docker-Content-Digest and an ETag, and
-// aborts the connection if fewer bytes went out than were promised.
-func (s *Server) serveContent(w http.ResponseWriter, r *http.Request, digest string, content io.ReadSeeker) {
+// serveContent sends content (size bytes) with Docker-Content-Digest and an
+// ETag. It checks the Range header first (checkRange), gives the client
+// writeTimeout to take each chunk of the body, and aborts the connection if
+// fewer bytes went out than were promised.
+func (s *Server) serveContent(w http.ResponseWriter, r *http.Request, digest string, size int64, content io.ReadSeeker) {
 	h := w.Header()
 	h.Set("Docker-Content-Digest", digest)
 	h.Set("Etag", `"`+digest+`"`)
-	bw := &contentWriter{ResponseWriter: w}
+	if ir := r.Header.Get("If-Range"); ir != "" && ir != h.Get("Etag") {
+		r.Header.Del("Range") // the client's copy is stale: it gets the whole blob
+	}
+	if rg := r.Header.Get("Range"); rg != "" {
+		checked, aerr := checkRange(rg, size)
+		if aerr != nil {
+			h.Set("Content-Range", fmt.Sprintf("bytes */%d", size))
+			aerr.write(w)
+			return
+		}
+		r.Header.Set("Range", checked)
+	}
+	bw := &contentWriter{ResponseWriter: w, timeout: s.writeTimeout, rc: http.NewResponseController(w)}
 	http.ServeContent(bw, r, "", time.Time{}, content)
 	if r.Method == http.MethodHead || bw.rangeErr || (bw.status != http.StatusOK && bw.status != http.StatusPartialContent) {
 		return
 	}
-	if want, err := strconv.ParseInt(h.Get("Content-Length"), 10, 64); err == nil && bw.n != want {
+	if bw.err != nil && errors.Is(bw.err, os.ErrDeadlineExceeded) {
+		s.log.Warn("client took no data for the write timeout; closing its connection",
+			"digest", digest, "sent", bw.n, "timeout", s.writeTimeout, "client", r.RemoteAddr)
+		panic(http.ErrAbortHandler)
+	}
+	if want, err := strconv.ParseInt(h.Get("Content-Length"), 10, 64); err == nil && bw.n != want && bw.err == nil {
 		s.log.Error("blob ended early while being sent: the image partition is damaged; verify it with `kiln verify` or reflash it",
 			"digest", digest, "sent", bw.n, "want", want)
 		panic(http.ErrAbortHandler) // the client must see a broken transfer, not a short body
 	}
 }
 
+// sendChunk is how much of a body goes out per write deadline: a client
+// that cannot take sendChunk bytes within the write timeout is cut off.
+const sendChunk = 4 << 20
+
 // contentWriter wraps http.ServeContent's writer: it counts body bytes
-// (keeping io.ReaderFrom for sendfile) and replaces ServeContent's plain
-// text 416 with the spec's JSON error.
+// (keeping io.ReaderFrom for sendfile), gives each chunk of the body a
+// fresh write deadline, and replaces ServeContent's plain text 416 with the
+// spec's JSON error.
 type contentWriter struct {
 	http.ResponseWriter
+	rc       *http.ResponseController
+	timeout  time.Duration
 	status   int
 	n        int64
+	err      error // first write error (a client gone or too slow)
 	rangeErr bool
 }
 
@@ -184,11 +222,16 @@ func (c *contentWriter) Write(b []byte) (int, error) {
 	if c.rangeErr {
 		return len(b), nil
 	}
+	c.rc.SetWriteDeadline(time.Now().Add(c.timeout))
 	n, err := c.ResponseWriter.Write(b)
 	c.n += int64(n)
+	c.noteErr(err)
 	return n, err
 }
 
+// ReadFrom sends src in chunks of sendChunk, each with a fresh write
+// deadline. A chunk of an *io.LimitedReader over an *os.File is again one
+// LimitedReader over the file, so it still goes out by sendfile(2).
 func (c *contentWriter) ReadFrom(src io.Reader) (int64, error) {
 	if c.status == 0 {
 		c.WriteHeader(http.StatusOK)
@@ -196,9 +239,32 @@ func (c *contentWriter) ReadFrom(src io.Reader) (int64, error) {
 	if c.rangeErr {
 		return io.Copy(io.Discard, src)
 	}
-	n, err := readFrom(c.ResponseWriter, src)
-	c.n += n
-	return n, err
+	var total int64
+	for {
+		chunk := &io.LimitedReader{R: src, N: sendChunk}
+		lr, limited := src.(*io.LimitedReader)
+		if limited {
+			chunk = &io.LimitedReader{R: lr.R, N: min(lr.N, sendChunk)}
+		}
+		want := chunk.N
+		c.rc.SetWriteDeadline(time.Now().Add(c.timeout))
+		n, err := readFrom(c.ResponseWriter, chunk)
+		total += n
+		c.n += n
+		if limited {
+			lr.N -= n
+		}
+		c.noteErr(err)
+		if err != nil || n < want || (limited && lr.N == 0) {
+			return total, err
+		}
+	}
+}
+
+func (c *contentWriter) noteErr(err error) {
+	if c.err == nil {
+		c.err = err
+	}
 }
 
 // readFrom copies src to w through w's own ReadFrom when it has one (so a
@@ -210,12 +276,12 @@ func readFrom(w http.ResponseWriter, src io.Reader) (int64, error) {
 	return io.Copy(struct{ io.Writer }{w}, src)
 }
 
-// page applies the spec's n/last pagination to a sorted list. It returns the
+// page applies the spec's n/last pagination to a list in lexicalOrder. It returns the
 // page and, when more follow, the query of the next page's Link.
 func page(all []string, q url.Values) (items []string, next string, aerr *apiError) {
 	start := 0
 	if last := q.Get("last"); last != "" {
-		start = sort.SearchStrings(all, last)
+		start = sort.Search(len(all), func(i int) bool { return lexicalOrder(all[i], last) >= 0 })
 		if start < len(all) && all[start] == last {
 			start++
 		}
@@ -277,5 +343,5 @@ func (s *Server) referrers(w http.ResponseWriter, r *http.Request, repo *reposit
 	if at != "" {
 		w.Header().Set("OCI-Filters-Applied", "artifactType")
 	}
-	writeJSON(w, mediaTypeIndex, s.ix.referrersIndex(repo, rt.ref, at))
+	writeJSON(w, ocispec.MediaTypeImageIndex, s.ix.referrersIndex(repo, rt.ref, at))
 }

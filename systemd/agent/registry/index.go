@@ -11,18 +11,20 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strings"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/opencontainers/image-spec/specs-go"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
-// maxManifestSize bounds a manifest read at start (the spec's suggested limit).
-const maxManifestSize = 4 << 20
-
-const (
-	refNameAnnotation = "org.opencontainers.image.ref.name"
-	mediaTypeIndex    = "application/vnd.oci.image.index.v1+json"
-)
+// maxManifestSize bounds a manifest read at start; the factory refuses to
+// fetch anything larger, so a kiln-built partition never trips it.
+const maxManifestSize = contract.MaxManifestSize
 
 // blobFile is where one blob lives on disk and the size its descriptors
 // promise. Paths come only from the layout walk, never from a request.
@@ -48,7 +50,7 @@ type manifest struct {
 // it may fetch.
 type repository struct {
 	tags      map[string]string // tag → manifest digest
-	tagList   []string          // sorted
+	tagList   []string          // in lexicalOrder
 	manifests map[string]bool
 	blobs     map[string]bool
 }
@@ -56,7 +58,7 @@ type repository struct {
 // index is everything the server knows, loaded once at start.
 type index struct {
 	repos     map[string]*repository
-	repoList  []string // sorted
+	repoList  []string // in lexicalOrder
 	manifests map[string]*manifest
 	blobs     map[string]blobFile
 	referrers map[string][]string // subject digest → referrer digests, sorted
@@ -82,7 +84,14 @@ func layoutRoot(dir string) (string, error) {
 	if _, err := os.Stat(filepath.Join(dir, contract.ContentsFile)); err == nil {
 		dir = filepath.Join(dir, contract.OCIDir)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "oci-layout"))
+	// Blobs are opened without following a final symlink; the directories
+	// above them must not be symlinks either, or a blob could live anywhere.
+	for _, sub := range []string{ocispec.ImageBlobsDir, filepath.Join(ocispec.ImageBlobsDir, "sha256")} {
+		if fi, err := os.Lstat(filepath.Join(dir, sub)); err == nil && !fi.IsDir() {
+			return "", fmt.Errorf("%s/%s is not a directory (%s): the registry serves only files inside the layout", dir, sub, fi.Mode().Type())
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(dir, ocispec.ImageLayoutFile))
 	if err != nil {
 		return "", fmt.Errorf("%s is not an OCI image layout or kiln image partition (no oci-layout file): %w", dir, err)
 	}
@@ -123,24 +132,12 @@ func loadIndex(dirs []string, log *slog.Logger) (*index, error) {
 	return l.ix, nil
 }
 
-// descriptor is the part of an OCI descriptor the server needs.
-type descriptor struct {
-	MediaType    string            `json:"mediaType"`
-	Digest       string            `json:"digest"`
-	Size         int64             `json:"size"`
-	ArtifactType string            `json:"artifactType,omitempty"`
-	Annotations  map[string]string `json:"annotations,omitempty"`
-}
-
-// rawManifest is the union of image manifest and index fields read at start.
+// rawManifest is what the server reads of a manifest or an index (Docker's
+// schema 2 types have the same shape): an image manifest plus an index's
+// manifests.
 type rawManifest struct {
-	MediaType    string            `json:"mediaType"`
-	ArtifactType string            `json:"artifactType"`
-	Config       *descriptor       `json:"config"`
-	Layers       []descriptor      `json:"layers"`
-	Manifests    []descriptor      `json:"manifests"`
-	Subject      *descriptor       `json:"subject"`
-	Annotations  map[string]string `json:"annotations"`
+	ocispec.Manifest
+	Manifests []ocispec.Descriptor `json:"manifests"`
 }
 
 func (l *loader) loadLayout(dir string) error {
@@ -148,25 +145,25 @@ func (l *loader) loadLayout(dir string) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.Open(filepath.Join(root, "index.json"))
+	f, err := openRegular(filepath.Join(root, ocispec.ImageIndexFile))
 	if err != nil {
 		return fmt.Errorf("read OCI layout %s: %w", root, err)
 	}
 	defer f.Close()
-	var idx rawManifest
+	var idx ocispec.Index
 	if err := json.NewDecoder(io.LimitReader(f, maxManifestSize)).Decode(&idx); err != nil {
 		return fmt.Errorf("%s/index.json: %w (file damaged? verify the partition with `kiln verify`)", root, err)
 	}
 	for i, d := range idx.Manifests {
 		where := fmt.Sprintf("%s/index.json manifests[%d]", root, i)
-		if !validDigest(d.Digest) {
+		if !validDigest(d.Digest.String()) {
 			l.log.Warn("skipping index entry: digest is not sha256", "entry", where, "digest", d.Digest)
 			continue
 		}
 		if err := l.loadManifest(root, d, where); err != nil {
 			return fmt.Errorf("%w (the layout is damaged: verify the image partition with `kiln verify` or reflash it)", err)
 		}
-		refName, ok := d.Annotations[refNameAnnotation]
+		refName, ok := d.Annotations[ocispec.AnnotationRefName]
 		if !ok {
 			continue // unnamed: served only as a referrer of a named image
 		}
@@ -176,11 +173,11 @@ func (l *loader) loadLayout(dir string) error {
 				"entry", where, "error", err)
 			continue
 		}
-		if digest != "" && digest != d.Digest {
+		if digest != "" && digest != d.Digest.String() {
 			l.log.Warn("skipping index entry: ref.name digest differs from the entry's digest", "entry", where, "refName", refName)
 			continue
 		}
-		l.addToRepo(repo, tag, d.Digest, where)
+		l.addToRepo(repo, tag, d.Digest.String(), where)
 	}
 	return nil
 }
@@ -189,11 +186,11 @@ func (l *loader) loadLayout(dir string) error {
 // its children. A missing top-level manifest is an error (the layout is
 // damaged); a missing child is a warning (a layout may hold one platform of
 // a multi-platform image).
-func (l *loader) loadManifest(root string, d descriptor, where string) error {
-	if _, ok := l.ix.manifests[d.Digest]; ok {
+func (l *loader) loadManifest(root string, d ocispec.Descriptor, where string) error {
+	if _, ok := l.ix.manifests[d.Digest.String()]; ok {
 		return nil
 	}
-	path := filepath.Join(root, "blobs", "sha256", d.Digest[len("sha256:"):])
+	path := blobPath(root, d)
 	data, err := readVerified(path, d)
 	if err != nil {
 		return fmt.Errorf("%s: manifest %s: %w", where, d.Digest, err)
@@ -202,26 +199,30 @@ func (l *loader) loadManifest(root string, d descriptor, where string) error {
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return fmt.Errorf("%s: manifest %s (%s) is not JSON: %w", where, d.Digest, path, err)
 	}
-	m := &manifest{digest: d.Digest, mediaType: d.MediaType, data: data, annotations: raw.Annotations, artifactType: raw.ArtifactType}
+	// Content-Type is the manifest's own mediaType when it has one (clients
+	// reject a response whose Content-Type differs from it), else the
+	// descriptor's.
+	m := &manifest{digest: d.Digest.String(), mediaType: raw.MediaType, data: data, annotations: raw.Annotations, artifactType: raw.ArtifactType}
 	if m.mediaType == "" {
-		m.mediaType = raw.MediaType
+		m.mediaType = d.MediaType
 	}
 	if m.mediaType == "" {
 		return fmt.Errorf("%s: manifest %s has no media type", where, d.Digest)
 	}
-	if raw.Subject != nil && validDigest(raw.Subject.Digest) {
-		m.subject = raw.Subject.Digest
+	if raw.Subject != nil && validDigest(raw.Subject.Digest.String()) {
+		m.subject = raw.Subject.Digest.String()
 	}
-	if raw.Config != nil && m.artifactType == "" {
+	hasConfig := raw.Config.Digest != ""
+	if hasConfig && m.artifactType == "" {
 		m.artifactType = raw.Config.MediaType
 	}
-	l.ix.manifests[d.Digest] = m
+	l.ix.manifests[m.digest] = m
 	l.addBlob(root, d, where) // manifests are blobs too
 	for _, c := range raw.Manifests {
-		if !validDigest(c.Digest) {
+		if !validDigest(c.Digest.String()) {
 			continue
 		}
-		err := l.loadManifest(root, c, where+" → "+d.Digest)
+		err := l.loadManifest(root, c, where+" → "+d.Digest.String())
 		if errors.Is(err, os.ErrNotExist) {
 			l.log.Warn("index references a manifest not in the layout; that platform is not served", "entry", where, "manifest", c.Digest)
 			continue
@@ -229,39 +230,49 @@ func (l *loader) loadManifest(root string, d descriptor, where string) error {
 		if err != nil {
 			return err
 		}
-		m.children = append(m.children, c.Digest)
+		m.children = append(m.children, c.Digest.String())
 	}
-	var blobs []descriptor
-	if raw.Config != nil {
-		blobs = append(blobs, *raw.Config)
+	var blobs []ocispec.Descriptor
+	if hasConfig {
+		blobs = append(blobs, raw.Config)
 	}
 	blobs = append(blobs, raw.Layers...)
 	for _, b := range blobs {
-		if !validDigest(b.Digest) {
+		if !validDigest(b.Digest.String()) {
 			l.log.Warn("manifest references a non-sha256 blob; it is not served", "manifest", d.Digest, "blob", b.Digest)
 			continue
 		}
 		l.addBlob(root, b, where)
-		m.blobs = append(m.blobs, b.Digest)
+		m.blobs = append(m.blobs, b.Digest.String())
 	}
 	return nil
 }
 
+// blobPath is where blob d lives in the layout at root (d's digest is
+// checked to be sha256:<hex> before this is called).
+func blobPath(root string, d ocispec.Descriptor) string {
+	return filepath.Join(root, ocispec.ImageBlobsDir, d.Digest.Algorithm().String(), d.Digest.Encoded())
+}
+
 // addBlob records where blob d lives. The first layout holding it wins.
-// Its file is stat'ed, never read: damage is logged now and reported to
+// Its file is lstat'ed, never read: damage is logged now and reported to
 // clients when they ask for it.
-func (l *loader) addBlob(root string, d descriptor, where string) {
-	if _, ok := l.ix.blobs[d.Digest]; ok {
+func (l *loader) addBlob(root string, d ocispec.Descriptor, where string) {
+	if _, ok := l.ix.blobs[d.Digest.String()]; ok {
 		return
 	}
-	path := filepath.Join(root, "blobs", "sha256", d.Digest[len("sha256:"):])
-	l.ix.blobs[d.Digest] = blobFile{path: path, size: d.Size}
-	fi, err := os.Stat(path)
+	path := blobPath(root, d)
+	l.ix.blobs[d.Digest.String()] = blobFile{path: path, size: d.Size}
+	fi, err := os.Lstat(path)
 	switch {
 	case err != nil:
 		l.ix.damaged++
 		l.log.Error("blob file missing: the image partition is damaged; verify it with `kiln verify` or reflash", "file", path, "entry", where, "error", err)
-	case !fi.Mode().IsRegular() || fi.Size() != d.Size:
+	case !fi.Mode().IsRegular():
+		l.ix.damaged++
+		l.log.Error("blob file is not a regular file (a symlink?): it is never served; verify the image partition with `kiln verify` or reflash",
+			"file", path, "entry", where, "type", fi.Mode().Type().String())
+	case fi.Size() != d.Size:
 		l.ix.damaged++
 		l.log.Error("blob file has the wrong size: the image partition is damaged; verify it with `kiln verify` or reflash",
 			"file", path, "entry", where, "size", fi.Size(), "want", d.Size)
@@ -269,11 +280,11 @@ func (l *loader) addBlob(root string, d descriptor, where string) {
 }
 
 // readVerified reads a manifest file, checking its size and digest.
-func readVerified(path string, d descriptor) ([]byte, error) {
+func readVerified(path string, d ocispec.Descriptor) ([]byte, error) {
 	if d.Size < 0 || d.Size > maxManifestSize {
 		return nil, fmt.Errorf("size %d is over the %d byte manifest limit", d.Size, maxManifestSize)
 	}
-	f, err := os.Open(path)
+	f, err := openRegular(path)
 	if err != nil {
 		return nil, err
 	}
@@ -283,7 +294,7 @@ func readVerified(path string, d descriptor) ([]byte, error) {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	sum := sha256.Sum256(data)
-	if int64(len(data)) != d.Size || "sha256:"+hex.EncodeToString(sum[:]) != d.Digest {
+	if int64(len(data)) != d.Size || "sha256:"+hex.EncodeToString(sum[:]) != d.Digest.String() {
 		return nil, fmt.Errorf("%s does not match its digest", path)
 	}
 	return data, nil
@@ -355,35 +366,43 @@ func (l *loader) finish() {
 		for t := range r.tags {
 			r.tagList = append(r.tagList, t)
 		}
-		sort.Strings(r.tagList)
+		sortLexical(r.tagList)
 		ix.repoList = append(ix.repoList, name)
 	}
-	sort.Strings(ix.repoList)
+	sortLexical(ix.repoList)
 }
 
 // referrersIndex renders the referrers of subject within repo as an OCI
 // image index, optionally filtered by artifactType.
 func (ix *index) referrersIndex(r *repository, subject, artifactType string) []byte {
-	type desc struct {
-		MediaType    string            `json:"mediaType"`
-		Digest       string            `json:"digest"`
-		Size         int64             `json:"size"`
-		ArtifactType string            `json:"artifactType,omitempty"`
-		Annotations  map[string]string `json:"annotations,omitempty"`
+	out := ocispec.Index{
+		Versioned: specs.Versioned{SchemaVersion: 2},
+		MediaType: ocispec.MediaTypeImageIndex,
+		Manifests: []ocispec.Descriptor{},
 	}
-	out := struct {
-		SchemaVersion int    `json:"schemaVersion"`
-		MediaType     string `json:"mediaType"`
-		Manifests     []desc `json:"manifests"`
-	}{SchemaVersion: 2, MediaType: mediaTypeIndex, Manifests: []desc{}}
 	for _, d := range ix.referrers[subject] {
 		m := ix.manifests[d]
 		if !r.manifests[d] || (artifactType != "" && m.artifactType != artifactType) {
 			continue
 		}
-		out.Manifests = append(out.Manifests, desc{m.mediaType, d, int64(len(m.data)), m.artifactType, m.annotations})
+		out.Manifests = append(out.Manifests, ocispec.Descriptor{
+			MediaType: m.mediaType, Digest: digest.Digest(d), Size: int64(len(m.data)),
+			ArtifactType: m.artifactType, Annotations: m.annotations,
+		})
 	}
 	var buf bytes.Buffer
 	json.NewEncoder(&buf).Encode(out)
 	return buf.Bytes()
+}
+
+func sortLexical(list []string) { slices.SortFunc(list, lexicalOrder) }
+
+// lexicalOrder is the order the spec wants tag lists in: "lexical order
+// (i.e. case-insensitive alphanumeric order)"; byte order breaks ties, so
+// the order is total and pagination by `last` is exact.
+func lexicalOrder(a, b string) int {
+	if c := strings.Compare(strings.ToLower(a), strings.ToLower(b)); c != 0 {
+		return c
+	}
+	return strings.Compare(a, b)
 }

@@ -6,7 +6,7 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // maxNameLength bounds a repository name, as the distribution spec suggests.
@@ -48,6 +48,21 @@ func validName(name string) error {
 	return nil
 }
 
+// specName reports whether name matches the distribution spec's name
+// grammar (path components of [a-z0-9] separated by ., _, __ or dashes)
+// within the length clients allow.
+func specName(name string) bool {
+	if len(name) > maxNameLength {
+		return false
+	}
+	for p := range strings.SplitSeq(name, "/") {
+		if !componentRE.MatchString(p) {
+			return false
+		}
+	}
+	return true
+}
+
 func validTag(tag string) bool       { return tagRE.MatchString(tag) }
 func validDigest(digest string) bool { return digestRE.MatchString(digest) }
 
@@ -60,37 +75,33 @@ var errNotFullReference = errors.New("not a full image reference")
 //
 // The annotation must be a full reference with an explicit tag or digest:
 // "quay.io/acme/app:1.2" or "quay.io/acme/app@sha256:…". Docker Hub short
-// names are normalised as go-containerregistry does ("busybox:1.36" →
-// "docker.io/library/busybox", tag "1.36"), except that the host is spelled
-// "docker.io" — what a registries.conf mirror prefix uses. A bare tag
+// names are normalised by contract.ParseReference, as the node's runtime
+// normalises them ("busybox:1.36" → "docker.io/library/busybox", tag "1.36"):
+// the host is what a registries.conf mirror prefix matches. A bare tag
 // ("1.2", "latest") names no repository and returns errNotFullReference.
 func ParseName(refName string) (repo, tag, digest string, err error) {
 	slash := strings.LastIndex(refName, "/")
 	if !strings.Contains(refName, "@") && strings.LastIndex(refName, ":") < slash+1 {
 		return "", "", "", fmt.Errorf("%q: %w (want host/repository:tag or host/repository@sha256:…)", refName, errNotFullReference)
 	}
-	ref, err := name.ParseReference(refName)
+	ref, err := contract.ParseReference(refName)
 	if err != nil {
-		return "", "", "", fmt.Errorf("%q: %w", refName, err)
+		return "", "", "", err
 	}
-	host := ref.Context().RegistryStr()
-	if host == name.DefaultRegistry {
-		host = "docker.io"
-	}
-	repo = host + "/" + ref.Context().RepositoryStr()
+	repo = ref.Repository()
 	if err := validName(repo); err != nil {
 		return "", "", "", fmt.Errorf("%q: %w", refName, err)
 	}
-	switch r := ref.(type) {
-	case name.Tag:
-		tag = r.TagStr()
-		if !validTag(tag) {
-			return "", "", "", fmt.Errorf("%q: invalid tag %q", refName, tag)
-		}
-	case name.Digest:
-		digest = r.DigestStr()
+	switch {
+	case ref.Digest != "": // a tag beside a digest is decoration: the digest names the manifest
+		digest = ref.Digest
 		if !validDigest(digest) {
 			return "", "", "", fmt.Errorf("%q: digest must be sha256:<64 lowercase hex>", refName)
+		}
+	default:
+		tag = ref.Tag
+		if !validTag(tag) {
+			return "", "", "", fmt.Errorf("%q: invalid tag %q", refName, tag)
 		}
 	}
 	return repo, tag, digest, nil

@@ -10,6 +10,7 @@ import (
 const hexDigest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
 func TestParseName(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		in                string
 		repo, tag, digest string
@@ -27,10 +28,10 @@ func TestParseName(t *testing.T) {
 		{in: "quay.io/acme/app", err: "not a full image reference"},
 		{in: "registry.local:5000/app", err: "not a full image reference"},
 		{in: "", err: "not a full image reference"},
-		{in: "quay.io/acme/App:1", err: "could not parse"},
-		{in: "quay.io/../etc:1", err: "repository"},
-		{in: "quay.io/acme/app:-x", err: "tag"},
-		{in: "quay.io/acme/app@sha256:abc", err: "could not parse"},
+		{in: "quay.io/acme/App:1", err: "must be lowercase"},
+		{in: "quay.io/../etc:1", err: "invalid reference format"},
+		{in: "quay.io/acme/app:-x", err: "invalid reference format"},
+		{in: "quay.io/acme/app@sha256:abc", err: "invalid reference format"},
 		{in: "quay.io/acme/app@sha512:" + strings.Repeat("a", 128), err: "digest"},
 	} {
 		t.Run(tc.in, func(t *testing.T) {
@@ -55,6 +56,7 @@ func TestParseName(t *testing.T) {
 }
 
 func TestParseRoute(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		path string
 		want route
@@ -73,15 +75,18 @@ func TestParseRoute(t *testing.T) {
 		{"/v2/localhost:5000/a/manifests/1", route{routeManifest, "localhost:5000/a", "1"}, ""},
 		{"/v2/quay.io/a/blobs/uploads", route{}, codeDigestInvalid},
 		{"/v2/quay.io/a/tags/x", route{}, codeNameUnknown},
-		{"/v2/a/manifests/1", route{}, codeNameInvalid},
+		{"/v2/a/manifests/1", route{}, codeNameUnknown}, // spec-valid, but no host: not here
+		{"/v2/a/B/manifests/1", route{}, codeNameInvalid},
 		{"/v2/../a/manifests/1", route{}, codeNameInvalid},
 		{"/v2/quay.io/../../a/manifests/1", route{}, codeNameInvalid},
 		{"/v2/quay.io/a%2F..%2F..%2Fb/manifests/1", route{}, codeNameInvalid},
 		{"/v2/quay.io/a%5Cb/manifests/1", route{}, codeNameInvalid},
 		{"/v2/quay.io/a\\b/manifests/1", route{}, codeNameInvalid},
 		{"/v2/quay.io/a\x00/manifests/1", route{}, codeNameInvalid},
-		{"/v2/quay.io/a/manifests/..", route{}, codeTagInvalid},
-		{"/v2/quay.io/a/manifests/%2e%2e%2f", route{}, codeTagInvalid},
+		{"/v2/quay.io/a/manifests/..", route{}, codeManifestUnknown},
+		{"/v2/quay.io/a/manifests/.INVALID_MANIFEST_NAME", route{}, codeManifestUnknown},
+		{"/v2/quay.io/a/blobs/sha512:" + strings.Repeat("ab", 64), route{routeBlob, "quay.io/a", "sha512:" + strings.Repeat("ab", 64)}, ""},
+		{"/v2/quay.io/a/manifests/%2e%2e%2f", route{}, codeManifestUnknown},
 		{"/v2/quay.io/a/blobs/sha256:..%2f..%2f", route{}, codeDigestInvalid},
 		{"/v2/quay.io/a/manifests/%zz", route{}, codeDigestInvalid},
 		{"/v2/quay.io/" + strings.Repeat("a", 300) + "/manifests/1", route{}, codeNameInvalid},

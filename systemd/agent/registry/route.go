@@ -1,8 +1,12 @@
 package registry
 
 import (
+	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // routeKind is which distribution API endpoint a request addresses.
@@ -30,7 +34,8 @@ type route struct {
 // decoded one, so "%2F" cannot smuggle a slash into a name). It returns an
 // *apiError: NAME_INVALID for a bad name (checked first: before anything
 // else is looked at), NAME_UNKNOWN-shaped 404 for paths that are no
-// endpoint, DIGEST_INVALID / TAG_INVALID for a bad reference.
+// endpoint, DIGEST_INVALID for a malformed digest, MANIFEST_UNKNOWN for a
+// manifest reference that is neither tag nor digest.
 func parseRoute(escapedPath string) (route, *apiError) {
 	rest, ok := strings.CutPrefix(escapedPath, "/v2/")
 	if !ok {
@@ -71,7 +76,14 @@ func parseRoute(escapedPath string) (route, *apiError) {
 	}
 	r.name = strings.Join(nameParts, "/")
 	if err := validName(r.name); err != nil {
-		return route{}, newError(400, codeNameInvalid, err.Error())
+		// A name the spec allows but kiln never serves (no upstream host, as
+		// "app") names a repository that is not here: 404, as the spec wants
+		// for one that does not exist. Anything else is malformed.
+		if specName(r.name) {
+			return route{}, newError(http.StatusNotFound, codeNameUnknown, "repository "+r.name+
+				" is not on this node (kiln serves names with their upstream host, e.g. quay.io/acme/app)")
+		}
+		return route{}, newError(http.StatusBadRequest, codeNameInvalid, err.Error())
 	}
 	if r.kind == routeTags || r.kind == routeUpload {
 		return r, nil
@@ -84,11 +96,15 @@ func parseRoute(escapedPath string) (route, *apiError) {
 	r.ref = ref
 	switch {
 	case r.kind == routeManifest && !strings.Contains(ref, ":"):
+		// Not a tag by the spec's grammar: no manifest can have that
+		// reference, and the spec's answer to a manifest that does not exist
+		// is 404 MANIFEST_UNKNOWN (TAG_INVALID is a schema1-era code).
 		if !validTag(ref) {
-			return route{}, newError(400, codeTagInvalid, "tag must match [a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}")
+			return route{}, newError(http.StatusNotFound, codeManifestUnknown, "no manifest has the reference "+strconv.Quote(ref)+
+				" (a tag matches [a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}, a digest is algorithm:hex)")
 		}
-	case !validDigest(ref):
-		return route{}, newError(400, codeDigestInvalid, "digest must be sha256:<64 lowercase hex>")
+	case !wellFormedDigest(ref):
+		return route{}, newError(http.StatusBadRequest, codeDigestInvalid, "digest must be algorithm:encoded, e.g. sha256:<64 lowercase hex>")
 	}
 	return r, nil
 }
@@ -102,3 +118,8 @@ func indexUploads(parts []string) int {
 	}
 	return -1
 }
+
+// wellFormedDigest accepts any digest of a registered algorithm (sha256,
+// sha384, sha512), not only the sha256 kiln stores: a well-formed digest
+// that is not here is "unknown" (404), not "invalid" (400).
+func wellFormedDigest(ref string) bool { return digest.Digest(ref).Validate() == nil }

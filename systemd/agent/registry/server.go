@@ -25,6 +25,7 @@ type Server struct {
 	log             *slog.Logger
 	logRequests     bool
 	shutdownTimeout time.Duration
+	writeTimeout    time.Duration
 	ready           func(Stats)
 	verified        sync.Map // blob digest → true (matches) or false (damaged), after a first full read
 }
@@ -42,6 +43,12 @@ func WithRequestLog(on bool) Option { return func(s *Server) { s.logRequests = o
 // after its context is cancelled (default 5s).
 func WithShutdownTimeout(d time.Duration) Option { return func(s *Server) { s.shutdownTimeout = d } }
 
+// WithWriteTimeout sets how long a client may take to accept each chunk
+// (4 MiB) of a response before its connection is closed (default 30s): a
+// reader that stops reading does not hold a connection and an open blob
+// for ever.
+func WithWriteTimeout(d time.Duration) Option { return func(s *Server) { s.writeTimeout = d } }
+
 // WithReady sets a function Serve calls once the listener is accepting
 // (the index is loaded by then): the place for sd_notify READY=1.
 func WithReady(f func(Stats)) Option { return func(s *Server) { s.ready = f } }
@@ -50,7 +57,7 @@ func WithReady(f func(Stats)) Option { return func(s *Server) { s.ready = f } }
 // partition root holding kiln.json and oci/) and returns a server for them.
 // Manifests are read and verified; blobs are only stat'ed.
 func New(dirs []string, opts ...Option) (*Server, error) {
-	s := &Server{log: slog.Default(), logRequests: true, shutdownTimeout: 5 * time.Second}
+	s := &Server{log: slog.Default(), logRequests: true, shutdownTimeout: 5 * time.Second, writeTimeout: 30 * time.Second}
 	for _, o := range opts {
 		o(s)
 	}
@@ -157,6 +164,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	// Every answer but a body's chunks (serveContent) must go out within the
+	// write timeout; not supported (ignored) on a test recorder.
+	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(s.writeTimeout))
 	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
 	rt, aerr := parseRoute(r.URL.EscapedPath())
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {

@@ -140,10 +140,16 @@ func TestRoutes(t *testing.T) {
 		{"unknown tag", "GET", app + "/manifests/9.9", nil, 404, codeManifestUnknown, nil, nil},
 		{"unknown tag HEAD", "HEAD", app + "/manifests/9.9", nil, 404, "", nil, bodyIs(nil)},
 		{"unknown repo", "GET", "/v2/quay.io/acme/nope/manifests/1.2", nil, 404, codeNameUnknown, nil, nil},
-		{"invalid tag", "GET", app + "/manifests/-bad", nil, 400, codeTagInvalid, nil, nil},
+		// Audit row 1: a reference that is not a tag names no manifest: 404.
+		{"invalid tag", "GET", app + "/manifests/-bad", nil, 404, codeManifestUnknown, nil, nil},
+		{"invalid tag (conformance suite)", "GET", app + "/manifests/.INVALID_MANIFEST_NAME", nil, 404, codeManifestUnknown, nil, nil},
+		{"invalid tag HEAD", "HEAD", app + "/manifests/.INVALID_MANIFEST_NAME", nil, 404, "", nil, bodyIs(nil)},
+		{"malformed digest", "GET", app + "/manifests/sha256:totallywrong", nil, 400, codeDigestInvalid, nil, nil},
+		{"sha512 manifest not here", "GET", app + "/manifests/sha512:" + strings.Repeat("a", 128), nil, 404, codeManifestUnknown, nil, nil},
 		{"uppercase digest", "GET", app + "/manifests/sha256:" + strings.ToUpper(f.appDigest.Hex), nil, 400, codeDigestInvalid, nil, nil},
 		{"short digest", "GET", app + "/manifests/sha256:abc", nil, 400, codeDigestInvalid, nil, nil},
-		{"other algorithm", "GET", app + "/blobs/sha512:" + strings.Repeat("a", 128), nil, 400, codeDigestInvalid, nil, nil},
+		{"other algorithm", "GET", app + "/blobs/sha512:" + strings.Repeat("a", 128), nil, 404, codeBlobUnknown, nil, nil},
+		{"unknown algorithm", "GET", app + "/blobs/md5:" + strings.Repeat("a", 32), nil, 400, codeDigestInvalid, nil, nil},
 
 		// Blobs.
 		{"blob", "GET", app + "/blobs/" + cfg.Digest.String(), nil, 200, "", map[string]string{
@@ -160,6 +166,26 @@ func TestRoutes(t *testing.T) {
 			map[string]string{"Content-Range": fmt.Sprintf("bytes */%d", len(cfgBytes)), "Content-Type": "application/json"}, nil},
 		{"malformed range", "GET", app + "/blobs/" + cfg.Digest.String(), map[string]string{"Range": "bytes=z-1"}, 416, codeRangeInvalid, nil, nil},
 		{"huge range", "GET", app + "/blobs/" + cfg.Digest.String(), map[string]string{"Range": "bytes=0-99999999999999999999999"}, 416, codeRangeInvalid, nil, nil},
+		// Audit rows 2 and 3: no satisfiable range is a 416; ranges are bounded.
+		{"suffix range -0", "GET", app + "/blobs/" + cfg.Digest.String(), map[string]string{"Range": "bytes=-0"}, 416, codeRangeInvalid,
+			map[string]string{"Content-Range": fmt.Sprintf("bytes */%d", len(cfgBytes))}, nil},
+		{"suffix range -0 HEAD", "HEAD", app + "/blobs/" + cfg.Digest.String(), map[string]string{"Range": "bytes=-0"}, 416, "", nil, bodyIs(nil)},
+		{"manifest range -0", "GET", app + "/manifests/1.2", map[string]string{"Range": "bytes=-0"}, 416, codeRangeInvalid, nil, nil},
+		{"-0 beside a good range", "GET", app + "/blobs/" + cfg.Digest.String(), map[string]string{"Range": "bytes=-0, 0-1"}, 206, "",
+			map[string]string{"Content-Range": fmt.Sprintf("bytes 0-1/%d", len(cfgBytes))}, bodyIs(cfgBytes[:2])},
+		{"signed position", "GET", app + "/blobs/" + cfg.Digest.String(), map[string]string{"Range": "bytes=+1-2"}, 416, codeRangeInvalid, nil, nil},
+		{"last before first", "GET", app + "/blobs/" + cfg.Digest.String(), map[string]string{"Range": "bytes=5-2"}, 416, codeRangeInvalid, nil, nil},
+		{"other unit", "GET", app + "/blobs/" + cfg.Digest.String(), map[string]string{"Range": "items=0-1"}, 416, codeRangeInvalid, nil, nil},
+		{"16 ranges", "GET", app + "/blobs/" + cfg.Digest.String(), map[string]string{"Range": oneByteRanges(maxRanges)}, 206, "", nil, multipart},
+		{"17 ranges", "GET", app + "/blobs/" + cfg.Digest.String(), map[string]string{"Range": oneByteRanges(maxRanges + 1)}, 416, codeRangeInvalid, nil, nil},
+		{"5000 ranges", "GET", app + "/blobs/" + cfg.Digest.String(), map[string]string{"Range": oneByteRanges(5000)}, 416, codeRangeInvalid, nil,
+			func(t *testing.T, _ map[string][]string, body []byte) {
+				if len(body) > 1024 {
+					t.Errorf("a 5000-range request got a %d byte answer", len(body))
+				}
+			}},
+		{"stale If-Range", "GET", app + "/blobs/" + cfg.Digest.String(), map[string]string{"Range": "bytes=0-1", "If-Range": `"sha256:old"`}, 200, "", nil, bodyIs(cfgBytes)},
+		{"current If-Range", "GET", app + "/blobs/" + cfg.Digest.String(), map[string]string{"Range": "bytes=0-1", "If-Range": `"` + cfg.Digest.String() + `"`}, 206, "", nil, bodyIs(cfgBytes[:2])},
 		{"multi range", "GET", app + "/blobs/" + cfg.Digest.String(), map[string]string{"Range": "bytes=0-1,4-5"}, 206, "", nil, multipart},
 		{"overlapping ranges larger than blob", "GET", app + "/blobs/" + cfg.Digest.String(), map[string]string{"Range": "bytes=0-,0-,0-"}, 200, "", nil, bodyIs(cfgBytes)},
 		{"conditional", "GET", app + "/blobs/" + cfg.Digest.String(), map[string]string{"If-None-Match": `"` + cfg.Digest.String() + `"`}, 304, "", nil, bodyIs(nil)},
@@ -194,7 +220,8 @@ func TestRoutes(t *testing.T) {
 		{"backslash", "GET", `/v2/quay.io/acme\app/manifests/1.2`, nil, 400, codeNameInvalid, nil, nil},
 		{"NUL", "GET", "/v2/quay.io/acme/app%00/manifests/1.2", nil, 400, codeNameInvalid, nil, nil},
 		{"empty component", "GET", "/v2/quay.io//app/manifests/1.2", nil, 400, codeNameInvalid, nil, nil},
-		{"no host", "GET", "/v2/app/manifests/1.2", nil, 400, codeNameInvalid, nil, nil},
+		{"no host", "GET", "/v2/app/manifests/1.2", nil, 404, codeNameUnknown, nil, nil}, // spec-valid name: not here
+		{"no host, bad name", "GET", "/v2/App/manifests/1.2", nil, 400, codeNameInvalid, nil, nil},
 		{"uppercase", "GET", "/v2/quay.io/Acme/app/manifests/1.2", nil, 400, codeNameInvalid, nil, nil},
 		{"digest traversal", "GET", app + "/blobs/..%2F..%2Fetc%2Fpasswd", nil, 400, codeDigestInvalid, nil, nil},
 		{"no endpoint", "GET", app + "/things/x", nil, 404, codeNameUnknown, nil, nil},
@@ -210,6 +237,7 @@ func TestRoutes(t *testing.T) {
 		{"delete blob", "DELETE", app + "/blobs/" + cfg.Digest.String(), nil, 405, codeUnsupported, nil, nil},
 		{"options", "OPTIONS", "/v2/", nil, 405, codeUnsupported, nil, nil},
 		{"put bad digest", "PUT", app + "/manifests/sha256:totallywrong", nil, 400, codeDigestInvalid, nil, nil},
+		{"put invalid tag", "PUT", app + "/manifests/.INVALID_MANIFEST_NAME", nil, 405, codeUnsupported, nil, nil},
 		{"put bad name", "PUT", "/v2/quay.io/../x/manifests/1", nil, 400, codeNameInvalid, nil, nil},
 		{"put no endpoint", "PUT", "/v2/quay.io/acme/app/things/x", nil, 405, codeUnsupported, nil, nil},
 		{"upload route GET", "GET", app + "/blobs/uploads/", nil, 405, codeUnsupported, nil, nil},
@@ -240,4 +268,13 @@ func TestRoutes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// oneByteRanges is a Range header asking for bytes 0, 2, 4, … (n ranges).
+func oneByteRanges(n int) string {
+	specs := make([]string, n)
+	for i := range specs {
+		specs[i] = fmt.Sprintf("%d-%d", 2*i, 2*i)
+	}
+	return "bytes=" + strings.Join(specs, ",")
 }

@@ -2,11 +2,15 @@ package atomicfile
 
 import (
 	"bytes"
+	"errors"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // A reader polling the file while it is rewritten must only ever see a whole
@@ -69,5 +73,71 @@ func TestWriteFileError(t *testing.T) {
 	entries, _ := os.ReadDir(dir)
 	if len(entries) != 1 {
 		t.Errorf("temp file left behind after failure: %v", entries)
+	}
+}
+
+// TestConcurrentWriterKeepsItsTemp: a second writer of the same target
+// removes abandoned temp files, never the one a live writer is about to
+// rename (it waits for the writer's lock). Had it removed it, the first
+// writer's rename would fail.
+func TestConcurrentWriterKeepsItsTemp(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "conf.d", "50.conf")
+	tempDir := dir
+	abandoned := filepath.Join(tempDir, ".50.conf.tmp-abandoned")
+	os.WriteFile(abandoned, []byte("half"), 0o644)
+
+	paused, resume := make(chan string), make(chan struct{})
+	firstDone := make(chan error)
+	go func() {
+		firstDone <- WriteFile(path, []byte("first"), 0o644, WithTempDir(tempDir), BeforeRename(func(tmp string) {
+			paused <- tmp
+			<-resume
+		}))
+	}()
+	tmp := <-paused
+	secondDone := make(chan error)
+	go func() { secondDone <- WriteFile(path, []byte("second"), 0o644, WithTempDir(tempDir)) }()
+	time.Sleep(200 * time.Millisecond) // let the second writer run into the lock
+	if _, err := os.Stat(tmp); err != nil {
+		t.Errorf("a live writer's temp file was removed: %v", err)
+	}
+	close(resume)
+	if err := <-firstDone; err != nil {
+		t.Errorf("first writer: %v", err)
+	}
+	if err := <-secondDone; err != nil {
+		t.Errorf("second writer: %v", err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "second" {
+		t.Errorf("content %q, want the second writer's", b)
+	}
+	if _, err := os.Stat(abandoned); !os.IsNotExist(err) {
+		t.Errorf("abandoned temp file not removed: %v", err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(tempDir, ".50.conf.tmp-*")); len(m) > 0 {
+		t.Errorf("temp files left: %v", m)
+	}
+}
+
+// A fill that fails leaves the old file and no temp file.
+func TestWriteFailedFillKeepsOld(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	if err := WriteFile(path, []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := Write(path, 0o644, func(w io.Writer) error {
+		w.Write([]byte("half of the new"))
+		return errors.New("digest mismatch")
+	})
+	if err == nil || !strings.Contains(err.Error(), "digest mismatch") || !strings.Contains(err.Error(), path) {
+		t.Fatalf("error %v, want one naming the path and the cause", err)
+	}
+	if data, _ := os.ReadFile(path); string(data) != "old" {
+		t.Errorf("file holds %q after a failed write, want the old content", data)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("%d entries in the directory, want only the file", len(entries))
 	}
 }

@@ -1,0 +1,254 @@
+package bundle
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"strings"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/vincent-petithory/dataurl"
+
+	"github.com/kiln-appliance/kiln/builder"
+	"github.com/kiln-appliance/kiln/builder/fetch"
+	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/recipes"
+	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+)
+
+// base is a release the appliances run, named by --from: what it is and
+// which blobs a node running it holds.
+type base struct {
+	from    string // as given
+	recipe  string
+	arch    string
+	release bundle.Release
+	blobs   map[string]bool
+	trust   []ed25519.PublicKey // keys its nodes trust, when known
+	agent   string              // digest of the agent its nodes run, when known
+}
+
+// loadBase reads a --from argument: a kiln disk, its kiln.json, a bundle
+// (stick image or file), or a lock file with its recipe beside it.
+func loadBase(ctx context.Context, p string, cache *fetch.Cache, o Options) (*base, error) {
+	head := make([]byte, 8)
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, fmt.Errorf("--from %s: %w", p, err)
+	}
+	n, _ := f.Read(head)
+	f.Close()
+	head = head[:n]
+	var b *base
+	switch {
+	case string(head) == bundle.Magic:
+		b, err = baseFromBundle(p, 0)
+	case bytes.HasPrefix(bytes.TrimSpace(head), []byte("{")):
+		b, err = baseFromContents(p)
+	default:
+		if l, lerr := partitions.Inspect(p); lerr == nil {
+			b, err = baseFromDisk(p, l)
+		} else if isLock(p) {
+			b, err = baseFromLock(ctx, p, cache, o)
+		} else {
+			err = errors.New("not a kiln disk, kiln.json, bundle or lock file")
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--from %s: %w", p, err)
+	}
+	b.from = p
+	return b, nil
+}
+
+func baseFromDisk(p string, l *partitions.Layout) (*base, error) {
+	for _, part := range l.Partitions {
+		if strings.EqualFold(part.Type, bundle.PartitionType) {
+			return baseFromBundle(p, part.Offset)
+		}
+	}
+	if _, ok := l.Find(contract.PartitionName); !ok {
+		return nil, fmt.Errorf("a disk with no %s partition: give a disk kiln built, its kiln.json, a bundle or a lock file", contract.PartitionName)
+	}
+	fsys, closer, err := partitions.OpenImagePartition(p)
+	if err != nil {
+		return nil, err
+	}
+	defer closer.Close()
+	f, err := fsys.Open(contract.ContentsFile)
+	if err != nil {
+		return nil, fmt.Errorf("image partition has no %s: %w", contract.ContentsFile, err)
+	}
+	defer f.Close()
+	c, err := contract.Decode(f)
+	if err != nil {
+		return nil, err
+	}
+	b := baseOfContents(c)
+	b.trust, err = diskTrust(p)
+	return b, err
+}
+
+// diskTrust reads the keys a disk's nodes trust from its Ignition config
+// (the files under bundle.TrustDir, as the factory build writes them); nil
+// when it trusts none (built before trust existed, or without it).
+func diskTrust(disk string) ([]ed25519.PublicKey, error) {
+	raw, err := partitions.ReadIgnition(disk)
+	if err != nil {
+		return nil, err
+	}
+	var cfg struct {
+		Storage struct {
+			Files []struct {
+				Path     string `json:"path"`
+				Contents struct {
+					Source *string `json:"source"`
+				} `json:"contents"`
+			} `json:"files"`
+		} `json:"storage"`
+	}
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		return nil, fmt.Errorf("ignition config: %w", err)
+	}
+	var keys []ed25519.PublicKey
+	for _, f := range cfg.Storage.Files {
+		if path.Dir(f.Path) != bundle.TrustDir || f.Contents.Source == nil {
+			continue
+		}
+		u, err := dataurl.DecodeString(*f.Contents.Source)
+		if err != nil {
+			return nil, fmt.Errorf("ignition config: %s: %w", f.Path, err)
+		}
+		k, err := bundle.ParsePublicKey(u.Data)
+		if err != nil {
+			return nil, fmt.Errorf("ignition config: %s: %w", f.Path, err)
+		}
+		keys = append(keys, k)
+	}
+	return keys, nil
+}
+
+func baseFromContents(p string) (*base, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	c, err := contract.Decode(f)
+	if err != nil {
+		return nil, err
+	}
+	return baseOfContents(c), nil
+}
+
+// baseOfContents: a node holds the blobs of its image partition's layout.
+// (Images only preloaded are in containers/storage, not as blobs, so a
+// delta carries their blobs again.)
+func baseOfContents(c *contract.Contents) *base {
+	b := &base{recipe: c.Recipe, arch: c.Arch, release: bundle.Release{Version: c.Version, LockDigest: c.LockDigest}, blobs: map[string]bool{}}
+	prefix := path.Join(contract.OCIDir, "blobs", "sha256") + "/"
+	for _, f := range c.Files {
+		if hex, ok := strings.CutPrefix(f.Path, prefix); ok {
+			b.blobs["sha256:"+hex] = true
+		}
+		if f.Path == contract.AgentBinary {
+			b.agent = f.Digest
+		}
+	}
+	return b
+}
+
+// baseFromBundle: a node that installed a bundle holds every blob of its
+// release, whether the bundle was full or a delta. The bundle is not
+// verified here: it is the factory's own output, named on its command line.
+func baseFromBundle(p string, offset int64) (*base, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	h, err := bundle.ReadHeader(io.NewSectionReader(f, offset, toEnd))
+	if err != nil {
+		return nil, err
+	}
+	m, _, err := bundle.Unverified(h.Envelope)
+	if err != nil {
+		return nil, err
+	}
+	b := &base{recipe: m.Recipe, arch: m.Arch, release: bundle.Release{Version: m.Version, LockDigest: m.LockDigest}, blobs: map[string]bool{}, agent: m.Agent.Digest}
+	for _, bl := range m.Blobs {
+		b.blobs[bl.Digest] = true
+	}
+	for _, k := range m.Trust {
+		pub, err := bundle.ParsePublicKey([]byte(k.PublicKey))
+		if err != nil {
+			return nil, fmt.Errorf("trusted key %s: %w", k.KeyID, err)
+		}
+		b.trust = append(b.trust, pub)
+	}
+	return b, nil
+}
+
+// isLock tells a lock file by its kind line (ReadLock then says what else
+// is wrong with it).
+func isLock(p string) bool {
+	data, err := os.ReadFile(p)
+	return err == nil && len(data) < 1<<20 && bytes.Contains(data, []byte("kind: "+recipes.KindLock))
+}
+
+// baseFromLock reads a lock and the recipe beside it (for the recipe's name,
+// version and trust); the blobs come from the images' manifests, fetched
+// into the cache if they are not there yet.
+func baseFromLock(ctx context.Context, p string, cache *fetch.Cache, o Options) (*base, error) {
+	lock, err := recipes.ReadLock(p)
+	if err != nil {
+		return nil, err
+	}
+	r, err := recipeBeside(p)
+	if err != nil {
+		return nil, err
+	}
+	if err := lock.Check(r); err != nil {
+		return nil, err
+	}
+	lockBytes, err := lock.Encode()
+	if err != nil {
+		return nil, err
+	}
+	var reqs []fetch.Request
+	for _, li := range lock.Images {
+		reqs = append(reqs, fetch.Request{Source: li.Source, BaseDir: r.Dir, Digest: li.Digest, Platform: v1.Platform{OS: "linux", Architecture: r.Arch}})
+	}
+	imgs, err := cache.FetchAll(ctx, reqs, o.Progress, o.Fetch...)
+	if err != nil {
+		return nil, err
+	}
+	b := &base{recipe: r.Name, arch: r.Arch, release: bundle.Release{Version: r.Version, LockDigest: digestOf(lockBytes)}, blobs: map[string]bool{}}
+	for _, img := range imgs {
+		b.blobs[img.Descriptor.Digest.String()] = true
+		for _, d := range img.Blobs() {
+			b.blobs[d.Digest.String()] = true
+		}
+	}
+	b.trust, err = builder.TrustKeys(r)
+	return b, err
+}
+
+// recipeBeside finds the recipe a lock file belongs to (NAME.lock beside
+// NAME.yaml or NAME.yml).
+func recipeBeside(lockPath string) (*recipes.Recipe, error) {
+	stem := strings.TrimSuffix(lockPath, ".lock")
+	for _, ext := range []string{".yaml", ".yml"} {
+		if _, err := os.Stat(stem + ext); err == nil {
+			return recipes.Load(stem + ext)
+		}
+	}
+	return nil, errors.New("no recipe beside the lock file (" + path.Base(stem) + ".yaml): a lock alone does not say which release it is")
+}

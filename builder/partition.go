@@ -1,0 +1,186 @@
+package builder
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/kiln-appliance/kiln/builder/fetch"
+	"github.com/kiln-appliance/kiln/builder/internal/leftover"
+	"github.com/kiln-appliance/kiln/builder/preload"
+	"github.com/kiln-appliance/kiln/builder/stage"
+	"github.com/kiln-appliance/kiln/recipes"
+	"github.com/kiln-appliance/kiln/systemd/contract"
+)
+
+// fetchedImage is a locked image whose blobs are all in the cache.
+type fetchedImage struct {
+	recipe recipes.Image
+	locked recipes.LockedImage
+	image  *fetch.Image
+}
+
+// fetchImages brings every locked image's blobs into the cache, verified.
+func (b *build) fetchImages(ctx context.Context) error {
+	cache, err := fetch.Open(b.o.CacheDir)
+	if err != nil {
+		return err
+	}
+	b.cache = cache
+	var reqs []fetch.Request
+	var locked []recipes.LockedImage
+	for _, img := range b.recipe.Images {
+		li, ok := b.lock.Image(img.Name)
+		if !ok { // lock.Check already refused this; keep the error precise anyway
+			return fmt.Errorf("image %s is not in the lock file: run `kiln lock %s`", img.Name, b.recipe.Path)
+		}
+		locked = append(locked, li)
+		reqs = append(reqs, fetch.Request{Name: img.Name, Source: li.Source, BaseDir: b.recipe.Dir, Digest: li.Digest, Platform: platform(b.recipe)})
+	}
+	fetched, err := cache.FetchAll(ctx, reqs, b.o.Progress, b.o.Fetch...)
+	if err != nil {
+		return err
+	}
+	b.images = make([]fetchedImage, len(fetched))
+	for i, fi := range fetched {
+		b.images[i] = fetchedImage{recipe: b.recipe.Images[i], locked: locked[i], image: fi}
+	}
+	return nil
+}
+
+// stagePartition lays out the image partition's tree: the OCI layout of the
+// served images, the preloaded store, the agent, and kiln.json last.
+func (b *build) stagePartition(ctx context.Context) error {
+	// The staging tree lives in the cache directory so blobs can be hard
+	// links to the cache rather than copies.
+	work, err := os.MkdirTemp(b.o.CacheDir, leftover.Pattern(workDirPrefix))
+	if err != nil {
+		return fmt.Errorf("staging directory: %w", err)
+	}
+	b.work, b.root = work, filepath.Join(work, "partition")
+	if err := os.MkdirAll(filepath.Join(b.root, "bin"), 0o755); err != nil {
+		return err
+	}
+	c, err := b.describe()
+	if err != nil {
+		return err
+	}
+	served, preloaded := b.split()
+	task := b.o.Progress.Task("stage image partition", 0)
+	err = b.writeTree(ctx, c, served, preloaded)
+	task.Done(err)
+	if err != nil {
+		return err
+	}
+	if err := stage.WriteContents(b.root, c); err != nil {
+		return err
+	}
+	b.contents = c
+	return nil
+}
+
+// describe is kiln.json but for the list of files, which writeTree adds.
+func (b *build) describe() (*contract.Contents, error) {
+	r := b.recipe
+	c := &contract.Contents{
+		SchemaVersion: contract.ContentsVersion,
+		Recipe:        r.Name,
+		Version:       r.Version,
+		Arch:          r.Arch,
+		LockDigest:    digestOf(b.lockBytes),
+		Created:       b.epoch,
+		Registry: contract.Registry{
+			Listen:     r.Registry.Listen,
+			AlwaysOn:   r.Registry.AlwaysOn,
+			MirrorTags: r.Registry.MirrorsTags(),
+		},
+	}
+	hosts := map[string]bool{}
+	for _, fi := range b.images {
+		if fi.recipe.Served() {
+			ref, err := contract.ParseReference(fi.recipe.Name)
+			if err != nil {
+				return nil, err
+			}
+			hosts[ref.Host] = true
+		}
+		if fi.recipe.Preloaded() {
+			c.Registry.PreloadMode = r.Preload.Mode
+		}
+		c.Images = append(c.Images, contract.Image{
+			Name:      fi.recipe.Name,
+			Digest:    fi.locked.Digest,
+			MediaType: fi.locked.MediaType,
+			Size:      fi.locked.Size,
+			Served:    fi.recipe.Served(),
+			Preloaded: fi.recipe.Preloaded(),
+			ImageID:   fi.image.Config.Digest.String(),
+		})
+	}
+	for h := range hosts {
+		c.Registry.Upstreams = append(c.Registry.Upstreams, h)
+	}
+	sort.Strings(c.Registry.Upstreams)
+	return c, nil
+}
+
+// split sorts the images into the served and the preloaded ones.
+func (b *build) split() (served, preloaded []stage.Image) {
+	for _, fi := range b.images {
+		blobs := []v1.Hash{fi.image.Config.Digest}
+		for _, l := range fi.image.Layers {
+			blobs = append(blobs, l.Digest)
+		}
+		si := stage.Image{Ref: fi.recipe.Name, Manifest: fi.image.Descriptor, Blobs: blobs}
+		if fi.recipe.Served() {
+			served = append(served, si)
+		}
+		if fi.recipe.Preloaded() {
+			preloaded = append(preloaded, si)
+		}
+	}
+	return served, preloaded
+}
+
+// writeTree writes everything on the partition but kiln.json, and lists it
+// in c.Files.
+func (b *build) writeTree(ctx context.Context, c *contract.Contents, served, preloaded []stage.Image) error {
+	if err := stage.WriteLayout(filepath.Join(b.root, contract.OCIDir), b.cache.Path, served); err != nil {
+		return err
+	}
+	if len(preloaded) > 0 {
+		if err := b.preload(ctx, preloaded); err != nil {
+			return err
+		}
+	}
+	if err := stage.CopyFile(b.agent, filepath.Join(b.root, contract.AgentBinary), 0o755); err != nil {
+		return fmt.Errorf("copy agent binary %s: %w", b.agent, err)
+	}
+	files, err := stage.ListFiles(b.root)
+	c.Files = files
+	return err
+}
+
+// preload writes the preloaded images into a containers/storage store on
+// the partition. They are read from a throwaway OCI layout in the work
+// directory (not the partition's own, which holds only the served images).
+func (b *build) preload(ctx context.Context, images []stage.Image) error {
+	src := filepath.Join(b.work, "preload-src")
+	if err := stage.WriteLayout(src, b.cache.Path, images); err != nil {
+		return err
+	}
+	var pi []preload.Image
+	for _, img := range images {
+		pi = append(pi, preload.Image{Name: img.Ref, LayoutDir: src, Digest: img.Manifest.Digest.String()})
+	}
+	_, err := preload.Build(ctx, filepath.Join(b.root, contract.StorageDir), pi,
+		preload.WithPlatform("linux", b.recipe.Arch, ""),
+		preload.WithTime(time.Unix(b.epoch, 0)),
+		preload.WithProgress(b.o.Progress))
+	return err
+}

@@ -1,0 +1,132 @@
+//go:build !nodeonly
+
+package main
+
+import (
+	"crypto/ed25519"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kiln-appliance/kiln/builder/bundle"
+	"github.com/kiln-appliance/kiln/builder/progress"
+	contract "github.com/kiln-appliance/kiln/systemd/contract/bundle"
+)
+
+func init() { subcommands = append(subcommands, newBundleCommand) }
+
+func newBundleCommand() *cobra.Command {
+	var (
+		o     bundle.Options
+		fetch fetchFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "bundle RECIPE -o OUTPUT --key NAME.key [--from RELEASE]...",
+		Short: "Write a signed field upgrade bundle for a USB stick (or a single file)",
+		Long: `Bundle writes the release described by RECIPE and its lock as a signed upgrade bundle: by default
+a raw image for a USB stick (dd it, or use any USB writer), with --format file a single file to
+copy to the node. --from names what the appliances run (a previous lock with its recipe beside it,
+a disk kiln built, its kiln.json, or a previous bundle; repeat it for several): the bundle then
+carries only the blobs none of them holds and applies only to those releases. Without --from it is
+a full bundle that applies to any earlier release. See docs/bundles.md.`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if o.Output == "" || o.Key == "" {
+				return usageError{fmt.Errorf("both -o OUTPUT and --key NAME.key are needed (usage: kiln %s)", cmd.Use)}
+			}
+			if o.Format != bundle.FormatImage && o.Format != bundle.FormatFile {
+				return usageError{fmt.Errorf("--format %q: want image or file", o.Format)}
+			}
+			o.Fetch = fetch.options()
+			o.Log = cmd.ErrOrStderr()
+			o.Progress = newProgress()
+			res, err := bundle.Write(cmd.Context(), args[0], o)
+			if err != nil {
+				return err
+			}
+			m := res.Manifest
+			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%s %s %s bundle, %s; %s of blobs; signed by %s)\n",
+				res.Output, m.Recipe, m.Version, m.Kind, progress.Bytes(res.Size), progress.Bytes(m.Space.CopyBytes), res.KeyID)
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&o.Output, "output", "o", "", "bundle to write (required)")
+	cmd.Flags().StringVar(&o.Format, "format", bundle.FormatImage, "image (a USB stick image) or file (a single file)")
+	cmd.Flags().StringArrayVar(&o.From, "from", nil, "a release the appliances run: lock, disk, kiln.json or bundle (repeatable); none: a full bundle")
+	cmd.Flags().StringVar(&o.Key, "key", "", "private key to sign with (NAME.key from kiln key generate; required)")
+	cmd.Flags().StringVar(&o.CacheDir, "cache", "", "blob cache directory (default $XDG_CACHE_HOME/kiln)")
+	cmd.Flags().StringVar(&o.Agent, "agent", "", "kiln binary for the node's arch (default: this binary, when the arches match)")
+	fetch.register(cmd)
+	return cmd
+}
+
+// readKeys reads the public keys given with --key.
+func readKeys(paths []string) ([]ed25519.PublicKey, error) {
+	var keys []ed25519.PublicKey
+	for _, p := range paths {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return nil, fmt.Errorf("--key: %w", err)
+		}
+		k, err := contract.ParsePublicKey(data)
+		if err != nil {
+			return nil, fmt.Errorf("--key %s: %w", p, err)
+		}
+		keys = append(keys, k)
+	}
+	return keys, nil
+}
+
+func printBundle(w io.Writer, rep *bundle.Report, format string) error {
+	if format == "json" {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	m := rep.Manifest
+	fmt.Fprintf(w, "Bundle %s: %s %s (%s), %s bundle, %s\n", rep.Path, m.Recipe, m.Version, m.Arch, m.Kind, rep.Format)
+	if m.Kind == contract.KindFull {
+		fmt.Fprintln(w, "Applies to: any earlier release")
+	} else {
+		for _, r := range m.AppliesTo {
+			fmt.Fprintf(w, "Applies to: %s (lock %s)\n", r.Version, short(r.LockDigest))
+		}
+	}
+	signed := rep.Verified
+	if signed == "" {
+		signed = fmt.Sprint(rep.SignedBy) + " (claimed; kiln verify --key checks it)"
+	}
+	fmt.Fprintf(w, "Signed by: %s\n", signed)
+	fmt.Fprintf(w, "Space on the node: %s of blobs to copy, %s unpacked\n\n", progress.Bytes(m.Space.CopyBytes), progress.Bytes(m.Space.UnpackedBytes))
+	onStick := map[string]bool{}
+	for _, b := range m.Blobs {
+		onStick[b.Digest] = b.OnStick
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "IMAGE\tDIGEST\tSIZE\tBLOBS ON STICK")
+	for _, img := range m.Images {
+		n := 0
+		for _, d := range append([]string{img.Digest}, img.Blobs...) {
+			if onStick[d] {
+				n++
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d of %d\n", img.Name, short(img.Digest), progress.Bytes(img.Size), n, len(img.Blobs)+1)
+	}
+	tw.Flush()
+	if len(m.ReleaseFiles) > 0 {
+		fmt.Fprintln(w, "\nRelease files:")
+		for _, f := range m.ReleaseFiles {
+			fmt.Fprintf(w, "  %s (%04o, %s)\n", f.Path, f.Mode, progress.Bytes(f.Size))
+		}
+	}
+	fmt.Fprintln(w, "\nTrusted keys after this release:")
+	for _, k := range m.Trust {
+		fmt.Fprintf(w, "  %s\n", k.KeyID)
+	}
+	return nil
+}

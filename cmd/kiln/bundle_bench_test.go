@@ -1,0 +1,168 @@
+//go:build !nodeonly
+
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kiln-appliance/kiln/builder/bundle"
+	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
+	"github.com/kiln-appliance/kiln/test/fixtures/images"
+)
+
+// BenchmarkBundle measures upgrade bundles on synthetic releases: 1.0 is 24
+// random images (30 % of their bytes in shared layers); 1.1 replaces 6 of
+// them with new ones. It reports
+//   - a delta's overhead: the stick image's (and the file's) bytes beyond the
+//     payload it must carry (new blobs, release files, agent), as a fraction
+//     of the new blobs (target ≤ 1 %);
+//   - a full bundle's build throughput against `cp` of the same blob bytes,
+//     measured in the same run, both followed by sync (target ≥ 0.8).
+//
+// KILN_BENCH_SIZES (MiB of release 1.0, comma-separated) overrides the size;
+// KILN_BENCH_KEEP=1 keeps the inputs (cache, recipes, key) to time by hand.
+//
+//	go test -tags … -run '^$' -bench BenchmarkBundle -benchtime 1x ./cmd/kiln
+func BenchmarkBundle(b *testing.B) {
+	sizes := []int64{1024}
+	if s := os.Getenv("KILN_BENCH_SIZES"); s != "" {
+		sizes = nil
+		for _, f := range splitComma(s) {
+			var n int64
+			fmt.Sscan(f, &n)
+			sizes = append(sizes, n)
+		}
+	}
+	for _, mib := range sizes {
+		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) { benchBundle(b, mib<<20) })
+	}
+}
+
+func benchBundle(b *testing.B, total int64) {
+	dir, err := os.MkdirTemp("/var/tmp", "kiln-bench-bundle-") // a real disk, not tmpfs
+	if err != nil {
+		b.Fatal(err)
+	}
+	if os.Getenv("KILN_BENCH_KEEP") == "" {
+		defer os.RemoveAll(dir)
+	} else {
+		b.Logf("keeping %s (KILN_BENCH_KEEP)", dir)
+	}
+	const n, replaced = 24, 6
+	old, err := images.RandomImages(filepath.Join(dir, "oci10"), n, total, 0.3, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	fresh, err := images.RandomImages(filepath.Join(dir, "oci11"), replaced, total*replaced/n, 0, 2)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := basedisk.Write(filepath.Join(dir, "base.raw")); err != nil {
+		b.Fatal(err)
+	}
+	env := append(os.Environ(), "XDG_CACHE_HOME="+filepath.Join(dir, "cache"))
+	f := &fixture{dir: dir, cache: filepath.Join(dir, "cache")}
+	if out, err := command(env, kilnBin, "key", "generate", filepath.Join(dir, "k")).CombinedOutput(); err != nil {
+		b.Fatalf("key: %v\n%s", err, out)
+	}
+	recipe := func(version string, newImages int) string {
+		d := filepath.Join(dir, version)
+		os.MkdirAll(d, 0o755)
+		text := fmt.Sprintf("apiVersion: kiln.dev/v1alpha1\nkind: Appliance\nname: bench\nversion: %s\nbase:\n  path: ../base.raw\ntrust: [../k.pub]\nimages:\n", version)
+		for _, img := range old[:n-newImages] {
+			text += fmt.Sprintf("  - name: %s\n    source: oci:../oci10:%s\n", img.Ref, img.Ref)
+		}
+		for i, img := range fresh[:newImages] {
+			text += fmt.Sprintf("  - name: bench.local/new-%d:1\n    source: oci:../oci11:%s\n", i, img.Ref)
+		}
+		p := filepath.Join(d, "bench.yaml")
+		os.WriteFile(p, []byte(text), 0o644)
+		return p
+	}
+	r10, r11 := recipe("1.0.0", 0), recipe("1.1.0", replaced)
+	disk := filepath.Join(dir, "disk-1.0.raw")
+	for _, args := range [][]string{{"build", r10, "-o", disk}, {"lock", r11}} {
+		if out, err := command(env, kilnBin, args...).CombinedOutput(); err != nil {
+			b.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	key := filepath.Join(dir, "k.key")
+
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		// Delta overhead, for the stick image and the file.
+		delta, deltaFile := filepath.Join(dir, "delta.img"), filepath.Join(dir, "delta.kbundle")
+		timed(b, env, kilnBin, "bundle", r11, "-o", delta, "--key", key, "--from", disk)
+		timed(b, env, kilnBin, "bundle", r11, "-o", deltaFile, "--key", key, "--from", disk, "--format", "file")
+		rep := inspectReport(b, f, delta)
+		payload := rep.Manifest.Space.CopyBytes
+		if rep.Manifest.AgentOnStick {
+			payload += rep.Manifest.Agent.Size
+		}
+		for _, rf := range rep.Manifest.ReleaseFiles {
+			payload += rf.Size
+		}
+		over := func(p string) float64 {
+			fi, err := os.Stat(p)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return float64(fi.Size()-payload) / float64(rep.Manifest.Space.CopyBytes)
+		}
+		overImg, overFile := over(delta), over(deltaFile)
+
+		// Throughput of a full bundle against cp of the same blobs.
+		blobs := filepath.Join(dir, "cp-src")
+		os.RemoveAll(blobs)
+		os.MkdirAll(blobs, 0o755)
+		var bytes int64
+		for _, bl := range rep.Manifest.Blobs {
+			src := filepath.Join(dir, "cache", "kiln", "blobs", "sha256", bl.Digest[len("sha256:"):])
+			if _, err := os.Stat(src); err != nil {
+				b.Fatalf("blob cache layout changed? %v", err)
+			}
+			os.Link(src, filepath.Join(blobs, bl.Digest[len("sha256:"):]))
+			bytes += bl.Size
+		}
+		os.RemoveAll(filepath.Join(dir, "cp"))
+		tCP := timed(b, env, "sh", "-c", "cp -r "+blobs+" "+filepath.Join(dir, "cp")+" && sync")
+		full := filepath.Join(dir, "full.img")
+		tFull, rss := timedRSS(b, env, kilnBin, "bundle", r11, "-o", full, "--key", key)
+		// The full bundle is sound (its chunks were hashed while written).
+		if out, err := command(env, kilnBin, "verify", full, "--key", filepath.Join(dir, "k.pub")).CombinedOutput(); err != nil {
+			b.Fatalf("verify the full bundle: %v\n%s", err, out)
+		}
+		// Once more, untimed, for where the time goes (the steps' own lines).
+		steps, _ := command(env, kilnBin, "bundle", r11, "-o", full, "--key", key).CombinedOutput()
+		for _, line := range strings.Split(string(steps), "\n") {
+			if strings.Contains(line, ": done") {
+				b.Log(line)
+			}
+		}
+
+		mb := float64(bytes) / (1 << 20)
+		b.ReportMetric(overImg*100, "delta-overhead-%")
+		b.ReportMetric(tCP.Seconds()/tFull.Seconds(), "full/cp")
+		b.Logf("delta: %s of new blobs, agent on stick %v; overhead beyond its payload: image %.3f %%, file %.3f %%. full bundle of %.0f MiB: cp %.2fs (%.0f MiB/s), bundle %.2fs (%.2f of cp), peak RSS %d MiB",
+			bundleBytes(rep.Manifest.Space.CopyBytes), rep.Manifest.AgentOnStick, overImg*100, overFile*100, mb, tCP.Seconds(), mb/tCP.Seconds(), tFull.Seconds(), tCP.Seconds()/tFull.Seconds(), rss>>20)
+	}
+}
+
+func inspectReport(b *testing.B, f *fixture, p string) *bundle.Report {
+	out, err := command(append(os.Environ(), "XDG_CACHE_HOME="+f.cache), kilnBin, "inspect", "-o", "json", p).Output()
+	if err != nil {
+		b.Fatalf("inspect: %v", err)
+	}
+	var rep bundle.Report
+	if err := json.Unmarshal(out, &rep); err != nil {
+		b.Fatal(err)
+	}
+	return &rep
+}
+
+func bundleBytes(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }

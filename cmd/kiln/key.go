@@ -1,0 +1,76 @@
+//go:build !nodeonly
+
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+)
+
+func init() { subcommands = append(subcommands, newKeyCommand) }
+
+func newKeyCommand() *cobra.Command {
+	key := &cobra.Command{
+		Use:   "key",
+		Short: "Manage the keys that sign upgrade bundles",
+	}
+	key.AddCommand(&cobra.Command{
+		Use:   "generate NAME",
+		Short: "Write a new ed25519 key pair: NAME.key (private, PKCS#8 PEM, mode 0600) and NAME.pub (public, PKIX PEM)",
+		Long: `Generate writes NAME.key, the private key that signs bundles (keep it off the appliances and
+out of version control), and NAME.pub, the public key a recipe lists under trust. Neither file is
+overwritten: generating over an existing key would orphan every appliance that trusts it.`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			priv, pub, err := bundle.GenerateKey()
+			if err != nil {
+				return err
+			}
+			name := args[0]
+			if err := writeNew(name+".key", priv, 0o600); err != nil {
+				return err
+			}
+			if err := writeNew(name+".pub", pub, 0o644); err != nil {
+				os.Remove(name + ".key")
+				return err
+			}
+			k, err := bundle.ParsePublicKey(pub)
+			if err != nil {
+				return err
+			}
+			id, err := bundle.KeyID(k)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s.key and %s.pub (key ID %s)\n", name, name, id)
+			return nil
+		},
+	})
+	return key
+}
+
+// writeNew writes a file that must not exist yet, durably.
+func writeNew(p string, data []byte, mode os.FileMode) error {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		if os.IsExist(err) {
+			return fmt.Errorf("%s exists: kiln never overwrites a key; choose another name or move it away", p)
+		}
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		os.Remove(p)
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		os.Remove(p)
+		return err
+	}
+	return f.Close()
+}

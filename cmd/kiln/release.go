@@ -1,0 +1,241 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.podman.io/storage"
+	stypes "go.podman.io/storage/types"
+
+	"github.com/kiln-appliance/kiln/systemd/agent/release"
+	"github.com/kiln-appliance/kiln/systemd/contract"
+)
+
+// releaseFlags are what every command on the release state shares.
+type releaseFlags struct {
+	root  string
+	apply string
+}
+
+func (f *releaseFlags) add(cmd *cobra.Command) {
+	f.addRoot(cmd)
+	cmd.Flags().StringVar(&f.apply, "apply-pins", "reload", "how CRI-O is made to read new pins: reload, restart or none (no CRI-O)")
+}
+
+func (f *releaseFlags) addRoot(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.root, "root", "/", "the node's root (tests run on a tree of their own)")
+	cmd.Flags().MarkHidden("root")
+}
+
+func (f *releaseFlags) machine(cmd *cobra.Command) (*release.Machine, error) {
+	var a release.PinApplier
+	switch f.apply {
+	case "reload":
+		a = release.ReloadCRIO
+	case "restart":
+		a = release.RestartCRIO
+	case "none", "": // "": a command that never changes the pins (status)
+		a = release.PinApplierFunc(func(context.Context) error { return nil })
+	default:
+		return nil, usageError{fmt.Errorf("--apply-pins %q: want reload, restart or none", f.apply)}
+	}
+	images := release.StorageImages{Log: cmd.OutOrStdout(), Open: func() (storage.Store, error) {
+		return openNodeStore(func(opts *stypes.StoreOptions) {
+			if f.root != "/" { // a test's tree: its own store
+				opts.GraphRoot = filepath.Join(f.root, opts.GraphRoot)
+				opts.RunRoot = filepath.Join(f.root, opts.RunRoot)
+			}
+		})
+	}}
+	return release.New(release.WithRoot(f.root), release.WithPinApplier(a), release.WithImageRemover(images),
+		release.WithLog(cmd.OutOrStdout())), nil
+}
+
+func newStatusCommand() *cobra.Command {
+	var (
+		flags  releaseFlags
+		format string
+	)
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the node's releases (current, previous, staged or trying), its pins and the last result",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if format != "text" && format != "json" {
+				return usageError{fmt.Errorf("--output %q: want text or json", format)}
+			}
+			m, err := flags.machine(cmd)
+			if err != nil {
+				return err
+			}
+			st, err := m.Status()
+			if err != nil {
+				return err
+			}
+			if format == "json" {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(st)
+			}
+			printStatus(cmd.OutOrStdout(), st)
+			return nil
+		},
+	}
+	flags.addRoot(cmd)
+	cmd.Flags().StringVarP(&format, "output", "o", "text", "output format: text or json")
+	return cmd
+}
+
+func printStatus(w io.Writer, st *release.Status) {
+	line := func(label string, r *contract.Release, note string) {
+		if r == nil {
+			fmt.Fprintf(w, "%-9s -\n", label+":")
+			return
+		}
+		fmt.Fprintf(w, "%-9s %s  (%d image(s), %d file(s))%s\n", label+":", r.Version, len(r.Images), len(r.Files), note)
+	}
+	note := ""
+	if !st.Recorded {
+		note = "  factory release; no state recorded yet"
+	}
+	line("current", &st.Current, note)
+	line("previous", st.Previous, "  kept for rollback")
+	line("staged", st.Staged, "  tried at the next boot")
+	line("trying", st.Trying, fmt.Sprintf("  boot %d, waiting for its health check", st.Attempts))
+	if len(st.Retired) > 0 {
+		fmt.Fprintf(w, "%-9s %s (still being removed)\n", "retired:", strings.Join(st.Retired, ", "))
+	}
+	if l := st.Last; l != nil {
+		ok := "ok"
+		if !l.OK {
+			ok = "FAILED"
+		}
+		msg := ""
+		if l.Message != "" {
+			msg = ": " + l.Message
+		}
+		fmt.Fprintf(w, "%-9s %s %s %s%s (%s)\n", "last:", l.Action, l.Version, ok, msg, time.Unix(l.Time, 0).UTC().Format(time.RFC3339))
+	}
+	match := "as the state says"
+	switch {
+	case !st.Recorded:
+		match = "as Ignition wrote them (the state is recorded at the next boot)"
+	case !st.PinsCurrent:
+		match = "NOT as the state says: a change was interrupted; the next boot finishes it (or: kiln agent release converge)"
+	}
+	fmt.Fprintf(w, "%-9s %d in %s, %s\n", "pins:", len(st.Pins), contract.PinsDropIn, match)
+	for _, p := range st.Pins {
+		fmt.Fprintf(w, "  %s\n", p)
+	}
+}
+
+// newReleaseCommand holds the state machine's transitions as the upgrade
+// boot's units and a technician run them. Importing a bundle (which stages)
+// is `kiln agent import`.
+func newReleaseCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "release",
+		Short: "Move the node between releases: begin trying the staged one, confirm it, roll it back, abandon it",
+	}
+	var flags releaseFlags
+	var reason string
+	sub := []*cobra.Command{
+		{
+			Use:   "begin [PARTITION]",
+			Short: "At boot, before CRI-O: record the factory release if nothing is recorded, then try the staged release",
+			Long: "Records the image partition's release (PARTITION/kiln.json, default " + contract.MountPoint + ") as current when the\n" +
+				"node has no release state, then begins trying a staged release (its files installed, its images pinned),\n" +
+				"or rolls back one that was not confirmed after 3 boots. Every boot may run it; it also finishes any\n" +
+				"interrupted change.",
+			Args: func(cmd *cobra.Command, args []string) error {
+				if len(args) > 1 {
+					return usageError{fmt.Errorf("%s: at most one argument, the mounted image partition, got %d", cmd.CommandPath(), len(args))}
+				}
+				return nil
+			},
+			RunE: func(cmd *cobra.Command, args []string) error {
+				m, err := flags.machine(cmd)
+				if err != nil {
+					return err
+				}
+				part := filepath.Join(flags.root, contract.MountPoint)
+				if len(args) == 1 {
+					part = args[0]
+				}
+				c, err := contract.Read(part)
+				if err != nil {
+					return err
+				}
+				if _, err := m.Init(cmd.Context(), release.FactoryRelease(c)); err != nil {
+					return err
+				}
+				_, err = m.Begin(cmd.Context())
+				return err
+			},
+		},
+		{
+			Use:   "confirm VERSION",
+			Short: "The release being tried passed its health check: make it current (the current one becomes previous)",
+			Args:  exactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				m, err := flags.machine(cmd)
+				if err != nil {
+					return err
+				}
+				_, err = m.Confirm(cmd.Context(), args[0])
+				return err
+			},
+		},
+		{
+			Use:   "rollback VERSION --reason TEXT",
+			Short: "The release being tried failed its health check: put the current release back",
+			Args:  exactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				m, err := flags.machine(cmd)
+				if err != nil {
+					return err
+				}
+				_, err = m.Rollback(cmd.Context(), args[0], reason)
+				return err
+			},
+		},
+		{
+			Use:   "abandon VERSION",
+			Short: "Drop the staged release before it is tried",
+			Args:  exactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				m, err := flags.machine(cmd)
+				if err != nil {
+					return err
+				}
+				_, err = m.Abandon(cmd.Context(), args[0])
+				return err
+			},
+		},
+		{
+			Use:   "converge",
+			Short: "Make the pins, release files and release store match the recorded state (finishes an interrupted change)",
+			Args:  exactArgs(0),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				m, err := flags.machine(cmd)
+				if err != nil {
+					return err
+				}
+				_, err = m.Converge(cmd.Context())
+				return err
+			},
+		},
+	}
+	for _, c := range sub {
+		flags.add(c)
+		cmd.AddCommand(c)
+	}
+	sub[2].Flags().StringVar(&reason, "reason", "health check failed", "what failed, for kiln agent status")
+	return cmd
+}

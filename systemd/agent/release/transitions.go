@@ -1,0 +1,255 @@
+package release
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/coreos/go-semver/semver"
+	"github.com/opencontainers/go-digest"
+
+	"github.com/kiln-appliance/kiln/systemd/agent/pins"
+	"github.com/kiln-appliance/kiln/systemd/contract"
+)
+
+// Errors a refused transition wraps; nothing is changed when one is returned.
+var (
+	ErrNotNewer = errors.New("release is not newer than the current one")
+	ErrBusy     = errors.New("another release is staged or being tried")
+	ErrNoSuch   = errors.New("no such release in this state")
+)
+
+// Stage records r as the release to try at the next boot. r's blobs must
+// already be in the release store. Staging the same release again changes
+// nothing.
+func (m *Machine) Stage(ctx context.Context, r contract.Release) (*contract.State, error) {
+	return m.Import(ctx, r, nil)
+}
+
+// Fill puts a release's blobs into the release store's blob directory
+// (blobs/sha256/<hex>, each verified as it is written), and its images into
+// the node's containers/storage.
+type Fill func(ctx context.Context, blobDir string) error
+
+// Import stages r after fill has put its content on the node. fill runs only
+// once the node has agreed to take r (nothing staged or trying, r newer than
+// current), and under the state lock, so no converge collects its blobs
+// while they are copied. When fill fails nothing is recorded; the blobs it
+// left are reused by the next import (fill may skip blobs already there) or
+// collected by the next converge.
+func (m *Machine) Import(ctx context.Context, r contract.Release, fill Fill) (*contract.State, error) {
+	if err := checkRelease(r); err != nil {
+		return nil, fmt.Errorf("stage %s: %w", r.Version, err)
+	}
+	return m.transition(ctx, "stage", func(s *contract.State) error {
+		switch {
+		case s.Trying != nil:
+			return fmt.Errorf("stage %s: %w: %s is being tried; it must be confirmed or rolled back first", r.Version, ErrBusy, s.Trying.Version)
+		case s.Staged != nil && s.Staged.Version == r.Version && same(*s.Staged, r):
+			return errUnchanged
+		case s.Staged != nil:
+			return fmt.Errorf("stage %s: %w: %s is staged; reboot to try it, or abandon it (kiln agent release abandon %s)", r.Version, ErrBusy, s.Staged.Version, s.Staged.Version)
+		}
+		if c, err := compare(r.Version, s.Current.Version); err != nil {
+			return fmt.Errorf("stage: %w", err)
+		} else if c <= 0 {
+			return fmt.Errorf("stage %s: %w (%s): rollback uses the node's own previous release, never an older one", r.Version, ErrNotNewer, s.Current.Version)
+		}
+		if fill != nil {
+			if err := fill(ctx, filepath.Join(m.path(contract.ReleaseStore), "blobs", "sha256")); err != nil {
+				return fmt.Errorf("import %s: %w", r.Version, err)
+			}
+		}
+		if err := m.checkBlobs(r); err != nil {
+			return fmt.Errorf("stage %s: %w", r.Version, err)
+		}
+		s.Staged = &r
+		s.Last = m.result("stage", r.Version, true, "")
+		return nil
+	})
+}
+
+// Begin is the upgrade boot's first step, before CRI-O and the workloads
+// start: a staged release becomes the one being tried, and its attempt is
+// counted once per boot. A release not confirmed after the maximum number of
+// boots is rolled back instead. With nothing staged or trying, Begin only
+// converges (every boot may run it).
+func (m *Machine) Begin(ctx context.Context) (*contract.State, error) {
+	boot, err := m.bootID()
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	return m.transition(ctx, "begin", func(s *contract.State) error {
+		switch {
+		case s.Staged != nil:
+			s.Trying, s.Staged = s.Staged, nil
+			s.Attempts, s.TryingBoot = 1, boot
+			s.Last = m.result("begin", s.Trying.Version, true, "")
+		case s.Trying == nil || s.TryingBoot == boot:
+			return errUnchanged
+		case s.Attempts >= m.maxAttempts:
+			v := s.Trying.Version
+			retire(s, *s.Trying)
+			s.Trying, s.Attempts, s.TryingBoot = nil, 0, ""
+			s.Last = m.result("rollback", v, false, fmt.Sprintf("not confirmed healthy after %d boots", m.maxAttempts))
+		default:
+			s.Attempts++
+			s.TryingBoot = boot
+			s.Last = m.result("begin", s.Trying.Version, true, fmt.Sprintf("boot %d of %d", s.Attempts, m.maxAttempts))
+		}
+		return nil
+	})
+}
+
+// Confirm makes the release being tried current, once its health check
+// passed: the current one becomes previous (still pinned, for rollback) and
+// the one before it is retired. Confirming the current release changes nothing.
+func (m *Machine) Confirm(ctx context.Context, version string) (*contract.State, error) {
+	return m.transition(ctx, "confirm", func(s *contract.State) error {
+		switch {
+		case s.Trying != nil && s.Trying.Version == version:
+		case s.Trying == nil && s.Current.Version == version:
+			return errUnchanged
+		default:
+			return fmt.Errorf("confirm %s: %w (%s): only the release being tried can be confirmed", version, ErrNoSuch, describe(s))
+		}
+		if s.Previous != nil {
+			retire(s, *s.Previous)
+		}
+		prev := s.Current
+		s.Previous = &prev
+		s.Current = *s.Trying
+		s.Trying, s.Attempts, s.TryingBoot = nil, 0, ""
+		s.Last = m.result("confirm", version, true, "")
+		return nil
+	})
+}
+
+// Rollback gives up the release being tried (its health check failed): the
+// current release's files come back and the tried one is unpinned and
+// retired. reason says what failed. Rolling back again changes nothing.
+func (m *Machine) Rollback(ctx context.Context, version, reason string) (*contract.State, error) {
+	return m.transition(ctx, "rollback", func(s *contract.State) error {
+		switch {
+		case s.Trying != nil && s.Trying.Version == version:
+		case s.Trying == nil && lastWas(s, "rollback", version):
+			return errUnchanged
+		default:
+			return fmt.Errorf("roll back %s: %w (%s): only the release being tried can be rolled back", version, ErrNoSuch, describe(s))
+		}
+		retire(s, *s.Trying)
+		s.Trying, s.Attempts, s.TryingBoot = nil, 0, ""
+		s.Last = m.result("rollback", version, false, reason)
+		return nil
+	})
+}
+
+// Abandon drops a staged release before it is tried (a technician changed
+// their mind, or the import must start over).
+func (m *Machine) Abandon(ctx context.Context, version string) (*contract.State, error) {
+	return m.transition(ctx, "abandon", func(s *contract.State) error {
+		switch {
+		case s.Staged != nil && s.Staged.Version == version:
+		case s.Staged == nil && lastWas(s, "abandon", version):
+			return errUnchanged
+		default:
+			return fmt.Errorf("abandon %s: %w (%s): only a staged release can be abandoned", version, ErrNoSuch, describe(s))
+		}
+		retire(s, *s.Staged)
+		s.Staged = nil
+		s.Last = m.result("abandon", version, true, "")
+		return nil
+	})
+}
+
+func (m *Machine) result(action, version string, ok bool, msg string) *contract.Result {
+	return &contract.Result{Action: action, Version: version, OK: ok, Message: msg, Time: m.now().Unix()}
+}
+
+func lastWas(s *contract.State, action, version string) bool {
+	return s.Last != nil && s.Last.Action == action && s.Last.Version == version
+}
+
+// retire queues r's leftovers (files, pins, blobs, images) for removal.
+func retire(s *contract.State, r contract.Release) {
+	for i, old := range s.Retired {
+		if old.Version == r.Version {
+			s.Retired[i] = r
+			return
+		}
+	}
+	s.Retired = append(s.Retired, r)
+}
+
+// same reports whether two releases are the same record.
+func same(a, b contract.Release) bool {
+	s1, _ := contract.EncodeState(&contract.State{Current: a})
+	s2, _ := contract.EncodeState(&contract.State{Current: b})
+	return string(s1) == string(s2)
+}
+
+// compare returns -1, 0 or 1 as version a is older than, the same as or newer
+// than b, by semver precedence.
+func compare(a, b string) (int, error) {
+	va, err := semver.NewVersion(a)
+	if err != nil {
+		return 0, fmt.Errorf("version %q is not semver (MAJOR.MINOR.PATCH): %v", a, err)
+	}
+	vb, err := semver.NewVersion(b)
+	if err != nil {
+		return 0, fmt.Errorf("version %q is not semver (MAJOR.MINOR.PATCH): %v", b, err)
+	}
+	return va.Compare(*vb), nil
+}
+
+// checkRelease refuses a release record the machine could not keep safely.
+func checkRelease(r contract.Release) error {
+	if _, err := semver.NewVersion(r.Version); err != nil {
+		return fmt.Errorf("version %q is not semver (MAJOR.MINOR.PATCH): %v", r.Version, err)
+	}
+	for _, im := range r.Images {
+		if _, err := pins.Refs(im); err != nil {
+			return err
+		}
+	}
+	seen := map[string]bool{}
+	for _, f := range r.Files {
+		if err := contract.CheckReleasePath(f.Path); err != nil {
+			return fmt.Errorf("release file: %w", err)
+		}
+		if seen[f.Path] {
+			return fmt.Errorf("release file %q listed twice", f.Path)
+		}
+		seen[f.Path] = true
+		if _, err := digest.Parse(f.Digest); err != nil {
+			return fmt.Errorf("release file %q: digest %q: %v", f.Path, f.Digest, err)
+		}
+		if os.FileMode(f.Mode)&^os.ModePerm != 0 {
+			return fmt.Errorf("release file %q: mode %#o has more than permission bits", f.Path, f.Mode)
+		}
+	}
+	for _, b := range r.Blobs {
+		if _, err := digest.Parse(b); err != nil {
+			return fmt.Errorf("blob %q: %v", b, err)
+		}
+	}
+	return nil
+}
+
+// checkBlobs refuses to record a release whose content is not on the node:
+// every blob it keeps is in the store, every file's content is findable.
+func (m *Machine) checkBlobs(r contract.Release) error {
+	for _, b := range r.Blobs {
+		if _, err := os.Stat(m.storeBlob(b)); err != nil {
+			return fmt.Errorf("blob %s is not in the release store (%s): import the release's blobs first", b, m.path(contract.ReleaseStore))
+		}
+	}
+	for _, f := range r.Files {
+		if _, err := m.findBlob(f.Digest); err != nil {
+			return fmt.Errorf("release file %s: %w", f.Path, err)
+		}
+	}
+	return nil
+}

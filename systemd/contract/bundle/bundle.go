@@ -1,0 +1,177 @@
+// Package bundle is the format of kiln's field upgrade bundles: what the
+// factory writes (`kiln bundle`) and the node reads (import from a USB stick
+// or a file). It holds the manifest types, the on-stick header, signing and
+// verification (DSSE envelopes, ed25519), and the checks the node makes
+// before it changes anything: genuine, meant for it, newer, fits on its disk.
+//
+// A bundle's bytes (the stick's one partition, or the whole file of
+// `--format file`) are:
+//
+//	0        header: Magic, format version, header size, envelope length
+//	24       the DSSE envelope (JSON), its payload the Manifest
+//	...      zeros up to HeaderSize (a multiple of 4 KiB)
+//	HeaderSize  a squashfs filesystem of Manifest.Filesystem.Size bytes,
+//	            pinned by the sha256 of each of its 64 MiB chunks
+//
+// The manifest comes first and is small, so the node reads and checks it
+// without reading the rest. It pins the filesystem's sha256 and every file
+// in it, so one signature covers every byte of the bundle.
+//
+// Layout of the filesystem:
+//
+//	/oci/               OCI image layout: index.json lists every image of the
+//	                    release; blobs/ holds only the blobs on the stick
+//	/release/PATH       the release's files, by their absolute node path
+//	/bin/kiln           the kiln agent the release runs (a delta may leave it out)
+package bundle
+
+import (
+	"crypto/sha256"
+	"fmt"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
+)
+
+// Paths inside the bundle's filesystem.
+const (
+	OCIDir      = "oci"
+	ReleaseDir  = "release"
+	AgentBinary = "bin/kiln"
+)
+
+// TrustDir is where a node keeps the public keys it accepts bundles from,
+// one PEM file each, named by TrustFileName. The factory build writes the
+// recipe's trust there through Ignition; a confirmed release replaces the
+// set with its manifest's Trust.
+const TrustDir = "/etc/kiln/trust"
+
+// TrustFileName is the file name of a trusted key in TrustDir: the first 16
+// hex digits of the sha256 of its PEM, so names never collide and never
+// need escaping.
+func TrustFileName(pemBytes []byte) string {
+	sum := sha256.Sum256(pemBytes)
+	return fmt.Sprintf("%x.pub", sum[:8])
+}
+
+// PartitionName is the GPT partition name of a bundle stick's partition.
+const PartitionName = "kiln-bundle"
+
+// PartitionType is the GPT partition type GUID of kiln bundle partitions: the
+// node's udev rule matches it (ID_PART_ENTRY_TYPE). Random, generated once
+// for kiln; not registered anywhere.
+const PartitionType = "3C0A7F52-9E1D-4B8A-A6F3-5D2E8C41B907"
+
+// PayloadType is the DSSE payload type of a bundle manifest.
+const PayloadType = "application/vnd.kiln.bundle.manifest.v1+json"
+
+// SchemaVersion is the version of Manifest.
+const SchemaVersion = 1
+
+// Kinds of bundle.
+const (
+	KindFull  = "full"  // every blob of the release; applies to any earlier release
+	KindDelta = "delta" // only blobs its base releases lack; applies to those
+)
+
+// Manifest is what a bundle holds and whom it is for. Every byte count the
+// node needs for its space check is here.
+type Manifest struct {
+	SchemaVersion int    `json:"schemaVersion"`
+	Recipe        string `json:"recipe"`     // recipe name
+	Version       string `json:"version"`    // release version (semver)
+	Arch          string `json:"arch"`       // GOARCH
+	LockDigest    string `json:"lockDigest"` // sha256 of the release's lock file
+	Created       int64  `json:"created"`    // SOURCE_DATE_EPOCH of the bundle
+
+	Kind string `json:"kind"` // KindFull or KindDelta
+	// AppliesTo lists the releases a delta applies to (its bases); empty
+	// for a full bundle, which applies to any earlier release.
+	AppliesTo []Release `json:"appliesTo,omitempty"`
+
+	Images []Image `json:"images"` // every image of the release, sorted by name
+	Blobs  []Blob  `json:"blobs"`  // every blob the images name, sorted by digest
+	Space  Space   `json:"space"`
+
+	// ReleaseFiles are the release's files (contract.ReleaseFile: the node's
+	// own record of them), stored at ReleaseDir + Path; sorted by path.
+	ReleaseFiles []contract.ReleaseFile `json:"releaseFiles"`
+	// Agent is the kiln agent the release runs. AgentOnStick: it is at
+	// AgentBinary; a delta leaves it out when every base runs this very
+	// agent (same digest), and the node keeps the one it has.
+	Agent        File `json:"agent"`
+	AgentOnStick bool `json:"agentOnStick"`
+	// Trust is the key set the node trusts once this release is confirmed
+	// (key rotation: the bundle itself is signed by a key the node trusts now).
+	Trust []Key `json:"trust"`
+
+	Filesystem Filesystem `json:"filesystem"`
+	// Files lists every regular file in the filesystem, sorted by path.
+	Files []File `json:"files"`
+}
+
+// Release names one release of the recipe.
+type Release struct {
+	Version    string `json:"version"`
+	LockDigest string `json:"lockDigest"`
+}
+
+// Image is one container image of the release.
+type Image struct {
+	Name      string   `json:"name"`      // the reference workloads use
+	Digest    string   `json:"digest"`    // manifest digest
+	MediaType string   `json:"mediaType"` // manifest media type
+	Size      int64    `json:"size"`      // manifest + config + layers, bytes
+	Served    bool     `json:"served"`
+	Preloaded bool     `json:"preloaded"`
+	ImageID   string   `json:"imageID"` // config digest (containers/storage image ID)
+	Blobs     []string `json:"blobs"`   // config then layers, digests (details in Manifest.Blobs)
+}
+
+// Blob is one blob (manifest, config or layer) of the release.
+type Blob struct {
+	Digest    string `json:"digest"`
+	Size      int64  `json:"size"`
+	MediaType string `json:"mediaType"`
+	// OnStick: the blob is in the bundle's /oci/blobs. A delta leaves out
+	// what its bases hold.
+	OnStick bool `json:"onStick"`
+	// Unpacked is a layer's size once uncompressed (what containers/storage
+	// stores), for the layers on the stick; 0 otherwise.
+	Unpacked int64 `json:"unpacked,omitempty"`
+}
+
+// Space is what the node needs free on /var before it starts an import.
+type Space struct {
+	CopyBytes     int64 `json:"copyBytes"`     // the blobs on the stick, copied into the release store
+	UnpackedBytes int64 `json:"unpackedBytes"` // their layers unpacked in containers/storage
+}
+
+// Need is the free space the node's import requires: the copied blobs and
+// their unpacked layers.
+func (s Space) Need() int64 { return s.CopyBytes + s.UnpackedBytes }
+
+// File is one regular file in the bundle's filesystem.
+type File struct {
+	Path   string `json:"path"` // slash-separated, relative to the filesystem root
+	Size   int64  `json:"size"`
+	Digest string `json:"digest"` // sha256:…
+}
+
+// Filesystem is the squashfs after the header, pinned chunk by chunk: the
+// sha256 of each ChunkSize bytes (the last chunk may be shorter). Chunks let
+// the factory hash while mksquashfs writes and the node verify in parallel
+// and name the damaged byte range.
+type Filesystem struct {
+	Size      int64    `json:"size"`      // bytes (a multiple of 4 KiB)
+	ChunkSize int64    `json:"chunkSize"` // ChunkSize
+	Chunks    []string `json:"chunks"`    // sha256:… of each chunk, in order
+}
+
+// ChunkSize is the size of the filesystem's hashed chunks.
+const ChunkSize = 64 << 20
+
+// Key is a trusted public key.
+type Key struct {
+	KeyID     string `json:"keyid"`     // KeyID of the key
+	PublicKey string `json:"publicKey"` // PKIX PEM ("PUBLIC KEY"), as `kiln key generate` writes
+}

@@ -1,0 +1,271 @@
+package bundle
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
+)
+
+func testKey(t *testing.T) (ed25519.PrivateKey, ed25519.PublicKey) {
+	t.Helper()
+	privPEM, pubPEM, err := GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	priv, err := ParsePrivateKey(privPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := ParsePublicKey(pubPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return priv, pub
+}
+
+func testManifest(t *testing.T, pub ed25519.PublicKey) *Manifest {
+	t.Helper()
+	k, err := TrustedKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := func(c string) string { return "sha256:" + strings.Repeat(c, 64) }
+	return &Manifest{
+		SchemaVersion: SchemaVersion, Recipe: "acme", Version: "1.1.0", Arch: "amd64", LockDigest: d("9"),
+		Kind: KindDelta, AppliesTo: []Release{{Version: "1.0.0", LockDigest: d("8")}},
+		Images: []Image{{Name: "quay.io/acme/app:1.1", Digest: d("a"), Blobs: []string{d("b"), d("c")}}},
+		Blobs: []Blob{
+			{Digest: d("a"), Size: 500, OnStick: true},
+			{Digest: d("b"), Size: 100, OnStick: true},
+			{Digest: d("c"), Size: 1000, OnStick: false},
+		},
+		Space:        Space{CopyBytes: 600},
+		ReleaseFiles: []contract.ReleaseFile{{Path: "/etc/containers/systemd/app.container", Mode: 0o644}},
+		Agent:        File{Path: AgentBinary, Size: 1, Digest: d("7")},
+		Filesystem:   Filesystem{Size: 4096, ChunkSize: ChunkSize, Chunks: []string{d("6")}},
+		Trust:        []Key{k},
+	}
+}
+
+func TestSignVerify(t *testing.T) {
+	priv, pub := testKey(t)
+	_, other := testKey(t)
+	m := testManifest(t, pub)
+	if err := m.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	env, err := Sign(m, priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, _ := Sign(m, priv)
+	if !bytes.Equal(env, again) {
+		t.Error("signing the same manifest twice gave different envelopes")
+	}
+	hdr, _ := EncodeHeader(env, HeaderSize(len(env)))
+	if om, h, _, err := Open(bytes.NewReader(hdr), []ed25519.PublicKey{pub}); err != nil || om.Version != "1.1.0" || h.Size != int64(len(hdr)) {
+		t.Errorf("Open: %v", err)
+	}
+	if _, _, _, err := Open(bytes.NewReader(hdr), []ed25519.PublicKey{other}); !errors.Is(err, ErrUntrusted) {
+		t.Errorf("Open with another key: %v, want ErrUntrusted", err)
+	}
+	bad := testManifest(t, pub)
+	bad.Space.CopyBytes++ // signed, but inconsistent
+	badEnv, _ := Sign(bad, priv)
+	badHdr, _ := EncodeHeader(badEnv, HeaderSize(len(badEnv)))
+	if _, _, _, err := Open(bytes.NewReader(badHdr), []ed25519.PublicKey{pub}); !errors.Is(err, ErrDamaged) {
+		t.Errorf("Open of an inconsistent manifest: %v, want ErrDamaged", err)
+	}
+	got, id, err := Verify(env, []ed25519.PublicKey{other, pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want, _ := KeyID(pub); id != want || got.Version != "1.1.0" {
+		t.Errorf("verified by %s (want %s), version %s", id, want, got.Version)
+	}
+	if _, _, err := Verify(env, []ed25519.PublicKey{other}); !errors.Is(err, ErrUntrusted) {
+		t.Errorf("verify with another key: %v, want ErrUntrusted", err)
+	}
+	if _, _, err := Verify(env, nil); !errors.Is(err, ErrUntrusted) {
+		t.Errorf("verify with no key: %v, want ErrUntrusted", err)
+	}
+}
+
+// Every single flipped bit of the header (envelope included) is refused.
+func TestHeaderEveryBitFlipIsRefused(t *testing.T) {
+	priv, pub := testKey(t)
+	env, err := Sign(testManifest(t, pub), priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr, err := EncodeHeader(env, HeaderSize(len(env))+4096)
+	if err != nil || len(hdr)%4096 != 0 {
+		t.Fatalf("header is %d bytes: %v", len(hdr), err)
+	}
+	if _, err := EncodeHeader(env, HeaderSize(len(env))+MaxSlack+4096); err == nil {
+		t.Error("a header with more than MaxSlack padding was accepted")
+	}
+	h, err := ReadHeader(bytes.NewReader(hdr))
+	if err != nil || !bytes.Equal(h.Envelope, env) {
+		t.Fatalf("read back: %v", err)
+	}
+	for i := range hdr {
+		for bit := range 8 {
+			b := bytes.Clone(hdr)
+			b[i] ^= 1 << bit
+			h, err := ReadHeader(bytes.NewReader(b))
+			if err == nil {
+				_, _, err = Verify(h.Envelope, []ed25519.PublicKey{pub})
+			}
+			if err == nil {
+				t.Fatalf("flipping bit %d of byte %d went unnoticed", bit, i)
+			}
+		}
+	}
+}
+
+func TestReadHeaderNotBundle(t *testing.T) {
+	for _, b := range [][]byte{nil, []byte("hsqs"), bytes.Repeat([]byte{0}, 8192)} {
+		if _, err := ReadHeader(bytes.NewReader(b)); !errors.Is(err, ErrNotBundle) {
+			t.Errorf("%q: %v, want ErrNotBundle", b[:min(len(b), 8)], err)
+		}
+	}
+}
+
+func TestCheckNode(t *testing.T) {
+	_, pub := testKey(t)
+	m := testManifest(t, pub)
+	base := m.AppliesTo[0]
+	full := *m
+	full.Kind, full.AppliesTo = KindFull, nil
+	for _, tc := range []struct {
+		name string
+		m    *Manifest
+		node Node
+		want error
+	}{
+		{"delta on its base", m, Node{Recipe: "acme", Arch: "amd64", Current: base}, nil},
+		{"full on any older", &full, Node{Recipe: "acme", Arch: "amd64", Current: Release{Version: "0.9.0"}}, nil},
+		{"other recipe", m, Node{Recipe: "other", Arch: "amd64", Current: base}, ErrOtherAppliance},
+		{"other arch", m, Node{Recipe: "acme", Arch: "arm64", Current: base}, ErrOtherAppliance},
+		{"replay", m, Node{Recipe: "acme", Arch: "amd64", Current: Release{Version: "1.1.0"}}, ErrNotNewer},
+		{"downgrade", &full, Node{Recipe: "acme", Arch: "amd64", Current: Release{Version: "1.10.0"}}, ErrNotNewer},
+		{"semver, not text", &full, Node{Recipe: "acme", Arch: "amd64", Current: Release{Version: "1.1.0-rc.1"}}, nil},
+		{"delta, other base", m, Node{Recipe: "acme", Arch: "amd64", Current: Release{Version: "1.0.0", LockDigest: "sha256:x"}}, ErrWrongBase},
+		{"staged", m, Node{Recipe: "acme", Arch: "amd64", Current: base, Staged: "1.0.5"}, ErrStaged},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.m.CheckNode(tc.node)
+			if (tc.want == nil) != (err == nil) || (tc.want != nil && !errors.Is(err, tc.want)) {
+				t.Fatalf("got %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestCheckSpace(t *testing.T) {
+	_, pub := testKey(t)
+	m := testManifest(t, pub)
+	m.Space.UnpackedBytes = 400
+	if err := m.CheckSpace(1000); err != nil {
+		t.Fatal(err)
+	}
+	err := m.CheckSpace(999)
+	if !errors.Is(err, ErrNoSpace) || !strings.Contains(err.Error(), "free 1 B more") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestValidateRefuses(t *testing.T) {
+	_, pub := testKey(t)
+	for name, spoil := range map[string]func(*Manifest){
+		"bad version":        func(m *Manifest) { m.Version = "1.1" },
+		"delta with no base": func(m *Manifest) { m.AppliesTo = nil },
+		"space wrong":        func(m *Manifest) { m.Space.CopyBytes++ },
+		"missing blob":       func(m *Manifest) { m.Images[0].Blobs = append(m.Images[0].Blobs, "sha256:"+strings.Repeat("f", 64)) },
+		"release path":       func(m *Manifest) { m.ReleaseFiles[0].Path = "/etc/passwd" },
+		"no trust":           func(m *Manifest) { m.Trust = nil },
+		"full missing blob":  func(m *Manifest) { m.Kind, m.AppliesTo = KindFull, nil },
+	} {
+		m := testManifest(t, pub)
+		spoil(m)
+		if err := m.Validate(); !errors.Is(err, ErrDamaged) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// The key files are the standard encodings: openssl reads them.
+func TestKeyFilesAreStandard(t *testing.T) {
+	privPEM, pubPEM, err := GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	key := filepath.Join(dir, "k.key")
+	os.WriteFile(key, privPEM, 0o600)
+	out, err := exec.Command("openssl", "pkey", "-in", key, "-pubout").Output()
+	if err != nil {
+		t.Fatalf("openssl pkey: %v", err)
+	}
+	if !bytes.Equal(out, pubPEM) {
+		t.Errorf("openssl derives\n%s\nkiln wrote\n%s", out, pubPEM)
+	}
+	if _, err := ParsePublicKey(privPEM); err == nil || !strings.Contains(err.Error(), "private key") {
+		t.Errorf("private key as public: %v", err)
+	}
+	if _, err := ParsePrivateKey(pubPEM); err == nil || !strings.Contains(err.Error(), "public key") {
+		t.Errorf("public key as private: %v", err)
+	}
+	if _, err := ParsePublicKey([]byte("ssh-ed25519 AAAA")); err == nil {
+		t.Error("non-PEM accepted")
+	}
+}
+
+func TestCheckFilesystemNamesTheChunk(t *testing.T) {
+	fs := bytes.Repeat([]byte{7}, 3*4096)
+	var chunks []string
+	for i := 0; i < 3; i++ {
+		c, err := HashRange(bytes.NewReader(fs), int64(i*4096), 4096, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		chunks = append(chunks, c)
+	}
+	m := &Manifest{Filesystem: Filesystem{Size: int64(len(fs)), ChunkSize: 4096, Chunks: chunks}}
+	disk := append(make([]byte, 100), fs...)
+	if err := m.CheckFilesystem(bytes.NewReader(disk), 100, nil); err != nil {
+		t.Fatal(err)
+	}
+	disk[100+5000] ^= 1
+	err := m.CheckFilesystem(bytes.NewReader(disk), 100, nil)
+	if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), "bytes 4096-8191 of the filesystem (chunk 1)") {
+		t.Fatalf("got %v", err)
+	}
+	if err := m.CheckFilesystem(bytes.NewReader(disk[:len(disk)-1]), 100, nil); err == nil || !strings.Contains(err.Error(), "truncated") {
+		t.Fatalf("short: %v", err)
+	}
+}
+
+func TestRelease(t *testing.T) {
+	_, pub := testKey(t)
+	m := testManifest(t, pub)
+	d := func(c string) string { return "sha256:" + strings.Repeat(c, 64) }
+	m.ReleaseFiles[0].Digest = d("5")
+	// The partition holds the layer c; a, b (and the file's content) must be stored.
+	r := m.Release(func(digest string) bool { return digest == d("c") })
+	if r.Version != "1.1.0" || len(r.Images) != 1 || r.Images[0].Digest != d("a") || len(r.Files) != 1 {
+		t.Fatalf("release %+v", r)
+	}
+	if want := []string{d("5"), d("a"), d("b")}; !slices.Equal(r.Blobs, want) {
+		t.Errorf("blobs %v, want %v", r.Blobs, want)
+	}
+}

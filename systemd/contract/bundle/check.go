@@ -1,0 +1,270 @@
+package bundle
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	"github.com/coreos/go-semver/semver"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
+)
+
+// Errors of the node checks, for errors.Is; the messages say what to do.
+var (
+	ErrOtherAppliance = errors.New("bundle is for another appliance")
+	ErrNotNewer       = errors.New("bundle is not newer than the running release")
+	ErrWrongBase      = errors.New("delta bundle does not apply to the running release")
+	ErrStaged         = errors.New("another release is already staged")
+	ErrNoSpace        = errors.New("not enough free space")
+	ErrDamaged        = errors.New("bundle is damaged")
+)
+
+// ParseVersion parses a release version as semver (MAJOR.MINOR.PATCH, with
+// optional -prerelease and +build).
+func ParseVersion(v string) (*semver.Version, error) {
+	sv, err := semver.NewVersion(v)
+	if err != nil {
+		return nil, fmt.Errorf("version %q is not semver (MAJOR.MINOR.PATCH, e.g. 1.4.0): %v", v, err)
+	}
+	return sv, nil
+}
+
+// CompareVersions returns -1, 0 or 1 as a is older than, the same as or
+// newer than b, by semver precedence.
+func CompareVersions(a, b string) (int, error) {
+	va, err := ParseVersion(a)
+	if err != nil {
+		return 0, err
+	}
+	vb, err := ParseVersion(b)
+	if err != nil {
+		return 0, err
+	}
+	return va.Compare(*vb), nil
+}
+
+// Node is what a node knows of itself when a bundle arrives.
+type Node struct {
+	Recipe  string
+	Arch    string
+	Current Release // the release it runs
+	// Staged is the version of a release imported but not yet confirmed,
+	// or "" when none is.
+	Staged string
+}
+
+// CheckNode decides whether the (verified) bundle is meant for this node:
+// its recipe and arch, newer than the running release (so neither a
+// downgrade nor a replay of an installed bundle), a delta's base being the
+// running release, and no other release staged. Rollback never comes from a
+// stick: the node keeps its previous release.
+func (m *Manifest) CheckNode(n Node) error {
+	if m.Recipe != n.Recipe || m.Arch != n.Arch {
+		return fmt.Errorf("%w: it is %s for %s, this node runs %s for %s; use a bundle made from this appliance's recipe",
+			ErrOtherAppliance, m.Recipe, m.Arch, n.Recipe, n.Arch)
+	}
+	c, err := CompareVersions(m.Version, n.Current.Version)
+	if err != nil {
+		return err
+	}
+	if c <= 0 {
+		what := "older than"
+		if c == 0 {
+			what = "the same as"
+		}
+		return fmt.Errorf("%w: bundle %s is %s the running %s; a downgrade or a replay is refused (rollback uses the node's own previous release)",
+			ErrNotNewer, m.Version, what, n.Current.Version)
+	}
+	if n.Staged != "" {
+		return fmt.Errorf("%w (%s): reboot to try it, or let it roll back, before importing %s", ErrStaged, n.Staged, m.Version)
+	}
+	if m.Kind == KindDelta && !slices.Contains(m.AppliesTo, n.Current) {
+		var bases []string
+		for _, r := range m.AppliesTo {
+			bases = append(bases, r.Version)
+		}
+		return fmt.Errorf("%w: it applies to %s, this node runs %s; use a full bundle or a delta from %s",
+			ErrWrongBase, strings.Join(bases, ", "), n.Current.Version, n.Current.Version)
+	}
+	return nil
+}
+
+// CheckSpace checks that free bytes on the node's /var hold the import.
+func (m *Manifest) CheckSpace(free int64) error {
+	need := m.Space.Need()
+	if free >= need {
+		return nil
+	}
+	return fmt.Errorf("%w on /var: the import needs %s (%s of blobs, %s unpacked), %s is free; free %s more (e.g. remove old logs or unused images) and plug the stick in again; nothing was changed",
+		ErrNoSpace, Bytes(need), Bytes(m.Space.CopyBytes), Bytes(m.Space.UnpackedBytes), Bytes(free), Bytes(need-free))
+}
+
+// Validate checks the manifest is consistent with itself: the writer calls
+// it before signing, the node after verifying.
+func (m *Manifest) Validate() error {
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	if _, err := ParseVersion(m.Version); err != nil {
+		bad("%v", err)
+	}
+	switch m.Kind {
+	case KindFull:
+		if len(m.AppliesTo) > 0 {
+			bad("a full bundle lists no appliesTo")
+		}
+	case KindDelta:
+		if len(m.AppliesTo) == 0 {
+			bad("a delta bundle must list the releases it applies to")
+		}
+	default:
+		bad("kind %q: want %s or %s", m.Kind, KindFull, KindDelta)
+	}
+	blobs := map[string]Blob{}
+	var space Space
+	for i, b := range m.Blobs {
+		if i > 0 && m.Blobs[i-1].Digest >= b.Digest {
+			bad("blobs not sorted by digest, or listed twice, at %s", b.Digest)
+		}
+		blobs[b.Digest] = b
+		if b.OnStick {
+			space.CopyBytes += b.Size
+			space.UnpackedBytes += b.Unpacked
+		} else if m.Kind == KindFull {
+			bad("full bundle leaves out blob %s", b.Digest)
+		}
+	}
+	if space != m.Space {
+		bad("space %+v does not add up to the blobs on the stick (%+v)", m.Space, space)
+	}
+	for i, img := range m.Images {
+		if i > 0 && m.Images[i-1].Name >= img.Name {
+			bad("images not sorted by name, or listed twice, at %s", img.Name)
+		}
+		for _, d := range append([]string{img.Digest}, img.Blobs...) {
+			if _, ok := blobs[d]; !ok {
+				bad("image %s names blob %s, which is not in blobs", img.Name, d)
+			}
+		}
+	}
+	for i, f := range m.ReleaseFiles {
+		if err := contract.CheckReleasePath(f.Path); err != nil {
+			bad("release file %v", err)
+		}
+		if i > 0 && m.ReleaseFiles[i-1].Path >= f.Path {
+			bad("release files not sorted, or listed twice, at %s", f.Path)
+		}
+	}
+	if m.Kind == KindFull && !m.AgentOnStick {
+		bad("a full bundle must carry its agent")
+	}
+	if m.Agent.Path != AgentBinary {
+		bad("agent path %q, want %s", m.Agent.Path, AgentBinary)
+	}
+	if f := m.Filesystem; f.ChunkSize <= 0 || f.Size <= 0 || f.Size%4096 != 0 || int64(len(f.Chunks)) != (f.Size+f.ChunkSize-1)/max(f.ChunkSize, 1) {
+		bad("filesystem of %d bytes in chunks of %d: %d chunk digests do not cover it", f.Size, f.ChunkSize, len(f.Chunks))
+	}
+	if len(m.Trust) == 0 {
+		bad("no trusted keys: a node could never take another bundle")
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%w: manifest: %s", ErrDamaged, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// CheckFilesystem re-hashes the filesystem (its bytes at offset in r),
+// chunk by chunk, against the manifest, copying what it reads to progress
+// (may be nil). It names every damaged chunk.
+func (m *Manifest) CheckFilesystem(r io.ReaderAt, offset int64, progress io.Writer) error {
+	fsys := m.Filesystem
+	var bad []string
+	buf := make([]byte, 1<<20)
+	for i, want := range fsys.Chunks {
+		from := int64(i) * fsys.ChunkSize
+		n := min(fsys.ChunkSize, fsys.Size-from)
+		got, err := HashRange(r, offset+from, n, progress, buf)
+		if err != nil {
+			return fmt.Errorf("read bundle filesystem: %w", err)
+		}
+		if got != want {
+			bad = append(bad, fmt.Sprintf("bytes %d-%d of the filesystem (chunk %d)", from, from+n-1, i))
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("%w: %s differ from the signed manifest", ErrDamaged, strings.Join(bad, ", "))
+	}
+	return nil
+}
+
+// HashRange returns the sha256 of n bytes of r at off ("sha256:…"), copying
+// them to progress (may be nil); buf is the read buffer (nil: 1 MiB). A
+// short read is an error.
+func HashRange(r io.ReaderAt, off, n int64, progress io.Writer, buf []byte) (string, error) {
+	h := sha256.New()
+	var w io.Writer = h
+	if progress != nil {
+		w = io.MultiWriter(h, progress)
+	}
+	if buf == nil {
+		buf = make([]byte, 1<<20)
+	}
+	got, err := io.CopyBuffer(w, io.NewSectionReader(r, off, n), buf)
+	if err != nil {
+		return "", err
+	}
+	if got != n {
+		return "", fmt.Errorf("truncated: %d of %d bytes at byte %d", got, n, off)
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// Bytes prints a byte count for people: 1.5 GiB, 300 MiB, 12 KiB, 17 B.
+func Bytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 4; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
+}
+
+// Release is the node's record of the bundle's release (what
+// release.Machine.Import stages): its images, its files, and the blobs it
+// keeps in the release store — every blob of its images that onPartition
+// (the node's image partition) lacks, on the stick or already stored for a
+// base release, and its files' contents. Sorted, without duplicates.
+func (m *Manifest) Release(onPartition func(digest string) bool) contract.Release {
+	r := contract.Release{Version: m.Version, Files: slices.Clone(m.ReleaseFiles)}
+	seen := map[string]bool{}
+	keep := func(d string) {
+		if !seen[d] {
+			seen[d] = true
+			r.Blobs = append(r.Blobs, d)
+		}
+	}
+	for _, img := range m.Images {
+		r.Images = append(r.Images, contract.Image{
+			Name: img.Name, Digest: img.Digest, MediaType: img.MediaType, Size: img.Size,
+			Served: img.Served, Preloaded: img.Preloaded, ImageID: img.ImageID,
+		})
+		for _, d := range append([]string{img.Digest}, img.Blobs...) {
+			if !onPartition(d) {
+				keep(d)
+			}
+		}
+	}
+	for _, f := range m.ReleaseFiles {
+		keep(f.Digest)
+	}
+	slices.Sort(r.Blobs)
+	return r
+}

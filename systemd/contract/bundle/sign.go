@@ -1,0 +1,206 @@
+package bundle
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/secure-systems-lab/go-securesystemslib/dsse"
+	"github.com/secure-systems-lab/go-securesystemslib/signerverifier"
+)
+
+// ErrUntrusted means no signature on the envelope verifies with a trusted key.
+var ErrUntrusted = errors.New("not signed by a trusted key")
+
+// Sign encodes m and signs it with priv in a DSSE envelope, returned as
+// canonical JSON. ed25519 signatures are deterministic, so the same manifest
+// and key give the same bytes.
+func Sign(m *Manifest, priv ed25519.PrivateKey) ([]byte, error) {
+	payload, err := m.Encode()
+	if err != nil {
+		return nil, err
+	}
+	sv, err := signerVerifier(priv.Public().(ed25519.PublicKey), priv)
+	if err != nil {
+		return nil, err
+	}
+	s, err := dsse.NewEnvelopeSigner(sv)
+	if err != nil {
+		return nil, err
+	}
+	env, err := s.SignPayload(context.Background(), PayloadType, payload)
+	if err != nil {
+		return nil, fmt.Errorf("sign bundle manifest: %w", err)
+	}
+	return json.Marshal(env)
+}
+
+// Verify checks that envelope is signed by one of trusted and returns its
+// manifest and the ID of the key that signed it. Nothing in the manifest is
+// looked at before the signature is checked.
+func Verify(envelope []byte, trusted []ed25519.PublicKey) (*Manifest, string, error) {
+	env, err := parseEnvelope(envelope)
+	if err != nil {
+		return nil, "", err
+	}
+	if len(trusted) == 0 {
+		return nil, "", fmt.Errorf("%w: no trusted keys given", ErrUntrusted)
+	}
+	var vs []dsse.Verifier
+	for _, pub := range trusted {
+		sv, err := signerVerifier(pub, nil)
+		if err != nil {
+			return nil, "", err
+		}
+		vs = append(vs, sv)
+	}
+	v, err := dsse.NewEnvelopeVerifier(vs...)
+	if err != nil {
+		return nil, "", err
+	}
+	accepted, payload, err := v.VerifyAndDecode(context.Background(), env)
+	if err != nil || len(accepted) == 0 {
+		return nil, "", fmt.Errorf("%w (signed by %s)", ErrUntrusted, signers(env))
+	}
+	m, err := Decode(payload)
+	if err != nil {
+		return nil, "", err
+	}
+	return m, accepted[0].KeyID, nil
+}
+
+// Unverified decodes the manifest without checking its signature, and the
+// IDs of the keys the envelope claims signed it: for `kiln inspect`, which
+// shows what a bundle says it is. Never act on it.
+func Unverified(envelope []byte) (*Manifest, []string, error) {
+	env, err := parseEnvelope(envelope)
+	if err != nil {
+		return nil, nil, err
+	}
+	payload, err := env.DecodeB64Payload()
+	if err != nil {
+		return nil, nil, fmt.Errorf("bundle envelope: payload: %w", err)
+	}
+	m, err := Decode(payload)
+	if err != nil {
+		return nil, nil, err
+	}
+	var ids []string
+	for _, s := range env.Signatures {
+		ids = append(ids, s.KeyID)
+	}
+	return m, ids, nil
+}
+
+// parseEnvelope reads a DSSE envelope strictly: known fields only, kiln's
+// payload type, and in canonical form (re-encoding gives the same bytes), so
+// no byte of it can change without verification noticing.
+func parseEnvelope(b []byte) (*dsse.Envelope, error) {
+	var env dsse.Envelope
+	if err := decodeStrict(b, &env); err != nil {
+		return nil, fmt.Errorf("bundle envelope: %w", err)
+	}
+	if env.PayloadType != PayloadType {
+		return nil, fmt.Errorf("bundle envelope: payload type %q, want %q", env.PayloadType, PayloadType)
+	}
+	if again, err := json.Marshal(&env); err != nil || !bytes.Equal(again, b) {
+		return nil, fmt.Errorf("bundle envelope: not in canonical form (modified after signing)")
+	}
+	// base64 decoders ignore the spare bits of the last character: insist
+	// on the one standard spelling so those bits cannot change either.
+	fields := []string{env.Payload}
+	for _, s := range env.Signatures {
+		fields = append(fields, s.Sig)
+	}
+	for _, f := range fields {
+		raw, err := base64.StdEncoding.DecodeString(f)
+		if err != nil || base64.StdEncoding.EncodeToString(raw) != f {
+			return nil, fmt.Errorf("bundle envelope: not in canonical form (modified after signing)")
+		}
+	}
+	return &env, nil
+}
+
+func signers(env *dsse.Envelope) string {
+	if len(env.Signatures) == 0 {
+		return "no key"
+	}
+	var s []string
+	for _, sig := range env.Signatures {
+		s = append(s, sig.KeyID)
+	}
+	return fmt.Sprint(s)
+}
+
+func signerVerifier(pub ed25519.PublicKey, priv ed25519.PrivateKey) (*signerverifier.ED25519SignerVerifier, error) {
+	id, err := KeyID(pub)
+	if err != nil {
+		return nil, err
+	}
+	k := &signerverifier.SSLibKey{
+		KeyType: signerverifier.ED25519KeyType,
+		Scheme:  signerverifier.ED25519KeyType,
+		KeyID:   id,
+		KeyVal:  signerverifier.KeyVal{Public: hex.EncodeToString(pub)},
+	}
+	if priv != nil {
+		k.KeyVal.Private = hex.EncodeToString(priv)
+	}
+	return signerverifier.NewED25519SignerVerifierFromSSLibKey(k)
+}
+
+// Encode returns the manifest as canonical JSON (the DSSE payload).
+func (m *Manifest) Encode() ([]byte, error) {
+	return json.Marshal(m)
+}
+
+// Decode parses a manifest strictly.
+func Decode(b []byte) (*Manifest, error) {
+	var m Manifest
+	if err := decodeStrict(b, &m); err != nil {
+		return nil, fmt.Errorf("bundle manifest: %w", err)
+	}
+	if m.SchemaVersion != SchemaVersion {
+		return nil, fmt.Errorf("bundle manifest: schema version %d, this kiln reads %d", m.SchemaVersion, SchemaVersion)
+	}
+	return &m, nil
+}
+
+// decodeStrict decodes JSON refusing unknown fields and trailing data.
+func decodeStrict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return errors.New("data after the JSON value")
+	}
+	return nil
+}
+
+// Open is the node's first step with a bundle at the start of r (a stick's
+// partition, or a bundle file): it reads only the header, checks the
+// signature against trusted, then the manifest's consistency. The
+// filesystem starts at the returned header's Size; CheckNode, CheckSpace and
+// CheckFilesystem come next.
+func Open(r io.ReaderAt, trusted []ed25519.PublicKey) (m *Manifest, h *Header, keyID string, err error) {
+	h, err = ReadHeader(r)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	m, keyID, err = Verify(h.Envelope, trusted)
+	if err != nil {
+		return nil, h, "", err
+	}
+	if err := m.Validate(); err != nil {
+		return nil, h, keyID, err
+	}
+	return m, h, keyID, nil
+}
