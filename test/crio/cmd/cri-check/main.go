@@ -174,21 +174,33 @@ func (c client) run(ctx context.Context, pod, image string, args []string) error
 		fmt.Fprintf(os.Stderr, "cri-check: RunPodSandbox %s attempt %d: %v; retrying in 5s\n", pod, attempt, err)
 		time.Sleep(5 * time.Second)
 	}
-	ctr, err := c.rt.CreateContainer(ctx, &cri.CreateContainerRequest{
-		PodSandboxId: sb.PodSandboxId,
-		Config: &cri.ContainerConfig{
-			Metadata: &cri.ContainerMetadata{Name: pod},
-			Image:    &cri.ImageSpec{Image: image},
-			Args:     args,
-			LogPath:  pod + ".log",
-			Labels:   map[string]string{"kiln-e2e/pod": pod},
-			Linux: &cri.LinuxContainerConfig{SecurityContext: &cri.LinuxContainerSecurityContext{NamespaceOptions: &cri.NamespaceOption{
-				Network: cri.NamespaceMode_POD, Ipc: cri.NamespaceMode_POD, Pid: cri.NamespaceMode_CONTAINER}}},
-		},
-		SandboxConfig: sbCfg,
-	})
-	if err != nil {
-		return fmt.Errorf("CreateContainer %s in pod %s: %w", image, pod, err)
+	// CreateContainer is bounded per attempt and retried with the next
+	// attempt number, as kubelet does (seen once on a TCG second boot: a
+	// CreateContainer that never answered).
+	var ctr *cri.CreateContainerResponse
+	for attempt := uint32(0); ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		ctr, err = c.rt.CreateContainer(actx, &cri.CreateContainerRequest{
+			PodSandboxId: sb.PodSandboxId,
+			Config: &cri.ContainerConfig{
+				Metadata: &cri.ContainerMetadata{Name: pod, Attempt: attempt},
+				Image:    &cri.ImageSpec{Image: image},
+				Args:     args,
+				LogPath:  pod + ".log",
+				Labels:   map[string]string{"kiln-e2e/pod": pod},
+				Linux: &cri.LinuxContainerConfig{SecurityContext: &cri.LinuxContainerSecurityContext{NamespaceOptions: &cri.NamespaceOption{
+					Network: cri.NamespaceMode_POD, Ipc: cri.NamespaceMode_POD, Pid: cri.NamespaceMode_CONTAINER}}},
+			},
+			SandboxConfig: sbCfg,
+		})
+		cancel()
+		if err == nil {
+			break
+		}
+		if attempt == 2 || ctx.Err() != nil {
+			return fmt.Errorf("CreateContainer %s in pod %s, %d attempts: %w", image, pod, attempt+1, err)
+		}
+		fmt.Fprintf(os.Stderr, "cri-check: CreateContainer %s attempt %d: %v; retrying\n", image, attempt, err)
 	}
 	if _, err := c.rt.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
 		return fmt.Errorf("StartContainer %s: %w", ctr.ContainerId, err)
