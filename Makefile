@@ -15,7 +15,8 @@ AGENT_BIN := out/kiln-agent
 # Debian packages the build and the tests need.
 APT_PKGS := gdisk squashfs-tools e2fsprogs dosfstools mtools fdisk skopeo podman \
             ignition zstd xz-utils util-linux openssl cryptsetup-bin
-APT_E2E  := qemu-system-x86 ovmf debootstrap systemd
+# gcc + libc6-dev: the e2e fixture builds CRI-O's pinns helper (static C).
+APT_E2E  := qemu-system-x86 ovmf debootstrap systemd gcc libc6-dev make
 # The reference registry the benchmarks measure kiln serve against.
 APT_BENCH := docker-registry
 
@@ -40,9 +41,14 @@ deps-bench:
 vet:
 	$(GO) vet $(GOFLAGS) ./...
 
+# CRI-O's own config code checks kiln's node files (test/crio: a module of
+# its own, CRI-O's dependency tree cannot share kiln's go.mod).
+CRIO_TAGS := $(TAGS),exclude_graphdriver_devicemapper
+
 # The test command (README): unit and integration tests, real tools, no QEMU.
 test: deps build vet
 	$(GO) test $(GOFLAGS) -count=1 -timeout 30m ./...
+	cd test/crio && $(GO) vet -tags=$(CRIO_TAGS) ./... && $(GO) test -tags=$(CRIO_TAGS) -trimpath -count=1 -timeout 10m ./...
 
 demo: deps build
 	$(GO) run $(GOFLAGS) ./test/demo out/demo

@@ -130,6 +130,9 @@ func TestApplianceBoots(t *testing.T) {
 	for _, name := range []string{
 		"ignition", "upstreams-dead", "mount-ro", "mount-verity", "registry-ready", "mirror-after-ready",
 		"image-hello", "image-preloaded", "run-hello", "run-preloaded", "pull-served", "registry-served-pull", "pins", "firstboot-done", "registry-stopped", "mirror-removed",
+		// CRI-O, through the CRI (crio_test.go)
+		"crio-after-mount", "cri-image-hello", "cri-image-preloaded", "workload-up", "cri-workload", "workload-no-pull",
+		"cri-pull-served", "cri-image-served", "cri-reload-unpins", "cri-reload-pins",
 	} {
 		requirePass(t, first, name)
 	}
@@ -153,6 +156,7 @@ func TestApplianceBoots(t *testing.T) {
 	for _, name := range []string{
 		"firstboot-skipped", "registry-not-started", "no-mirror",
 		"image-hello", "image-preloaded", "image-served", "run-hello", "run-served",
+		"crio-after-mount", "cri-image-hello", "cri-image-preloaded", "cri-image-served", "workload-up", "cri-workload", "workload-no-pull",
 	} {
 		requirePass(t, second, name)
 	}
@@ -182,8 +186,20 @@ func TestApplianceFaults(t *testing.T) {
 		t.Logf("boot without the image partition took %s", r.Duration.Round(time.Second))
 		requireAllPass(t, r)
 		requireDetail(t, r, "fault", "missing-partition")
-		for _, name := range []string{"images-failed-message", "mount-absent", "registry-down", "no-mirror", "no-kiln-jobs"} {
+		for _, name := range []string{"images-failed-message", "mount-absent", "registry-down", "no-mirror", "no-kiln-jobs", "crio-not-started"} {
 			requirePass(t, r, name)
+		}
+		// CRI-O needs the preloaded store on the partition: systemd says on
+		// the console that it did not start, and why.
+		// (systemd shortens the unit part to the console width, colours it,
+		// and ends it with the description: "Dependency failed for crio…
+		// Runtime Interface for OCI (CRI-O).")
+		crioDep := false
+		for _, l := range r.Lines("Dependency failed for") {
+			crioDep = crioDep || strings.Contains(l, "(CRI-O)")
+		}
+		if !crioDep {
+			t.Errorf("console lacks systemd's \"Dependency failed for … (CRI-O)\" line (console: %s)", r.Console)
 		}
 		// The technician reads it on the console, not only in the journal.
 		msg := r.Lines("kiln: the image partition (partition GUID " + strings.ToLower(guid))
@@ -358,8 +374,12 @@ func requirePass(t *testing.T, r *vm.Result, name string) {
 // buildAppliance writes the hello images, a recipe whose base is the e2e
 // fixture and whose Ignition fragment installs script as the guest check,
 // and runs the real `kiln build`.
-func buildAppliance(t *testing.T, script string) *appliance {
+func buildAppliance(t *testing.T, script string, opts ...applianceOption) *appliance {
 	t.Helper()
+	var o applianceOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	base := fixture.Base(t)
 	dir := t.TempDir()
 	a := &appliance{
@@ -394,6 +414,7 @@ func buildAppliance(t *testing.T, script string) *appliance {
 		"@HELLO_REF@", helloRef, "@HELLO_DIGEST@", a.digests[helloRef],
 		"@SERVED_REF@", servedRef, "@SERVED_DIGEST@", a.digests[servedRef],
 		"@PRELOADED_REF@", preloadedRef, "@PRELOADED_DIGEST@", a.digests[preloadedRef],
+		"@WORKLOAD_POD@", workloadPod, "@WORKLOAD_UNIT@", workloadUnit, "@PRELOAD_MODE@", o.preloadMode(),
 	).Replace(script)
 	var frag []byte
 	cfg := guest.CheckConfig(script)
@@ -407,6 +428,8 @@ func buildAppliance(t *testing.T, script string) *appliance {
 		Node:          types.Node{Path: "/etc/hosts", Overwrite: &yes},
 		FileEmbedded1: types.FileEmbedded1{Mode: &mode, Contents: types.Resource{Source: guest.DataURL(hosts)}},
 	})
+	// CRI-O's workload pod and the CRI client that starts and checks it.
+	addCRIWorkload(t, &cfg, buildCRICheck(t, dir))
 	frag, err = guest.Validate(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -438,10 +461,12 @@ images:
     preload: true
 registry:
   listen: 127.0.0.1:5050
+preload:
+  mode: %[5]s
 ignition:
   fragments:
     - check.ign
-`, base, helloRef, servedRef, preloadedRef)
+`, base, helloRef, servedRef, preloadedRef, o.preloadMode())
 	rp := filepath.Join(dir, "appliance.yaml")
 	if err := os.WriteFile(rp, []byte(recipe), 0o644); err != nil {
 		t.Fatal(err)

@@ -30,6 +30,11 @@ SERVED_DIGEST="@SERVED_DIGEST@"
 ALL="$PRELOADED
 $SERVED_REF $SERVED_DIGEST"
 
+WORKLOAD_POD="@WORKLOAD_POD@"
+PRELOAD_MODE="@PRELOAD_MODE@"
+HELLO_REF="@HELLO_REF@"
+HELLO_DIGEST="@HELLO_DIGEST@"
+
 state=/var/lib/kiln-e2e
 mkdir -p "$state"
 n=$(( $(cat "$state/boots" 2>/dev/null || echo 0) + 1 ))
@@ -91,14 +96,53 @@ mount_checks() {
     fi
 }
 
+# crio_checks: CRI-O runs, started only once the image partition was mounted
+# (its preloaded store is an additional image store), and through the CRI
+# every image given as NAME=DIGEST is listed with that digest and pinned.
+crio_checks() {
+    local m c
+    if wait_for 240 is_active crio.service; then
+        m=$(prop var-lib-kiln-images.mount ActiveEnterTimestampMonotonic)
+        c=$(prop crio.service ExecMainStartTimestampMonotonic)
+        if [ "${m:-0}" -gt 0 ] && [ "${c:-0}" -ge "$m" ]; then
+            pass crio-after-mount "mount=${m}us crio-start=${c}us mode=$PRELOAD_MODE"
+        else
+            fail crio-after-mount "mount=${m}us crio-start=${c}us"
+        fi
+    else
+        fail crio-after-mount "crio.service $(prop crio.service ActiveState)/$(prop crio.service Result)"
+        diag crio.service
+    fi
+    /usr/local/bin/cri-check -timeout 60s images "$@" || diag crio.service
+}
+# workload_checks: the workload unit started pod $WORKLOAD_POD through the
+# CRI from the preloaded image, and CRI-O pulled nothing for it.
+workload_checks() {
+    local up
+    if wait_for 240 is_active @WORKLOAD_UNIT@; then
+        up=$(prop @WORKLOAD_UNIT@ ActiveEnterTimestampMonotonic)
+        pass workload-up "$(awk -v u="$up" 'BEGIN{printf "%.1f", u/1e6}')s after boot"
+    else
+        fail workload-up "@WORKLOAD_UNIT@ $(prop @WORKLOAD_UNIT@ ActiveState)/$(prop @WORKLOAD_UNIT@ Result)"
+        diag @WORKLOAD_UNIT@ crio.service
+    fi
+    /usr/local/bin/cri-check -timeout 60s workload "$WORKLOAD_POD" "$HELLO_REF" "$HELLO_DIGEST" "$LINE" || diag crio.service
+    local pulls
+    pulls=$(journalctl -b 0 -q --no-pager -u crio.service -o cat | grep -c "Pulling image: ${HELLO_REF%:*}")
+    if [ "$pulls" = 0 ]; then pass workload-no-pull; else fail workload-no-pull "CRI-O logged $pulls pulls of ${HELLO_REF%:*}"; fi
+}
+PRELOADED_ARGS=$(while read -r name digest; do printf '%s=%s ' "$name" "$digest"; done <<< "$PRELOADED")
+
 if [ "$n" = 1 ]; then
     if journalctl -b 0 -q --no-pager -t ignition | grep -q 'Ignition finished successfully'; then
         pass ignition
     else
         fail ignition "no 'Ignition finished successfully' in this boot's journal"
     fi
-    # No NIC, and every upstream name points at a dead address.
-    if ip -o link | grep -qv ' lo:'; then fail upstreams-dead "a network interface exists: $(ip -o link | xargs)"
+    # No NIC (CRI-O's pod bridge and veths stay on the node), and every
+    # upstream name points at a dead address.
+    nics=$(ip -o link | grep -vE '^[0-9]+: (lo|cni0|veth[^:]*):' | xargs)
+    if [ -n "$nics" ]; then fail upstreams-dead "a network interface exists: $nics"
     elif ! getent hosts quay.io | grep -q '^127.0.0.9'; then fail upstreams-dead "quay.io resolves to $(getent hosts quay.io)"
     elif timeout 10 curl -sS -o /dev/null https://quay.io/v2/ 2>/dev/null; then fail upstreams-dead "quay.io answers"
     else pass upstreams-dead; fi
@@ -134,16 +178,23 @@ if [ "$n" = 1 ]; then
         diag kiln-mirror.service
     fi
 
+    # shellcheck disable=SC2086
+    crio_checks $PRELOADED_ARGS
+    workload_checks
+
     while read -r name digest; do check_image "$name" "$digest"; done <<< "$PRELOADED"
     while read -r name _; do check_run "$name"; done <<< "$PRELOADED"
 
-    # Served only: pulled through the mirror, from the node's own registry.
-    if out=$(timeout 180 podman pull "$SERVED_REF" 2>&1); then
+    # Served only: pulled by CRI-O (PullImage through the CRI, as kubelet
+    # does) through the mirror, from the node's own registry; podman then
+    # sees it in the same containers/storage.
+    if /usr/local/bin/cri-check -timeout 180s pull "$SERVED_REF" "$SERVED_DIGEST"; then
         got=$(podman image inspect --format '{{.Digest}}' "$SERVED_REF" 2>&1)
         if [ "$got" = "$SERVED_DIGEST" ]; then pull_ok=yes; pass "pull-$(short "$SERVED_REF")" "$got"; else fail "pull-$(short "$SERVED_REF")" "digest $got, want $SERVED_DIGEST"; fi
+        /usr/local/bin/cri-check -timeout 60s images "$SERVED_REF=$SERVED_DIGEST"
     else
-        fail "pull-$(short "$SERVED_REF")" "$(echo "$out" | tail -n 2 | xargs | cut -c1-240)"
-        diag kiln-registry.service
+        fail "pull-$(short "$SERVED_REF")" "CRI PullImage failed (cri-pull line above)"
+        diag kiln-registry.service kiln-mirror.service crio.service
     fi
     # ...and the node's registry is what answered it.
     served_path="/v2/${SERVED_REF%:*}/manifests/"
@@ -170,6 +221,29 @@ if [ "$n" = 1 ]; then
     if wait_for "$(short_or $pull_ok 120)" stopped; then pass registry-stopped; else fail registry-stopped "$(prop kiln-registry.service ActiveState)"; fi
     if wait_for "$(short_or $pull_ok 60)" test ! -e "$DROPIN"; then pass mirror-removed; else fail mirror-removed "$DROPIN still there"; fi
     if timeout 5 curl -sf http://127.0.0.1:5050/v2/ >/dev/null 2>&1; then fail registry-port-closed "127.0.0.1:5050 still answers"; else pass registry-port-closed; fi
+
+    # Pins follow `systemctl reload crio` (SIGHUP; upgrades rely on it, see
+    # docs/units.md): a later drop-in that pins only the preloaded image
+    # unpins the served one; removing it pins it again.
+    reloads() { journalctl -b 0 -q --no-pager -u crio.service -o cat | grep -c 'Configuration reload completed'; }
+    reloaded_since() { [ "$(reloads)" -gt "$1" ]; }
+    # reload_pins CHECK PINNED: systemctl reload crio, then CRI-O must
+    # report the served image's pinned flag as PINNED within 60 s (the
+    # gate's own asynchronous reloads may complete in between, so wait for
+    # the outcome, not for one log line).
+    reload_pins() {
+        local before; before=$(reloads)
+        if ! systemctl reload crio.service || ! wait_for 60 reloaded_since "$before"; then
+            fail "$1" "no 'Configuration reload completed' from CRI-O within 60 s"; diag crio.service; return
+        fi
+        wait_for 60 /usr/local/bin/cri-check -timeout 20s pinned "$1" "$SERVED_REF" "$SERVED_DIGEST" "$2"
+        /usr/local/bin/cri-check -timeout 60s pinned "$1" "$SERVED_REF" "$SERVED_DIGEST" "$2"
+    }
+    extra=/etc/crio/crio.conf.d/60-kiln-e2e-reload.conf
+    printf '[crio.image]\npinned_images = ["%s"]\n' "@PRELOADED_REF@" > "$extra"
+    reload_pins cri-reload-unpins false
+    rm -f "$extra"
+    reload_pins cri-reload-pins true
 else
     # Second and later boots: nothing of the first boot runs again.
     if [ "$(prop kiln-firstboot.service ConditionResult)" = no ] && [ "$(prop kiln-firstboot.service ExecMainStartTimestampMonotonic)" = 0 ]; then
@@ -185,6 +259,9 @@ else
         fail registry-not-started "$(prop kiln-registry.service ActiveState), started at $(prop kiln-registry.service ExecMainStartTimestampMonotonic)"
     fi
     if [ -e "$DROPIN" ]; then fail no-mirror "$DROPIN exists"; else pass no-mirror; fi
+    # shellcheck disable=SC2086
+    crio_checks $PRELOADED_ARGS "$SERVED_REF=$SERVED_DIGEST"
+    workload_checks
     while read -r name digest; do check_image "$name" "$digest"; done <<< "$ALL"
     check_run "@HELLO_REF@"
     check_run "$SERVED_REF" # pulled through the mirror at first boot

@@ -57,6 +57,11 @@ if [ "$fault" != damaged-blob ]; then
     # Nothing serves and nothing points at a registry that is not there.
     if is_active kiln-registry.service; then fail registry-down "kiln-registry.service is active"; else pass registry-down "$(prop kiln-registry.service ActiveState)/$(prop kiln-registry.service Result)"; fi
     if [ -e "$DROPIN" ]; then fail no-mirror "$DROPIN exists"; else pass no-mirror; fi
+    # CRI-O reads the preloaded store on the partition: it must not run
+    # without it (its job failed on the mount, and the console says so).
+    if is_active crio.service; then fail crio-not-started "crio.service is active without the image partition"; else
+        pass crio-not-started "$(prop crio.service ActiveState)/$(prop crio.service Result)"
+    fi
     # Nothing of kiln is still waiting on a job.
     jobs=$(systemctl list-jobs --no-legend --plain | grep -E ' (kiln-(registry|mirror|firstboot|images-failed|preload-copy)|var-lib-kiln)' | oneline)
     if [ -z "$jobs" ]; then pass no-kiln-jobs; else fail no-kiln-jobs "$jobs"; fi
