@@ -1,0 +1,108 @@
+//go:build !nodeonly
+
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kiln-appliance/kiln/builder"
+	"github.com/kiln-appliance/kiln/builder/bundle"
+	"github.com/kiln-appliance/kiln/builder/flash"
+	"github.com/kiln-appliance/kiln/builder/progress"
+	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/systemd/contract"
+)
+
+func init() { subcommands = append(subcommands, newWriteCommand) }
+
+func newWriteCommand() *cobra.Command {
+	var (
+		o        flash.Options
+		noVerify bool
+		keys     []string
+	)
+	cmd := &cobra.Command{
+		Use:   "write IMAGE DEVICE",
+		Short: "Write a disk or bundle stick image to a removable device, then read every byte back",
+		Long: `Write checks IMAGE as kiln verify does (a bundle needs --key), refuses a DEVICE that is not a whole
+block device, is mounted or held, is not removable (unless --force) or is smaller than IMAGE, all
+before writing anything; then writes IMAGE from the device's first byte, flushes, drops the
+kernel's cache and reads every byte back, comparing sha256. It says "done" only then.`,
+		Args: exactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			image, dev := args[0], args[1]
+			fi, err := os.Stat(image)
+			if err != nil {
+				return fmt.Errorf("image: %w", err)
+			}
+			if !fi.Mode().IsRegular() {
+				return fmt.Errorf("image %s is not a regular file: give the disk image (kiln build -o) or bundle stick image (kiln bundle --stick) to write", image)
+			}
+			d, err := flash.Open(dev)
+			if err != nil {
+				return err
+			}
+			// Device first: refusing a wrong device must not wait for a long verify.
+			if err := d.Check(fi.Size(), o); err != nil {
+				return err
+			}
+			w := cmd.ErrOrStderr()
+			if err := checkImage(cmd, image, keys, noVerify); err != nil {
+				return err
+			}
+			digest, err := flash.Write(cmd.Context(), image, d, newProgress())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "done: %s holds %s (%s, %s), read back and identical; remove the stick\n", dev, image, progress.Bytes(fi.Size()), digest)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&o.Force, "force", false, "write to a device that is not removable (check with lsblk that it is the right one)")
+	cmd.Flags().BoolVar(&noVerify, "no-verify", false, "write an image that is not a kiln disk or bundle (it is still read back)")
+	cmd.Flags().StringArrayVar(&keys, "key", nil, "public key a bundle stick image must be signed with (NAME.pub; repeatable)")
+	return cmd
+}
+
+// checkImage runs kiln verify's checks on a kiln disk or bundle. Only an
+// image that is neither may be written unchecked, with --no-verify.
+func checkImage(cmd *cobra.Command, image string, keys []string, noVerify bool) error {
+	if bundle.IsBundle(image) {
+		if len(keys) == 0 {
+			return usageError{fmt.Errorf("%s is an upgrade bundle: give the public key(s) to check its signature with --key NAME.pub", image)}
+		}
+		pubs, err := readKeys(keys)
+		if err != nil {
+			return err
+		}
+		if _, err := bundle.Verify(cmd.Context(), image, pubs, newProgress()); err != nil {
+			return fmt.Errorf("not writing %s: %w", image, err)
+		}
+		return nil
+	}
+	if !isKilnDisk(image) {
+		if noVerify {
+			fmt.Fprintf(cmd.ErrOrStderr(), "%s is not a kiln disk or bundle: writing it unchecked (--no-verify); it is still read back\n", image)
+			return nil
+		}
+		return fmt.Errorf("%s is not a kiln disk or bundle (no %s partition, no bundle header), so kiln cannot check it: "+
+			"give --no-verify to write it anyway", image, contract.PartitionName)
+	}
+	if _, err := builder.Verify(cmd.Context(), image, builder.VerifyOptions{}, newProgress()); err != nil {
+		return fmt.Errorf("not writing %s: %w", image, err)
+	}
+	return nil
+}
+
+// isKilnDisk: the image has a GPT with kiln's image partition.
+func isKilnDisk(image string) bool {
+	l, err := partitions.Inspect(image)
+	if err != nil {
+		return false
+	}
+	_, ok := l.Find(contract.PartitionName)
+	return ok
+}
