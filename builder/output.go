@@ -26,7 +26,7 @@ func checkOutput(path string) error {
 		return fmt.Errorf("output %s is a directory: give the disk image file to write, e.g. -o %s/appliance.raw", path, path)
 	case m&fs.ModeDevice != 0:
 		return fmt.Errorf("output %s is a device: kiln build writes a disk image file; build to a file (-o appliance.raw), "+
-			"then write that file to the stick or disk with a USB image writer or dd (see docs/technician.md)", path)
+			"then write that file to the stick or disk with kiln write, a USB image writer or dd (see docs/technician.md)", path)
 	case !m.IsRegular():
 		return fmt.Errorf("output %s is not a regular file (%s): give a disk image file to write", path, m.Type())
 	}
