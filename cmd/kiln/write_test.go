@@ -160,3 +160,46 @@ func TestWrite(t *testing.T) {
 		}
 	})
 }
+
+// A bundle stick image is written only with a key that verifies it, and
+// the written stick verifies as a bundle.
+func TestWriteBundle(t *testing.T) {
+	rs := newReleases(t)
+	r11 := rs.recipe(t, "acme", "1.1.0", "")
+	rs.mustKiln(t, "lock", r11)
+	img := filepath.Join(rs.dir, "upgrade.img")
+	rs.mustKiln(t, "bundle", r11, "-o", img, "--key", rs.key)
+	fi, err := os.Stat(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Exactly the image's size: kiln verify checks a stick image's size
+	// (on a larger stick it says to read back the image's bytes instead).
+	dev, _ := loopDevice(t, fi.Size())
+	before := sha256File(t, dev)
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no key", nil, 2, "is an upgrade bundle: give the public key(s)"},
+		{"wrong key", []string{"--key", rs.otherPub}, 1, "not writing " + img},
+	} {
+		out, code := rs.kiln(t, append(append([]string{"write", "--force"}, tc.args...), img, dev)...)
+		if code != tc.code || !strings.Contains(out, tc.want) {
+			t.Errorf("%s: exit %d, want %d with %q\n%s", tc.name, code, tc.code, tc.want, out)
+		}
+	}
+	if sha256File(t, dev) != before {
+		t.Fatal("a refused write changed the device")
+	}
+	out := rs.mustKiln(t, "write", "--force", "--key", rs.pub, img, dev)
+	if !strings.Contains(out, "done: "+dev) {
+		t.Fatalf("write of a bundle stick:\n%s", out)
+	}
+	out = rs.mustKiln(t, "verify", "--key", rs.pub, dev)
+	if !strings.Contains(out, dev+": OK") {
+		t.Fatalf("kiln verify %s after write:\n%s", dev, out)
+	}
+}
