@@ -186,24 +186,36 @@ func Write(ctx context.Context, image string, d *Device, p progress.Reporter) (s
 		return "", fmt.Errorf("write %s: %w: the stick is incomplete; try again or use another stick", d.Path, err)
 	}
 
-	rd, err := os.Open(d.Path)
+	w := want.Sum(nil)
+	if err := ReadBack(ctx, d.Path, size, w, p); err != nil {
+		return "", err
+	}
+	return "sha256:" + hex.EncodeToString(w), nil
+}
+
+// ReadBack reads the first size bytes of the device and compares their
+// sha256 with want.
+func ReadBack(ctx context.Context, dev string, size int64, want []byte, p progress.Reporter) error {
+	rd, err := os.Open(dev)
 	if err != nil {
-		return "", fmt.Errorf("read back %s: %w", d.Path, err)
+		return fmt.Errorf("read back %s: %w", dev, err)
 	}
 	defer rd.Close()
 	got := sha256.New()
-	t = p.Task("read back "+d.Path, size)
-	_, err = copyCtx(ctx, io.MultiWriter(got, t), io.LimitReader(rd, size))
+	t := p.Task("read back "+dev, size)
+	n, err := copyCtx(ctx, io.MultiWriter(got, t), io.LimitReader(rd, size))
+	if err == nil && n < size {
+		err = fmt.Errorf("the device ended after %d bytes", n)
+	}
 	t.Done(err)
 	if err != nil {
-		return "", fmt.Errorf("read back %s: %w: the stick is unreliable; use another stick", d.Path, err)
+		return fmt.Errorf("read back %s: %w: the stick is unreliable; use another stick", dev, err)
 	}
-	w, g := want.Sum(nil), got.Sum(nil)
-	if !bytes.Equal(w, g) {
-		return "", fmt.Errorf("read back %s: its first %d bytes have sha256 %x, the image %x: the stick did not keep what was written; use another stick",
-			d.Path, size, g, w)
+	if g := got.Sum(nil); !bytes.Equal(want, g) {
+		return fmt.Errorf("read back %s: its first %d bytes have sha256 %x, the image %x: the stick did not keep what was written; use another stick",
+			dev, size, g, want)
 	}
-	return "sha256:" + hex.EncodeToString(w), nil
+	return nil
 }
 
 // copyCtx is io.Copy in chunks, stopping when ctx is done.
