@@ -28,6 +28,7 @@ type Device struct {
 	Name      string // kernel name, e.g. sdb, loop3
 	Size      int64
 	Removable bool
+	ReadOnly  bool
 	sys       string   // /sys/dev/block/MAJ:MIN, resolved
 	devs      []string // MAJ:MIN of the disk and each of its partitions
 }
@@ -57,6 +58,7 @@ func Open(path string) (*Device, error) {
 			path, d.Name, "/dev/"+filepath.Base(filepath.Dir(sys)))
 	}
 	d.Removable = strings.TrimSpace(readSys(filepath.Join(sys, "removable"))) == "1"
+	d.ReadOnly = strings.TrimSpace(readSys(filepath.Join(sys, "ro"))) == "1"
 	parts, _ := filepath.Glob(filepath.Join(sys, d.Name+"*", "partition"))
 	for _, p := range parts {
 		if dev := strings.TrimSpace(readSys(filepath.Join(filepath.Dir(p), "dev"))); dev != "" {
@@ -135,6 +137,9 @@ func (d *Device) Check(size int64, o Options) error {
 	if len(uses) > 0 {
 		return fmt.Errorf("%s is in use (%s): unmount it first (umount /dev/%s*; eject it in the desktop), then run kiln write again",
 			d.Path, strings.Join(uses, "; "), d.Name)
+	}
+	if d.ReadOnly {
+		return fmt.Errorf("%s is read-only (the stick's write-protect switch, or blockdev --setro): make it writable, then run kiln write again", d.Path)
 	}
 	if !d.Removable && !o.Force {
 		return fmt.Errorf("%s (%s, %s) is not a removable device: it may be a disk of this host; "+

@@ -113,6 +113,13 @@ func TestWrite(t *testing.T) {
 	}{
 		{"not removable, no --force", func(t *testing.T) string { d, _ := loopDevice(t, size); return d }, nil, disk,
 			[]string{"is not a removable device", "run again with --force"}},
+		{"read-only device", func(t *testing.T) string {
+			d, _ := loopDevice(t, size)
+			run(t, "blockdev", "--setro", d)
+			// The flag outlives losetup --detach: clear it (before the detach).
+			t.Cleanup(func() { run(t, "blockdev", "--setrw", d) })
+			return d
+		}, []string{"--force"}, disk, []string{"is read-only", "write-protect switch"}},
 		{"image larger than the device", func(t *testing.T) string { d, _ := loopDevice(t, size-1<<20); return d }, []string{"--force"}, disk,
 			[]string{"the image needs", "use a larger stick; nothing was written"}},
 		{"not a block device", func(t *testing.T) string {
