@@ -20,6 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kiln-appliance/kiln/builder/progress"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // Device is a whole block device as sysfs describes it.
@@ -143,11 +145,11 @@ func (d *Device) Check(size int64, o Options) error {
 	}
 	if !d.Removable && !o.Force {
 		return fmt.Errorf("%s (%s, %s) is not a removable device: it may be a disk of this host; "+
-			"check with lsblk that it is the stick, then run again with --force to write to it", d.Path, d.Name, progress.Bytes(d.Size))
+			"check with lsblk that it is the stick, then run again with --force to write to it", d.Path, d.Name, contract.Bytes(d.Size))
 	}
 	if size > d.Size {
 		return fmt.Errorf("%s holds %s (%d bytes), the image needs %s (%d bytes): use a larger stick; nothing was written",
-			d.Path, progress.Bytes(d.Size), d.Size, progress.Bytes(size), size)
+			d.Path, contract.Bytes(d.Size), d.Size, contract.Bytes(size), size)
 	}
 	return nil
 }

@@ -5,6 +5,8 @@ import (
 	"io"
 	"sync"
 	"time"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // New returns a Reporter writing to w: a live status line redrawn in place
@@ -43,7 +45,7 @@ func (r *text) Task(name string, total int64) Task {
 	r.active[t] = struct{}{}
 	if !r.terminal {
 		if total > 0 {
-			fmt.Fprintf(r.w, "%s: started (%s)\n", name, Bytes(total))
+			fmt.Fprintf(r.w, "%s: started (%s)\n", name, contract.Bytes(total))
 		} else {
 			fmt.Fprintf(r.w, "%s: started\n", name)
 		}
@@ -76,7 +78,7 @@ func (t *task) Done(err error) {
 	case err != nil:
 		fmt.Fprintf(r.w, "%s: failed after %s: %v\n", t.name, elapsed.Round(time.Millisecond), err)
 	case t.done > 0:
-		fmt.Fprintf(r.w, "%s: done, %s in %s (%s/s)\n", t.name, Bytes(t.done), elapsed.Round(time.Millisecond), Bytes(rate(t.done, elapsed)))
+		fmt.Fprintf(r.w, "%s: done, %s in %s (%s/s)\n", t.name, contract.Bytes(t.done), elapsed.Round(time.Millisecond), contract.Bytes(rate(t.done, elapsed)))
 	default:
 		fmt.Fprintf(r.w, "%s: done in %s\n", t.name, elapsed.Round(time.Millisecond))
 	}
@@ -104,11 +106,11 @@ func (r *text) draw() {
 	if len(r.active) > 1 {
 		name = fmt.Sprintf("%s (+%d more)", name, len(r.active)-1)
 	}
-	line := fmt.Sprintf("%s: %s", name, Bytes(done))
+	line := fmt.Sprintf("%s: %s", name, contract.Bytes(done))
 	if total > 0 {
-		line += fmt.Sprintf(" / %s  %3d%%", Bytes(total), done*100/max(total, 1))
+		line += fmt.Sprintf(" / %s  %3d%%", contract.Bytes(total), done*100/max(total, 1))
 	}
-	line += fmt.Sprintf("  %s/s", Bytes(rate(done, r.now().Sub(start))))
+	line += fmt.Sprintf("  %s/s", contract.Bytes(rate(done, r.now().Sub(start))))
 	r.clear()
 	fmt.Fprint(r.w, line)
 	r.lineLength = len(line)
@@ -126,18 +128,4 @@ func rate(n int64, d time.Duration) int64 {
 		return 0
 	}
 	return int64(float64(n) / d.Seconds())
-}
-
-// Bytes formats a byte count for people: 1.5 GiB, 320 MiB, 12 KiB, 512 B.
-func Bytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit && exp < 4; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
 }

@@ -13,6 +13,8 @@ import (
 	"github.com/kiln-appliance/kiln/builder/fetch"
 	"github.com/kiln-appliance/kiln/builder/progress"
 	"github.com/kiln-appliance/kiln/recipes"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 func init() { subcommands = append(subcommands, newBuildCommand, newLockCommand) }
@@ -57,7 +59,7 @@ and left untouched by a failed or interrupted build.`,
 			}
 			// The disk GUID is the digest of the disk's seal: the factory's record
 			// that `kiln verify` and `kiln inspect` compare against.
-			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%s, %d images, disk GUID %s)\n", res.Output, progress.Bytes(res.Layout.Size), len(res.Contents.Images), res.Layout.GUID)
+			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%s, %d images, disk GUID %s)\n", res.Output, contract.Bytes(res.Layout.Size), len(res.Contents.Images), res.Layout.GUID)
 			return nil
 		},
 	}

@@ -13,8 +13,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-appliance/kiln/builder/bundle"
-	"github.com/kiln-appliance/kiln/builder/progress"
-	contract "github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	bundlefmt "github.com/kiln-appliance/kiln/systemd/contract/bundle"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 func init() { subcommands = append(subcommands, newBundleCommand) }
@@ -50,7 +51,7 @@ a full bundle that applies to any earlier release. See docs/bundles.md.`,
 			}
 			m := res.Manifest
 			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%s %s %s bundle, %s; %s of blobs; signed by %s)\n",
-				res.Output, m.Recipe, m.Version, m.Kind, progress.Bytes(res.Size), progress.Bytes(m.Space.CopyBytes), res.KeyID)
+				res.Output, m.Recipe, m.Version, m.Kind, contract.Bytes(res.Size), contract.Bytes(m.Space.CopyBytes), res.KeyID)
 			return nil
 		},
 	}
@@ -72,7 +73,7 @@ func readKeys(paths []string) ([]ed25519.PublicKey, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--key: %w", err)
 		}
-		k, err := contract.ParsePublicKey(data)
+		k, err := bundlefmt.ParsePublicKey(data)
 		if err != nil {
 			return nil, fmt.Errorf("--key %s: %w", p, err)
 		}
@@ -89,7 +90,7 @@ func printBundle(w io.Writer, rep *bundle.Report, format string) error {
 	}
 	m := rep.Manifest
 	fmt.Fprintf(w, "Bundle %s: %s %s (%s), %s bundle, %s\n", rep.Path, m.Recipe, m.Version, m.Arch, m.Kind, rep.Format)
-	if m.Kind == contract.KindFull {
+	if m.Kind == bundlefmt.KindFull {
 		fmt.Fprintln(w, "Applies to: any earlier release")
 	} else {
 		for _, r := range m.AppliesTo {
@@ -101,7 +102,7 @@ func printBundle(w io.Writer, rep *bundle.Report, format string) error {
 		signed = fmt.Sprint(rep.SignedBy) + " (claimed; kiln verify --key checks it)"
 	}
 	fmt.Fprintf(w, "Signed by: %s\n", signed)
-	fmt.Fprintf(w, "Space on the node: %s of blobs to copy, %s unpacked\n\n", progress.Bytes(m.Space.CopyBytes), progress.Bytes(m.Space.UnpackedBytes))
+	fmt.Fprintf(w, "Space on the node: %s of blobs to copy, %s unpacked\n\n", contract.Bytes(m.Space.CopyBytes), contract.Bytes(m.Space.UnpackedBytes))
 	onStick := map[string]bool{}
 	for _, b := range m.Blobs {
 		onStick[b.Digest] = b.OnStick
@@ -115,13 +116,13 @@ func printBundle(w io.Writer, rep *bundle.Report, format string) error {
 				n++
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d of %d\n", img.Name, short(img.Digest), progress.Bytes(img.Size), n, len(img.Blobs)+1)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d of %d\n", img.Name, short(img.Digest), contract.Bytes(img.Size), n, len(img.Blobs)+1)
 	}
 	tw.Flush()
 	if len(m.ReleaseFiles) > 0 {
 		fmt.Fprintln(w, "\nRelease files:")
 		for _, f := range m.ReleaseFiles {
-			fmt.Fprintf(w, "  %s (%04o, %s)\n", f.Path, f.Mode, progress.Bytes(f.Size))
+			fmt.Fprintf(w, "  %s (%04o, %s)\n", f.Path, f.Mode, contract.Bytes(f.Size))
 		}
 	}
 	fmt.Fprintln(w, "\nTrusted keys after this release:")

@@ -14,7 +14,8 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/bundle"
-	"github.com/kiln-appliance/kiln/builder/progress"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 func init() { subcommands = append(subcommands, newInspectCommand, newVerifyCommand) }
@@ -106,11 +107,11 @@ func newVerifyCommand() *cobra.Command {
 
 func printReport(w io.Writer, rep *builder.Report) {
 	l := rep.Layout
-	fmt.Fprintf(w, "Disk %s: %s, GPT, disk GUID %s\n\n", rep.Disk, progress.Bytes(l.Size), l.GUID)
+	fmt.Fprintf(w, "Disk %s: %s, GPT, disk GUID %s\n\n", rep.Disk, contract.Bytes(l.Size), l.GUID)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "#\tNAME\tSTART\tSIZE\tFS\tLABEL\tPARTITION GUID")
 	for _, p := range l.Partitions {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Number, p.Name, progress.Bytes(p.Offset), progress.Bytes(p.Size), p.Filesystem, p.Label, p.GUID)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Number, p.Name, contract.Bytes(p.Offset), contract.Bytes(p.Size), p.Filesystem, p.Label, p.GUID)
 	}
 	tw.Flush()
 	c := rep.Contents
@@ -125,13 +126,13 @@ func printReport(w io.Writer, rep *builder.Report) {
 	}
 	sort.Strings(parts)
 	for _, k := range parts {
-		fmt.Fprintf(w, "  %-8s %s\n", k+"/", progress.Bytes(rep.Sizes[k]))
+		fmt.Fprintf(w, "  %-8s %s\n", k+"/", contract.Bytes(rep.Sizes[k]))
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "IMAGE\tDIGEST\tSIZE\tSERVED\tPRELOADED")
 	for _, img := range c.Images {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", img.Name, short(img.Digest), progress.Bytes(img.Size), yesNo(img.Served), yesNo(img.Preloaded))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", img.Name, short(img.Digest), contract.Bytes(img.Size), yesNo(img.Served), yesNo(img.Preloaded))
 	}
 	tw.Flush()
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/bundle"
 	"github.com/kiln-appliance/kiln/builder/flash"
-	"github.com/kiln-appliance/kiln/builder/progress"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -57,7 +56,7 @@ kernel's cache and reads every byte back, comparing sha256. It says "done" only 
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(w, "done: %s holds %s (%s, %s), read back and identical; remove the stick\n", dev, image, progress.Bytes(fi.Size()), digest)
+			fmt.Fprintf(w, "done: %s holds %s (%s, %s), read back and identical; remove the stick\n", dev, image, contract.Bytes(fi.Size()), digest)
 			return nil
 		},
 	}

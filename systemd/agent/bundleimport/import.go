@@ -114,7 +114,7 @@ func Import(ctx context.Context, source string, opts ...Option) (*contract.State
 		return nil, refused(source, err)
 	}
 
-	fmt.Fprintf(i.log, "checking the bundle (%s)\n", bundle.Bytes(m.Filesystem.Size))
+	fmt.Fprintf(i.log, "checking the bundle (%s)\n", contract.Bytes(m.Filesystem.Size))
 	p := i.progress("checked", m.Filesystem.Size)
 	if err := m.CheckFilesystem(f, h.Size, p); err != nil {
 		return nil, refused(source, err)
@@ -229,7 +229,7 @@ func (i *importer) fill(ctx context.Context, m *bundle.Manifest, mnt, blobDir st
 	if err := os.MkdirAll(blobDir, 0o755); err != nil {
 		return err
 	}
-	fmt.Fprintf(i.log, "copying %d blob(s), %s, for %d image(s)\n", len(todo), bundle.Bytes(total), len(m.Images))
+	fmt.Fprintf(i.log, "copying %d blob(s), %s, for %d image(s)\n", len(todo), contract.Bytes(total), len(m.Images))
 	p := i.progress("copied", total)
 	for _, d := range todo {
 		if err := ctx.Err(); err != nil {

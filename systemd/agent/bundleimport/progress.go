@@ -5,7 +5,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // progress counts bytes written to it and prints a console line (done of
@@ -38,13 +38,13 @@ func (p *progress) line() {
 	secs := p.now().Sub(p.start).Seconds()
 	rate := ""
 	if secs > 0 {
-		rate = fmt.Sprintf(", %s/s", bundle.Bytes(int64(float64(p.n)/secs)))
+		rate = fmt.Sprintf(", %s/s", contract.Bytes(int64(float64(p.n)/secs)))
 	}
 	pct := 100.0
 	if p.total > 0 {
 		pct = 100 * float64(p.n) / float64(p.total)
 	}
-	fmt.Fprintf(p.w, "  %s %s of %s (%.0f%%%s)\n", p.verb, bundle.Bytes(p.n), bundle.Bytes(p.total), pct, rate)
+	fmt.Fprintf(p.w, "  %s %s of %s (%.0f%%%s)\n", p.verb, contract.Bytes(p.n), contract.Bytes(p.total), pct, rate)
 }
 
 func (p *progress) done() { p.line() }

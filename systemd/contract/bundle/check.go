@@ -101,7 +101,7 @@ func (m *Manifest) CheckSpace(free int64) error {
 		return nil
 	}
 	return fmt.Errorf("%w on /var: the import needs %s (%s of blobs, %s unpacked), %s is free; free %s more (e.g. remove old logs or unused images) and plug the stick in again; nothing was changed",
-		ErrNoSpace, Bytes(need), Bytes(m.Space.CopyBytes), Bytes(m.Space.UnpackedBytes), Bytes(free), Bytes(need-free))
+		ErrNoSpace, contract.Bytes(need), contract.Bytes(m.Space.CopyBytes), contract.Bytes(m.Space.UnpackedBytes), contract.Bytes(free), contract.Bytes(need-free))
 }
 
 // Validate checks the manifest is consistent with itself: the writer calls
@@ -221,20 +221,6 @@ func HashRange(r io.ReaderAt, off, n int64, progress io.Writer, buf []byte) (str
 		return "", fmt.Errorf("truncated: %d of %d bytes at byte %d", got, n, off)
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
-}
-
-// Bytes prints a byte count for people: 1.5 GiB, 300 MiB, 12 KiB, 17 B.
-func Bytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit && exp < 4; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
 }
 
 // Release is the node's record of the bundle's release (what
