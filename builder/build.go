@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"runtime"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
 	"github.com/kiln-appliance/kiln/builder/fetch"
 	"github.com/kiln-appliance/kiln/builder/progress"
 	"github.com/kiln-appliance/kiln/partitions"
@@ -61,6 +63,7 @@ type build struct {
 	root      string // the image partition's tree, under work
 
 	images   []fetchedImage
+	inPlace  map[v1.Hash]inPlaceBlob // blobs packed from their source, not the cache
 	contents *contract.Contents
 	ignition []byte
 	layout   *partitions.Layout

@@ -80,6 +80,7 @@ func (b *build) assembleDisk(ctx context.Context) error {
 		GUIDSeed:        b.seed(),
 		Ignition:        b.ignitionFor,
 		NoVerity:        !r.ImagePartition.VerityOn(),
+		CheckFilesystem: b.checkInPlace,
 		Progress:        b.o.Progress,
 	}
 	if !r.Disk.Size.Auto {
@@ -89,6 +90,9 @@ func (b *build) assembleDisk(ctx context.Context) error {
 		opts.PartitionSize = r.ImagePartition.Size.Bytes
 	}
 	var err error
+	if opts.Attrs, err = b.inPlaceAttrs(); err != nil {
+		return err
+	}
 	b.layout, err = partitions.Assemble(ctx, opts)
 	return err
 }

@@ -40,7 +40,11 @@ func (b *build) fetchImages(ctx context.Context) error {
 			return fmt.Errorf("image %s is not in the lock file: run `kiln lock %s`", img.Name, b.recipe.Path)
 		}
 		locked = append(locked, li)
-		reqs = append(reqs, fetch.Request{Name: img.Name, Source: li.Source, BaseDir: b.recipe.Dir, Digest: li.Digest, Platform: platform(b.recipe)})
+		reqs = append(reqs, fetch.Request{Name: img.Name, Source: li.Source, BaseDir: b.recipe.Dir, Digest: li.Digest, Platform: platform(b.recipe),
+			// A served image's blobs go onto the partition as they are, so a
+			// local layout's may be packed from where they lie and checked
+			// there (checkInPlace); preloading reads them from the cache.
+			InPlace: img.Served() && !img.Preloaded()})
 	}
 	fetched, err := cache.FetchAll(ctx, reqs, b.o.Progress, b.o.Fetch...)
 	if err != nil {
@@ -50,6 +54,7 @@ func (b *build) fetchImages(ctx context.Context) error {
 	for i, fi := range fetched {
 		b.images[i] = fetchedImage{recipe: b.recipe.Images[i], locked: locked[i], image: fi}
 	}
+	b.collectInPlace()
 	return nil
 }
 
@@ -150,7 +155,7 @@ func (b *build) split() (served, preloaded []stage.Image) {
 // writeTree writes everything on the partition but kiln.json, and lists it
 // in c.Files.
 func (b *build) writeTree(ctx context.Context, c *contract.Contents, served, preloaded []stage.Image) error {
-	if err := stage.WriteLayout(filepath.Join(b.root, contract.OCIDir), b.cache.Path, served); err != nil {
+	if err := stage.WriteLayout(filepath.Join(b.root, contract.OCIDir), b.blobPath, served, stage.Borrowed(b.isInPlace)); err != nil {
 		return err
 	}
 	if len(preloaded) > 0 {

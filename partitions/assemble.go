@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"strings"
 
@@ -64,6 +65,18 @@ type AssembleOptions struct {
 	// PlaceEnd puts the image partition after the base's last partition.
 	// PlaceAuto (or "") is PlaceBeforeRoot when root is last, else PlaceEnd.
 	Placement string
+	// Attrs sets the mode and owner of some of the tree's files in the
+	// filesystem, whatever the staged files have.
+	Attrs []FileAttrs
+	// CheckFilesystem, if set, is called as soon as the image filesystem is
+	// written, with that filesystem open read-only: the builder checks there
+	// the blobs mksquashfs read straight from their source (the bytes
+	// written, not the source's, which could change in between). It runs
+	// alongside the rest of the assembly (CPU while the disk is busy) and
+	// Assemble returns only after it; an error fails the assembly.
+	// open may be called several times (once per goroutine: each reader
+	// is for one goroutine at a time).
+	CheckFilesystem func(ctx context.Context, open func() (fs.FS, error)) error
 	// Progress may be nil.
 	Progress Reporter
 }
@@ -128,10 +141,22 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	// 2. The filesystem first: mksquashfs truncates its output file.
 	fsSize, err := writeSquashfs(ctx, squashfsOptions{
 		Tree: opts.ImageTree, Disk: disk, Offset: place.start,
-		Compression: opts.Compression, SourceDateEpoch: opts.SourceDateEpoch, Progress: opts.Progress,
+		Compression: opts.Compression, SourceDateEpoch: opts.SourceDateEpoch, Attrs: opts.Attrs, Progress: opts.Progress,
 	})
 	if err != nil {
 		return nil, err
+	}
+	var checked chan error
+	if opts.CheckFilesystem != nil {
+		checkCtx, cancel := context.WithCancel(ctx)
+		checked = make(chan error, 1)
+		go func() { checked <- checkFilesystem(checkCtx, opts, place.start, fsSize) }()
+		defer func() { // on an early return: stop it, and never leave it reading
+			cancel()
+			if checked != nil {
+				<-checked
+			}
+		}()
 	}
 
 	// 3. Sizes, checked before the long base copy. The partition holds the
@@ -214,7 +239,26 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	if err := opts.Output.Sync(); err != nil {
 		return nil, fmt.Errorf("sync disk: %w", err)
 	}
+	if checked != nil {
+		err := <-checked
+		checked = nil
+		if err != nil {
+			return nil, err
+		}
+	}
 	return Inspect(disk)
+}
+
+// checkFilesystem hands opts.CheckFilesystem a way to open the image
+// filesystem just written.
+func checkFilesystem(ctx context.Context, opts AssembleOptions, start, fsSize int64) error {
+	return opts.CheckFilesystem(ctx, func() (fs.FS, error) {
+		fsys, err := openSquashfs(opts.Output, start, fsSize)
+		if err != nil {
+			return nil, fmt.Errorf("read back the image filesystem: %w", err)
+		}
+		return fsys, nil
+	})
 }
 
 // writeImageVerity writes the hash tree right after the filesystem, with a

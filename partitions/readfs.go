@@ -33,15 +33,25 @@ func OpenImagePartition(disk string) (fs.FS, io.Closer, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	sq, err := squashfs.Read(file.New(f, true), p.Size, p.Offset, 0)
+	fsys, err := openSquashfs(f, p.Offset, p.Size)
 	if err != nil {
 		f.Close()
 		return nil, nil, fmt.Errorf("%s: read image partition: %w", disk, err)
 	}
+	return fsys, f, nil
+}
+
+// openSquashfs reads the squashfs at offset of f (size bytes at most), with
+// go-diskfs's reader guarded against panics.
+func openSquashfs(f *os.File, offset, size int64) (fs.FS, error) {
+	sq, err := squashfs.Read(file.New(f, true), size, offset, 0)
+	if err != nil {
+		return nil, err
+	}
 	// The default 128 MB block cache only helps random access; verify reads
 	// each 1 MiB block once, in order.
 	sq.SetCacheSize(16 << 20)
-	return guardedFS{sq}, f, nil
+	return guardedFS{sq}, nil
 }
 
 // guardedFS turns panics of go-diskfs's squashfs reader (it panics on some

@@ -1,6 +1,7 @@
 package partitions
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -34,7 +35,18 @@ type squashfsOptions struct {
 	Offset          int64  // byte offset in Disk
 	Compression     string
 	SourceDateEpoch int64
+	Attrs           []FileAttrs
 	Progress        Reporter
+}
+
+// FileAttrs sets the mode and owner a file of the tree gets in the
+// filesystem, whatever the staged file has: a file hard-linked from
+// elsewhere (a local image layout's blob) is packed as kiln's own copy
+// would be, without changing the original.
+type FileAttrs struct {
+	Path     string // relative to the tree, slash-separated
+	Mode     fs.FileMode
+	UID, GID uint32
 }
 
 // writeSquashfs packs the tree into the disk file at offset with mksquashfs
@@ -70,6 +82,14 @@ func writeSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
 	if o.AllRoot {
 		args = append(args, "-all-root")
 	}
+	if len(o.Attrs) > 0 {
+		pf, err := writeAttrs(o.Attrs)
+		if err != nil {
+			return 0, err
+		}
+		defer os.Remove(pf)
+		args = append(args, "-pf", pf)
+	}
 	cmd := exec.CommandContext(ctx, "mksquashfs", args...)
 	cmd.Env = append(envWithout("SOURCE_DATE_EPOCH"), "SOURCE_DATE_EPOCH="+strconv.FormatInt(o.SourceDateEpoch, 10))
 	var out bytes.Buffer
@@ -94,6 +114,34 @@ func writeSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
 	}
 	task.Done(err)
 	return size, err
+}
+
+// writeAttrs writes attrs as mksquashfs "modify" pseudo definitions
+// ("PATH m MODE UID GID") into a temp file and returns its name.
+func writeAttrs(attrs []FileAttrs) (string, error) {
+	f, err := os.CreateTemp("", "kiln-attrs-")
+	if err != nil {
+		return "", fmt.Errorf("mksquashfs pseudo file: %w", err)
+	}
+	w := bufio.NewWriter(f)
+	for _, a := range attrs {
+		if strings.ContainsAny(a.Path, " \t\n\"\\") || a.Path == "" || strings.HasPrefix(a.Path, "/") {
+			f.Close()
+			os.Remove(f.Name())
+			return "", fmt.Errorf("mksquashfs pseudo file: cannot name %q", a.Path)
+		}
+		fmt.Fprintf(w, "%s m %o %d %d\n", a.Path, a.Mode.Perm(), a.UID, a.GID)
+	}
+	if err := w.Flush(); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return "", fmt.Errorf("mksquashfs pseudo file: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(f.Name())
+		return "", fmt.Errorf("mksquashfs pseudo file: %w", err)
+	}
+	return f.Name(), nil
 }
 
 // squashfsSize reads bytes_used from the superblock and rounds it up to the

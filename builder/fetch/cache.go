@@ -23,9 +23,10 @@ import (
 // appears under its digest only once its bytes have been checked, so a blob
 // that is present is trusted (Verify re-checks one on demand).
 type Cache struct {
-	dir    string
-	flight singleflight.Group // one download per blob within this process
-	stall  time.Duration      // how long a blob's source may send nothing
+	dir        string
+	flight     singleflight.Group // one download per blob within this process
+	stall      time.Duration      // how long a blob's source may send nothing
+	probeState                    // how a new cached blob looks (inplace.go)
 }
 
 // DefaultDir is $XDG_CACHE_HOME/kiln, or ~/.cache/kiln.

@@ -22,6 +22,10 @@ type Image struct {
 	Manifest   []byte        // its exact bytes (sha256 = Descriptor.Digest)
 	Config     v1.Descriptor
 	Layers     []v1.Descriptor
+	// InPlace lists the blobs left in a local source (Request.InPlace)
+	// instead of copied into the cache: where they are, by digest. Their
+	// bytes are NOT verified; whoever uses them checks the bytes it used.
+	InPlace map[v1.Hash]string
 }
 
 // Blobs lists the config and layers, in manifest order.
@@ -35,6 +39,11 @@ func (img *Image) Blobs() []v1.Descriptor {
 // index, the manifest for platform is taken from it. Bytes fetched are
 // reported to reporter as one task named after the source.
 func (c *Cache) Fetch(ctx context.Context, source, baseDir, digest string, platform v1.Platform, reporter progress.Reporter, opts ...Option) (*Image, error) {
+	return c.fetch(ctx, Request{Source: source, BaseDir: baseDir, Digest: digest, Platform: platform}, reporter, opts...)
+}
+
+func (c *Cache) fetch(ctx context.Context, r Request, reporter progress.Reporter, opts ...Option) (*Image, error) {
+	source, baseDir, digest, platform := r.Source, r.BaseDir, r.Digest, r.Platform
 	src, err := parseSource(source, baseDir)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadSource, err)
@@ -111,17 +120,27 @@ func (c *Cache) Fetch(ctx context.Context, source, baseDir, digest string, platf
 	var total int64
 	seen := map[v1.Hash]bool{} // an image may repeat a layer
 	for _, d := range img.Blobs() {
-		if !seen[d.Digest] && !c.Has(d) {
-			seen[d.Digest] = true
-			missing = append(missing, d)
-			total += d.Size
+		if seen[d.Digest] || c.Has(d) {
+			continue
 		}
+		seen[d.Digest] = true
+		if r.InPlace {
+			if p, ok := c.inPlace(src, d); ok {
+				if img.InPlace == nil {
+					img.InPlace = map[v1.Hash]string{}
+				}
+				img.InPlace[d.Digest] = p
+				continue
+			}
+		}
+		missing = append(missing, d)
+		total += d.Size
 	}
 	if len(missing) == 0 {
 		return img, nil
 	}
 	task := reporter.Task(source, total)
-	counter := &lockedWriter{w: task}
+	counter := progress.Shared(task)
 	// A few layers at once, as docker and skopeo do: one stream rarely fills
 	// a WAN link.
 	g, gctx := errgroup.WithContext(ctx)
@@ -142,18 +161,6 @@ func (c *Cache) Fetch(ctx context.Context, source, baseDir, digest string, platf
 
 // blobJobs is how many blobs of one image are fetched at once.
 const blobJobs = 3
-
-// lockedWriter lets several fetches report to one progress task.
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
 
 // manifest returns manifest h from the cache, or fetches, checks and caches it.
 func (c *Cache) manifest(ctx context.Context, b *lazyBackend, h v1.Hash) ([]byte, error) {
@@ -182,6 +189,13 @@ type Request struct {
 	BaseDir  string
 	Digest   string
 	Platform v1.Platform
+	// InPlace lets the blobs of a local oci: layout stay where they are
+	// (Image.InPlace) when they could be hard-linked from the cache
+	// directory exactly as a cached copy would be (same filesystem, mode
+	// 0644, owned by this user): a cold build then reads each byte once and
+	// writes it once, into the image partition, instead of first into the
+	// cache. The caller must verify those blobs in what it wrote.
+	InPlace bool
 }
 
 // FetchAll fetches several images, a few at a time (WithJobs, default 4).
@@ -193,7 +207,7 @@ func (c *Cache) FetchAll(ctx context.Context, reqs []Request, reporter progress.
 	g.SetLimit(makeOptions(opts).jobs)
 	for i, r := range reqs {
 		g.Go(func() error {
-			img, err := c.Fetch(ctx, r.Source, r.BaseDir, r.Digest, r.Platform, reporter, opts...)
+			img, err := c.fetch(ctx, r, reporter, opts...)
 			if err != nil && r.Name != "" {
 				return fmt.Errorf("image %s: %w", r.Name, err)
 			}

@@ -3,7 +3,10 @@
 // picks a terminal bar or plain log lines.
 package progress
 
-import "io"
+import (
+	"io"
+	"sync"
+)
 
 // Reporter starts tasks. Implementations must be safe for concurrent use.
 type Reporter interface {
@@ -34,3 +37,18 @@ type discardTask struct{}
 
 func (discardTask) Write(p []byte) (int, error) { return len(p), nil }
 func (discardTask) Done(error)                  {}
+
+// Shared lets several goroutines count bytes on one task (a Task's Write
+// need not be safe for concurrent use).
+func Shared(w io.Writer) io.Writer { return &sharedWriter{w: w} }
+
+type sharedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *sharedWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}

@@ -36,7 +36,7 @@ type BlobSource func(v1.Hash) string
 // LayoutOption changes what WriteLayout writes.
 type LayoutOption func(*layoutOptions)
 
-type layoutOptions struct{ keep func(v1.Hash) bool }
+type layoutOptions struct{ keep, borrowed func(v1.Hash) bool }
 
 // OnlyBlobs writes only the blobs keep accepts (index.json still lists every
 // image): an upgrade bundle's delta leaves out what the node already has.
@@ -44,12 +44,19 @@ func OnlyBlobs(keep func(v1.Hash) bool) LayoutOption {
 	return func(o *layoutOptions) { o.keep = keep }
 }
 
+// Borrowed marks blobs whose source is not kiln's (a local layout's own
+// files, fetch.Request.InPlace): they are linked but never chmodded, which
+// would change the source; the packer sets their mode on the partition.
+func Borrowed(borrowed func(v1.Hash) bool) LayoutOption {
+	return func(o *layoutOptions) { o.borrowed = borrowed }
+}
+
 // WriteLayout writes an OCI image layout with images into dir (which must not
 // exist yet). Blobs are hard-linked from src when dir is on the same
 // filesystem, copied otherwise; each blob is stored once however many images
 // share it. index.json lists the images sorted by reference.
 func WriteLayout(dir string, src BlobSource, images []Image, opts ...LayoutOption) error {
-	o := layoutOptions{keep: func(v1.Hash) bool { return true }}
+	o := layoutOptions{keep: func(v1.Hash) bool { return true }, borrowed: func(v1.Hash) bool { return false }}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -74,6 +81,9 @@ func WriteLayout(dir string, src BlobSource, images []Image, opts ...LayoutOptio
 			}
 			if err := linkOrCopy(src(h), dst); err != nil {
 				return fmt.Errorf("stage %s blob %s: %w", img.Ref, h, err)
+			}
+			if o.borrowed(h) {
+				continue
 			}
 			// The node's registry runs unprivileged: every blob must be
 			// world-readable whatever mode the cache gave it.

@@ -456,15 +456,7 @@ func TestBadInput(t *testing.T) {
 func TestCorruptBlobIsRefused(t *testing.T) {
 	f := newFixture(t, "base.raw", "fit", "false")
 	// A private copy of the layout whose layer bytes no longer match.
-	layoutDir := filepath.Join(f.dir, "oci")
-	for _, ref := range []string{servedRef, preloadedRef} {
-		if _, err := images.HelloImage(layoutDir, ref, "amd64"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	replaceInFile(t, f.recipe, inputs.dir+"/oci:", layoutDir+":")
-	replaceInFile(t, f.recipe, inputs.dir+"/oci:", layoutDir+":")
-	mustKiln(t, f, "lock", f.recipe)
+	layoutDir := privateLayout(t, f)
 	_, _, layers, err := images.Blobs(layoutDir, servedRef)
 	if err != nil {
 		t.Fatal(err)
@@ -481,6 +473,26 @@ func TestCorruptBlobIsRefused(t *testing.T) {
 		t.Fatalf("build with a corrupt blob: exit %d, want an error naming %s:\n%s", code, layers[0], msg)
 	}
 	assertUntouched(t, f.dir, out)
+	// Nothing unverified is kept: the bad blob is in the cache under no name.
+	if _, err := os.Stat(filepath.Join(f.cache, "kiln", "blobs", "sha256", strings.TrimPrefix(layers[0], "sha256:"))); err == nil {
+		t.Errorf("the corrupt blob %s was cached", layers[0])
+	}
+}
+
+// privateLayout gives the fixture a layout of its own (to damage or chmod),
+// locked, and returns its directory.
+func privateLayout(t *testing.T, f *fixture) string {
+	t.Helper()
+	layoutDir := filepath.Join(f.dir, "oci")
+	for _, ref := range []string{servedRef, preloadedRef} {
+		if _, err := images.HelloImage(layoutDir, ref, "amd64"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	replaceInFile(t, f.recipe, inputs.dir+"/oci:", layoutDir+":")
+	replaceInFile(t, f.recipe, inputs.dir+"/oci:", layoutDir+":")
+	mustKiln(t, f, "lock", f.recipe)
+	return layoutDir
 }
 
 func TestStaleLockIsRefused(t *testing.T) {
@@ -503,7 +515,7 @@ func TestInterruptLeavesNothing(t *testing.T) {
 	}
 	// Interrupt as each long step starts (its progress line), so every run
 	// is cut short at a known place; a build that finishes anyway fails.
-	for _, step := range []string{"stage image partition", "write image filesystem", "copy base partitions"} {
+	for _, step := range []string{"stage image partition", "write image filesystem", "check blobs read in place", "copy base partitions"} {
 		if code, log := interruptAt(t, f.cache, step, "build", f.recipe, "-o", out); code != 130 {
 			t.Errorf("SIGINT when %q started: exit %d, want 130\n%s", step, code, log)
 		}

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/test/fixtures/images"
+)
+
+// A cold build from a local layout packs the served blobs from where they
+// lie (nothing copied into the cache, the source left as it was) and gives
+// the same disk, byte for byte, as a build whose blobs all come from the
+// cache.
+func TestInPlaceBuildMatchesCachedBuild(t *testing.T) {
+	f := newFixture(t, "base.raw", "fit", "false")
+	layoutDir := privateLayout(t, f)
+	_, _, layers, err := images.Blobs(layoutDir, servedRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := filepath.Join(layoutDir, "blobs", "sha256", strings.TrimPrefix(layers[0], "sha256:"))
+	// A private source file: the partition must still carry it world-readable.
+	if err := os.Chmod(layer, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	a := filepath.Join(f.dir, "a.raw")
+	log := mustKiln(t, f, "build", f.recipe, "-o", a)
+	if !strings.Contains(log, "check blobs read in place: done") {
+		t.Errorf("no in-place check in the build's log:\n%s", log)
+	}
+	cached := filepath.Join(f.cache, "kiln", "blobs", "sha256")
+	if _, err := os.Stat(filepath.Join(cached, filepath.Base(layer))); err == nil {
+		t.Errorf("layer %s was copied into the cache", layers[0])
+	}
+	if fi, err := os.Stat(layer); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("source layer changed: %v, %v", fi.Mode(), err)
+	}
+	fsys, c, err := partitions.OpenImagePartition(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := fs.Stat(fsys, "oci/blobs/sha256/"+filepath.Base(layer))
+	c.Close()
+	if err != nil || fi.Mode().Perm() != 0o644 {
+		t.Fatalf("layer on the partition: %v, %v; want mode 0644", fi, err)
+	}
+
+	// The same blobs in the cache (as a registry fetch leaves them): the
+	// build takes them from there and writes the same bytes.
+	blobs, err := os.ReadDir(filepath.Join(layoutDir, "blobs", "sha256"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range blobs {
+		data, err := os.ReadFile(filepath.Join(layoutDir, "blobs", "sha256", e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(cached, e.Name()), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := filepath.Join(f.dir, "b.raw")
+	log = mustKiln(t, f, "build", f.recipe, "-o", b)
+	if strings.Contains(log, "check blobs read in place") {
+		t.Errorf("blobs read in place although all were cached:\n%s", log)
+	}
+	if ha, hb := sha256File(t, a), sha256File(t, b); ha != hb {
+		t.Fatalf("in place and from the cache, the disks differ: %s vs %s", ha, hb)
+	}
+}
