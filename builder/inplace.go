@@ -116,7 +116,7 @@ func (b *build) checkInPlace(ctx context.Context, open func() (fs.FS, error)) er
 			if err != nil {
 				return err
 			}
-			buf := make([]byte, 1<<20) // a squashfs block: go-diskfs copies one per Read
+			buf := make([]byte, 1<<20) // one squashfs block per read
 			for ib := range next {
 				if err := gctx.Err(); err != nil {
 					return err

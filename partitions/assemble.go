@@ -253,7 +253,14 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 // filesystem just written.
 func checkFilesystem(ctx context.Context, opts AssembleOptions, start, fsSize int64) error {
 	return opts.CheckFilesystem(ctx, func() (fs.FS, error) {
-		fsys, err := openSquashfs(opts.Output, start, fsSize)
+		raw, err := openRawSquashfs(&offsetFile{opts.Output, start})
+		if err == nil {
+			return raw, nil
+		}
+		if !errors.Is(err, errNotRaw) {
+			return nil, fmt.Errorf("read back the image filesystem: %w", err)
+		}
+		fsys, err := openSquashfs(opts.Output, start, fsSize) // compressed: go-diskfs decompresses
 		if err != nil {
 			return nil, fmt.Errorf("read back the image filesystem: %w", err)
 		}

@@ -1,0 +1,143 @@
+package partitions
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// The raw reader reads every regular file mksquashfs packed (one and many
+// blocks, empty, sparse, in a directory of 1,500 entries whose listing and
+// inodes span many metadata blocks) exactly as staged, and refuses what it
+// cannot read rather than guess.
+func TestRawSquashfsReadsWhatMksquashfsWrote(t *testing.T) {
+	tree := stageTree(t)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	many := filepath.Join(tree, "many")
+	must(os.Mkdir(many, 0o755))
+	for i := 0; i < 1500; i++ {
+		must(os.WriteFile(filepath.Join(many, fmt.Sprintf("file-with-a-long-name-%04d", i)), []byte(fmt.Sprint(i)), 0o644))
+	}
+	sparse := append(make([]byte, 2*MiB), []byte("after two zero blocks")...)
+	sparse = append(sparse, make([]byte, MiB)...) // ends in a zero block
+	must(os.WriteFile(filepath.Join(tree, "sparse"), sparse, 0o644))
+	must(os.WriteFile(filepath.Join(tree, "empty"), nil, 0o644))
+	exact := bytes.Repeat([]byte("k"), 2*MiB) // a whole number of blocks
+	must(os.WriteFile(filepath.Join(tree, "exact"), exact, 0o644))
+
+	disk := filepath.Join(t.TempDir(), "fs.img")
+	const offset = 3 * MiB
+	must(os.WriteFile(disk, nil, 0o644))
+	if _, err := writeSquashfs(context.Background(), squashfsOptions{Tree: tree, Disk: disk, Offset: offset, SourceDateEpoch: epoch}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(disk)
+	must(err)
+	defer f.Close()
+	raw, err := openRawSquashfs(&offsetFile{f, offset})
+	must(err)
+
+	files := 0
+	must(filepath.WalkDir(tree, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		rel, _ := filepath.Rel(tree, p)
+		want, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		got, err := fs.ReadFile(raw, filepath.ToSlash(rel))
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(got, want) {
+			return fmt.Errorf("%s: read %d bytes that differ from the %d staged", rel, len(got), len(want))
+		}
+		files++
+		return nil
+	}))
+	if files < 1550 {
+		t.Fatalf("compared %d files", files)
+	}
+	for _, name := range []string{"missing", "many/missing", "oci/blobs/sha256/big/below-a-file"} {
+		if _, err := raw.Open(name); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("Open(%q): %v, want not found", name, err)
+		}
+	}
+	if _, err := raw.Open("many"); err == nil {
+		t.Error("Open of a directory: no error")
+	}
+
+	// A compressed filesystem is left to go-diskfs's reader.
+	zdisk := filepath.Join(t.TempDir(), "z.img")
+	must(os.WriteFile(zdisk, nil, 0o644))
+	if _, err := writeSquashfs(context.Background(), squashfsOptions{Tree: tree, Disk: zdisk, Compression: "zstd", SourceDateEpoch: epoch}); err != nil {
+		t.Fatal(err)
+	}
+	zf, err := os.Open(zdisk)
+	must(err)
+	defer zf.Close()
+	if _, err := openRawSquashfs(zf); !errors.Is(err, errNotRaw) {
+		t.Errorf("compressed filesystem: %v, want errNotRaw", err)
+	}
+}
+
+// A flipped byte in a file's data reads back flipped (the check that uses
+// this reader then fails), and a damaged block list is an error, not a read
+// elsewhere.
+func TestRawSquashfsDamage(t *testing.T) {
+	tree := stageTree(t)
+	disk := filepath.Join(t.TempDir(), "fs.img")
+	if err := os.WriteFile(disk, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writeSquashfs(context.Background(), squashfsOptions{Tree: tree, Disk: disk, SourceDateEpoch: epoch}); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := os.ReadFile(filepath.Join(tree, "oci/blobs/sha256/big"))
+	i := bytes.Index(data, want[:4096])
+	if i < 0 {
+		t.Fatal("file data not found in the image")
+	}
+	data[i+100] ^= 0xff
+	got, err := fs.ReadFile(mustRaw(t, data), "oci/blobs/sha256/big")
+	if err != nil || bytes.Equal(got, want) || len(got) != len(want) {
+		t.Fatalf("flipped byte: err %v, same bytes %v", err, bytes.Equal(got, want))
+	}
+	// An image that ends inside the file: the read fails instead of
+	// returning short data.
+	raw := mustRaw(t, data)
+	f, err := raw.Open("oci/blobs/sha256/big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw.r = bytes.NewReader(data[:i+MiB/2])
+	if _, err := io.ReadAll(f); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("read past the end of the image: %v, want unexpected EOF", err)
+	}
+}
+
+func mustRaw(t *testing.T, data []byte) *rawSquashfs {
+	t.Helper()
+	raw, err := openRawSquashfs(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
