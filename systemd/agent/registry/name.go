@@ -21,8 +21,6 @@ var (
 	componentRE = regexp.MustCompile(`^[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*$`)
 	// tagRE is the distribution spec's tag grammar.
 	tagRE = regexp.MustCompile(`^[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}$`)
-	// digestRE is the only digest kiln serves: sha256, lowercase hex.
-	digestRE = regexp.MustCompile(`^sha256:[a-f0-9]{64}$`)
 )
 
 // validName reports whether name is a repository name kiln can serve:
@@ -63,8 +61,24 @@ func specName(name string) bool {
 	return true
 }
 
-func validTag(tag string) bool       { return tagRE.MatchString(tag) }
-func validDigest(digest string) bool { return digestRE.MatchString(digest) }
+func validTag(tag string) bool { return tagRE.MatchString(tag) }
+
+// validDigest reports whether digest is the only kind kiln serves:
+// "sha256:" and 64 lowercase hex digits. A loop, not a regexp: start-up
+// checks every digest of every manifest (with a regexp, 20 % of the CPU of
+// indexing 200 images).
+func validDigest(digest string) bool {
+	hex, ok := strings.CutPrefix(digest, "sha256:")
+	if !ok || len(hex) != 64 {
+		return false
+	}
+	for i := 0; i < len(hex); i++ {
+		if c := hex[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
 
 // errNotFullReference marks ref.name annotations that are not a full image
 // reference (typically a bare tag, as `skopeo copy … oci:DIR:TAG` writes).
