@@ -61,7 +61,7 @@ bench: deps-bench build
 
 # Each fuzz target runs briefly (FUZZTIME); corpora found failing land in testdata/fuzz.
 FUZZTIME ?= 10s
-FUZZ_TARGETS := ./builder/preload/internal/layerscan:FuzzTar ./partitions:FuzzDiskReaders ./recipes:FuzzLoad ./systemd/agent/registry:FuzzParseName ./systemd/agent/registry:FuzzRoute
+FUZZ_TARGETS := ./builder/preload/internal/layerscan:FuzzTar ./partitions:FuzzDiskReaders ./recipes:FuzzLoad ./systemd/agent/registry:FuzzParseName ./systemd/agent/registry:FuzzRoute ./systemd/agent/registry:FuzzValidDigest ./partitions:FuzzRawSquashfs
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; fn=$${t##*:}; \

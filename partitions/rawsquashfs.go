@@ -24,6 +24,7 @@ type rawSquashfs struct {
 	inodes    int64 // inode table start
 	dirs      int64 // directory table start
 	root      uint64
+	used      int64 // bytes_used: no size or offset read may exceed it
 }
 
 const (
@@ -65,12 +66,16 @@ func openRawSquashfs(r io.ReaderAt) (*rawSquashfs, error) {
 		root:      le.Uint64(sb[32:]),
 		inodes:    int64(le.Uint64(sb[64:])),
 		dirs:      int64(le.Uint64(sb[72:])),
+		used:      int64(le.Uint64(sb[40:])),
 	}, nil
 }
 
 // meta reads n bytes of a metadata table from block (relative to table)
 // and offset within its uncompressed data, following on into next blocks.
 func (s *rawSquashfs) meta(table, block int64, offset int, n int) ([]byte, error) {
+	if n < 0 || int64(n) > s.used || block < 0 || table+block > s.used {
+		return nil, fmt.Errorf("squashfs metadata: %d bytes at %d+%d lie outside the filesystem: it is damaged", n, table, block)
+	}
 	out := make([]byte, 0, n)
 	pos := table + block
 	for len(out) < n {
@@ -143,6 +148,9 @@ func (s *rawSquashfs) inode(ref uint64) (*rawInode, error) {
 			return nil, errNotRaw
 		}
 		in.blocks, in.size = int64(le.Uint64(b)), int64(le.Uint64(b[8:]))
+	}
+	if in.size < 0 || in.size > s.used || in.blocks < 0 || in.blocks > s.used || s.blockSize <= 0 {
+		return nil, fmt.Errorf("squashfs inode: file of %d bytes at %d does not fit the filesystem: it is damaged", in.size, in.blocks)
 	}
 	// The block list follows the fixed part (and may go on into the next
 	// metadata block).

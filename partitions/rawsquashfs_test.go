@@ -81,15 +81,7 @@ func TestRawSquashfsReadsWhatMksquashfsWrote(t *testing.T) {
 	}
 
 	// A compressed filesystem is left to go-diskfs's reader.
-	zdisk := filepath.Join(t.TempDir(), "z.img")
-	must(os.WriteFile(zdisk, nil, 0o644))
-	if _, err := writeSquashfs(context.Background(), squashfsOptions{Tree: tree, Disk: zdisk, Compression: "zstd", SourceDateEpoch: epoch}); err != nil {
-		t.Fatal(err)
-	}
-	zf, err := os.Open(zdisk)
-	must(err)
-	defer zf.Close()
-	if _, err := openRawSquashfs(zf); !errors.Is(err, errNotRaw) {
+	if _, err := openRawSquashfs(bytes.NewReader(packImage(t, tree, "zstd"))); !errors.Is(err, errNotRaw) {
 		t.Errorf("compressed filesystem: %v, want errNotRaw", err)
 	}
 }
@@ -99,17 +91,7 @@ func TestRawSquashfsReadsWhatMksquashfsWrote(t *testing.T) {
 // elsewhere.
 func TestRawSquashfsDamage(t *testing.T) {
 	tree := stageTree(t)
-	disk := filepath.Join(t.TempDir(), "fs.img")
-	if err := os.WriteFile(disk, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := writeSquashfs(context.Background(), squashfsOptions{Tree: tree, Disk: disk, SourceDateEpoch: epoch}); err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(disk)
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := packImage(t, tree, "")
 	want, _ := os.ReadFile(filepath.Join(tree, "oci/blobs/sha256/big"))
 	i := bytes.Index(data, want[:4096])
 	if i < 0 {
@@ -140,4 +122,52 @@ func mustRaw(t *testing.T, data []byte) *rawSquashfs {
 		t.Fatal(err)
 	}
 	return raw
+}
+
+// FuzzRawSquashfs: whatever bytes a damaged image holds, the raw reader
+// returns errors or data, never panics or allocates without bound.
+func FuzzRawSquashfs(f *testing.F) {
+	tree := filepath.Join(f.TempDir(), "tree")
+	if err := os.MkdirAll(filepath.Join(tree, "oci/blobs/sha256"), 0o755); err != nil {
+		f.Fatal(err)
+	}
+	for i, n := range []int{0, 1, 5000, MiB + 3} {
+		if err := os.WriteFile(filepath.Join(tree, "oci/blobs/sha256", fmt.Sprint(i)), bytes.Repeat([]byte{byte(i + 1)}, n), 0o644); err != nil {
+			f.Fatal(err)
+		}
+	}
+	image := packImage(f, tree, "")
+	f.Add(uint32(0), byte(0))
+	f.Add(uint32(40), byte(0x7f)) // bytes_used
+	f.Add(uint32(len(image)-100), byte(0xff))
+	f.Fuzz(func(t *testing.T, at uint32, x byte) {
+		data := append([]byte(nil), image...)
+		data[int(at)%len(data)] ^= x
+		raw, err := openRawSquashfs(bytes.NewReader(data))
+		if err != nil {
+			return
+		}
+		for i := 0; i < 4; i++ {
+			if file, err := raw.Open(fmt.Sprintf("oci/blobs/sha256/%d", i)); err == nil {
+				io.Copy(io.Discard, io.LimitReader(file, 4*MiB))
+			}
+		}
+	})
+}
+
+// packImage packs tree with kiln's mksquashfs flags and returns the image.
+func packImage(tb testing.TB, tree, compression string) []byte {
+	tb.Helper()
+	disk := filepath.Join(tb.TempDir(), "fs.img")
+	if err := os.WriteFile(disk, nil, 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := writeSquashfs(context.Background(), squashfsOptions{Tree: tree, Disk: disk, Compression: compression, SourceDateEpoch: epoch}); err != nil {
+		tb.Fatal(err)
+	}
+	data, err := os.ReadFile(disk)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return data
 }
