@@ -26,7 +26,7 @@ func newAgentCommand() *cobra.Command {
 		Short: "On-node programs run by kiln's systemd units",
 	}
 	agent.AddCommand(newMirrorGateCommand(), newWaitImagesCommand(), newWritePinsCommand(), newPreloadCopyCommand(),
-		newStatusCommand(), newReleaseCommand(), newImportCommand())
+		newStatusCommand(), newReleaseCommand(), newImportCommand(), newReflashCommand())
 	return agent
 }
 
