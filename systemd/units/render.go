@@ -279,7 +279,7 @@ func (p Params) values() (values, error) {
 	return v, nil
 }
 
-func renderUnit(name string, v values) (string, error) {
+func renderUnit(name string, v any) (string, error) {
 	t, err := template.New(name).Option("missingkey=error").ParseFS(unitFS, name)
 	if err != nil {
 		return "", fmt.Errorf("unit template %s: %w", name, err)

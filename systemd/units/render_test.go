@@ -13,6 +13,7 @@ import (
 	"github.com/kiln-appliance/kiln/ignition"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/reflash"
 	"github.com/kiln-appliance/kiln/test/golden"
 )
 
@@ -59,6 +60,31 @@ func TestRenderGolden(t *testing.T) {
 			}
 			golden.Check(t, filepath.Join("testdata", tt.name+".golden"), b.Bytes())
 		})
+	}
+}
+
+// A reflash stick's units: attended (asks on the console) and unattended.
+func TestRenderReflashGolden(t *testing.T) {
+	for _, unattended := range []bool{false, true} {
+		name := "reflash-attended"
+		if unattended {
+			name = "reflash-unattended"
+		}
+		t.Run(name, func(t *testing.T) {
+			units, err := RenderReflash(ReflashParams{PartitionGUID: testGUID, Unattended: unattended})
+			if err != nil {
+				t.Fatal(err)
+			}
+			verify(t, units)
+			var b bytes.Buffer
+			for _, u := range units {
+				fmt.Fprintf(&b, "### unit %s enabled=%v\n%s\n", u.Name, u.Enabled, u.Contents)
+			}
+			golden.Check(t, filepath.Join("testdata", name+".golden"), b.Bytes())
+		})
+	}
+	if _, err := RenderReflash(ReflashParams{PartitionGUID: "kiln-reflash"}); err == nil {
+		t.Error("a partition name instead of a GUID was accepted")
 	}
 }
 
@@ -161,6 +187,8 @@ func verify(t *testing.T, units []ignition.Unit) {
 		mustRun(t, "cp", bin, filepath.Join(root, bin))
 	}
 	mustRun(t, "cp", "/usr/bin/true", filepath.Join(root, contract.AgentPath))
+	mustRun(t, "mkdir", "-p", filepath.Join(root, reflash.MountPoint, "bin"))
+	mustRun(t, "cp", "/usr/bin/true", filepath.Join(root, reflash.MountPoint, reflash.AgentBinary))
 	var paths []string
 	for _, u := range units {
 		p := filepath.Join(unitDir, u.Name)
