@@ -44,7 +44,7 @@ record; says "done — remove the stick and power on" and powers off.`,
 				opts = append(opts, reflash.WithTarget(target))
 			}
 			if err := reflash.Run(cmd.Context(), payload, opts...); err != nil {
-				return fmt.Errorf("kiln reflash FAILED: %w", err)
+				return fmt.Errorf("reflash FAILED: %w", err)
 			}
 			return nil
 		},
