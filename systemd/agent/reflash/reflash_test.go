@@ -35,15 +35,20 @@ func payload(t *testing.T, img []byte, rec format.Record) string {
 	c := format.NewChunker()
 	c.Write(img)
 	c.Fill(&rec)
+	writeRecord(t, dir, rec)
+	if err := os.WriteFile(filepath.Join(dir, format.DiskFile), img, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func writeRecord(t testing.TB, dir string, rec format.Record) {
+	t.Helper()
 	rec.DiskGUID = "00000000-0000-0000-0000-000000000001"
 	b, _ := json.Marshal(rec)
 	if err := os.WriteFile(filepath.Join(dir, format.RecordFile), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, format.DiskFile), img, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return dir
 }
 
 // loop attaches a file of size bytes holding data at its start.
