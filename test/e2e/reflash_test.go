@@ -44,10 +44,13 @@ func TestReflash(t *testing.T) {
 	}
 	size := fi.Size()
 
+	// The three boots run side by side (each on its own copy of the stick:
+	// QEMU locks a disk image it writes); the refusals are short.
 	t.Run("reflash-then-boot", func(t *testing.T) {
+		t.Parallel()
 		target := blankDisk(t, size+64<<20)
 		res := vm.Boot(t, stick, vm.WithName("reflash"), vm.WithFailOn(reflashFailed),
-			vm.WithQEMUArgs("-drive", "if=virtio,format=raw,file="+target), vm.WithTimeout(applianceTimeout(8*time.Minute)))
+			vm.WithQEMUArgs("-drive", "if=virtio,format=raw,file="+target), vm.WithTimeout(applianceTimeout(12*time.Minute)))
 		t.Logf("reflash boot took %s", res.Duration.Round(time.Second))
 		for _, want := range []string{"kiln reflash: will overwrite /dev/vdb", "unattended stick: not asking",
 			"read back /dev/vdb: done", "done — remove the stick and power on"} {
@@ -74,14 +77,18 @@ func TestReflash(t *testing.T) {
 	})
 
 	t.Run("target-too-small", func(t *testing.T) {
+		t.Parallel()
+		own := filepath.Join(t.TempDir(), "stick.raw")
+		mustRunCmd(t, "cp", "--sparse=always", stick, own)
 		target := blankDisk(t, size-1<<20)
-		res, err := vm.Run(t, stick, vm.WithName("reflash-small"), vm.WithFailOn(reflashFailed),
+		res, err := vm.Run(t, own, vm.WithName("reflash-small"), vm.WithFailOn(reflashFailed),
 			vm.WithQEMUArgs("-drive", "if=virtio,format=raw,file="+target), vm.WithTimeout(applianceTimeout(6*time.Minute)))
 		requireRefused(t, res, err, "is too small", "nothing was written")
 		requireBlank(t, target)
 	})
 
 	t.Run("flipped-payload-byte", func(t *testing.T) {
+		t.Parallel()
 		bad := filepath.Join(t.TempDir(), "stick.raw")
 		mustRunCmd(t, "cp", "--sparse=always", stick, bad)
 		flipInPayload(t, a.kiln, bad, a.disk)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -24,8 +25,12 @@ func record(data []byte) Record {
 	return r
 }
 
+// Data chunks are hashed, zero chunks compared with zeros: a flipped byte
+// is found in either, and named by its chunk.
 func TestCheck(t *testing.T) {
-	data := bytes.Repeat([]byte("reflash "), (3*ChunkSize+100)/8)
+	data := make([]byte, 3*ChunkSize+100) // data, zeros, data, a short chunk of zeros
+	copy(data, bytes.Repeat([]byte("reflash "), ChunkSize/8))
+	copy(data[2*ChunkSize:], bytes.Repeat([]byte("chunk 3 "), ChunkSize/8))
 	rec := record(data)
 	if len(rec.Chunks) != 4 || rec.Size != int64(len(data)) {
 		t.Fatalf("%d chunks for %d bytes", len(rec.Chunks), rec.Size)
@@ -33,13 +38,23 @@ func TestCheck(t *testing.T) {
 	if err := rec.Check(context.Background(), bytes.NewReader(data), io.Discard); err != nil {
 		t.Fatal(err)
 	}
-	flipped := append([]byte(nil), data...)
-	flipped[2*ChunkSize+5] ^= 1
-	err := rec.Check(context.Background(), bytes.NewReader(flipped), io.Discard)
-	if err == nil || !strings.Contains(err.Error(), "(chunk 3 of 4) does not match the stick's record") {
-		t.Fatalf("flipped byte: %v", err)
+	for _, tc := range []struct {
+		at   int
+		want string
+	}{
+		{5, "bytes 0–4194304 (chunk 1 of 4) does not match the stick's record"},
+		{ChunkSize + 7, "(chunk 2 of 4) does not match"},
+		{2*ChunkSize + 5, "(chunk 3 of 4) does not match"},
+		{3*ChunkSize + 99, "bytes 12582912–12583012 (chunk 4 of 4) does not match"},
+	} {
+		flipped := append([]byte(nil), data...)
+		flipped[tc.at] ^= 1
+		err := rec.Check(context.Background(), bytes.NewReader(flipped), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrDamaged) {
+			t.Errorf("byte %d flipped: %v, want %q", tc.at, err, tc.want)
+		}
 	}
-	err = rec.Check(context.Background(), bytes.NewReader(data[:ChunkSize]), io.Discard)
+	err := rec.Check(context.Background(), bytes.NewReader(data[:ChunkSize]), io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "EOF") {
 		t.Fatalf("short: %v", err)
 	}
