@@ -206,62 +206,58 @@ func zeroHex(n int) string { s := sha256.Sum256(zeroChunk[:n]); return hex.Encod
 
 // Check reads rec.Size bytes from r and compares each chunk with the
 // record; the chunks cover every byte, so the whole-image digest adds
-// nothing. Reading and hashing overlap, chunks hashed on every core: a
-// check runs at the medium's speed, not one core's sha256. The error names
-// the first damaged chunk's byte range; progress counts the bytes read.
-func (rec *Record) Check(ctx context.Context, r io.Reader, progress io.Writer) error {
+// nothing. Every core reads and hashes chunks of its own, so reads are in
+// flight while others hash (a device answers several reads at once faster
+// than one after another). The error names the first damaged chunk's byte
+// range; progress counts the bytes checked.
+func (rec *Record) Check(ctx context.Context, r io.ReaderAt, progress io.Writer) error {
 	workers := runtime.GOMAXPROCS(0)
-	free := make(chan []byte, workers+1)
-	for range workers + 1 {
-		free <- make([]byte, ChunkSize)
-	}
-	type job struct {
-		i   int
-		buf []byte
-	}
-	jobs := make(chan job)
+	next := make(chan int)
 	var (
-		mu  sync.Mutex
-		bad = -1
-		wg  sync.WaitGroup
+		mu      sync.Mutex
+		bad     = -1
+		readErr error
+		readAt  = -1
+		wg      sync.WaitGroup
 	)
-	damaged := func() bool { mu.Lock(); defer mu.Unlock(); return bad >= 0 }
+	stop := func() bool { mu.Lock(); defer mu.Unlock(); return bad >= 0 || readErr != nil }
 	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for j := range jobs {
-				if !rec.matches(j.i, j.buf) {
-					mu.Lock()
-					if bad < 0 || j.i < bad {
-						bad = j.i
-					}
-					mu.Unlock()
+			buf := make([]byte, ChunkSize)
+			for i := range next {
+				off := int64(i) * ChunkSize
+				b := buf[:min(ChunkSize, rec.Size-off)]
+				_, err := r.ReadAt(b, off)
+				ok := err == nil && rec.matches(i, b)
+				mu.Lock()
+				switch {
+				case err != nil && (readAt < 0 || i < readAt):
+					readAt, readErr = i, fmt.Errorf("bytes %d–%d: %w", off, off+int64(len(b)), err)
+				case err == nil && !ok && (bad < 0 || i < bad):
+					bad = i
 				}
-				free <- j.buf[:cap(j.buf)]
+				progress.Write(b)
+				mu.Unlock()
 			}
 		}()
 	}
 	var err error
 	for i := range rec.Chunks {
-		if err = ctx.Err(); err != nil || damaged() {
+		if err = ctx.Err(); err != nil || stop() {
 			break
 		}
-		off := int64(i) * ChunkSize
-		n := min(ChunkSize, rec.Size-off)
-		buf := <-free
-		if _, rerr := io.ReadFull(r, buf[:n]); rerr != nil {
-			err = fmt.Errorf("bytes %d–%d: %w", off, off+n, rerr)
-			break
-		}
-		progress.Write(buf[:n])
-		jobs <- job{i, buf[:n]}
+		next <- i
 	}
-	close(jobs)
+	close(next)
 	wg.Wait()
-	if bad >= 0 { // every chunk before it was hashed: it is the first
+	switch { // every chunk before the one named was checked: it is the first
+	case bad >= 0 && (readAt < 0 || bad < readAt):
 		off := int64(bad) * ChunkSize
 		return fmt.Errorf("bytes %d–%d (chunk %d of %d) %w", off, off+min(ChunkSize, rec.Size-off), bad+1, len(rec.Chunks), ErrDamaged)
+	case readErr != nil:
+		return readErr
 	}
 	return err
 }
