@@ -26,6 +26,17 @@ func TestReflashStick(t *testing.T) {
 		t.Fatalf("reflash-stick says:\n%s", out)
 	}
 
+	if out := mustKiln(t, f, "verify", stick); !strings.Contains(out, "OK (exactly the bytes kiln reflash-stick wrote)") {
+		t.Errorf("kiln verify %s:\n%s", stick, out)
+	}
+	// Onto a "stick" with kiln write (checked, written, read back), and the
+	// written stick verifies too.
+	fi, _ := os.Stat(stick)
+	dev, _ := loopDevice(t, fi.Size())
+	mustKiln(t, f, "write", "--force", stick, dev)
+	if out := mustKiln(t, f, "verify", dev); !strings.Contains(out, "OK (exactly the bytes kiln reflash-stick wrote)") {
+		t.Errorf("kiln verify %s:\n%s", dev, out)
+	}
 	if v := run(t, "sgdisk", "-v", stick); !strings.Contains(v, "No problems found") {
 		t.Errorf("sgdisk -v %s:\n%s", stick, v)
 	}
@@ -50,12 +61,31 @@ func TestReflashStick(t *testing.T) {
 		}
 	}
 
+	// One byte flipped in the payload: kiln verify and kiln write refuse it.
+	damaged := filepath.Join(f.dir, "damaged-stick.raw")
+	run(t, "cp", "--sparse=always", stick, damaged)
+	fd, err := os.OpenFile(damaged, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := []byte{0}
+	fd.ReadAt(b, p.Offset+p.Size/2)
+	b[0] ^= 0xff
+	fd.WriteAt(b, p.Offset+p.Size/2)
+	fd.Close()
+	if out, code := kiln(t, f, "verify", damaged); code != 1 || !strings.Contains(out, "the stick is damaged or was modified") {
+		t.Errorf("kiln verify of a damaged stick: exit %d\n%s", code, out)
+	}
+	if out, code := kiln(t, f, "write", "--force", damaged, dev); code != 1 || !strings.Contains(out, "not writing "+damaged) {
+		t.Errorf("kiln write of a damaged stick: exit %d\n%s", code, out)
+	}
+
 	mnt := mountPartition(t, stick, format.PartitionName)
 	if got, want := sha256File(t, filepath.Join(mnt, format.DiskFile)), sha256File(t, disk); got != want {
 		t.Fatalf("the payload's disk has sha256 %s, the appliance disk %s", got, want)
 	}
 	var rec format.Record
-	b, _ := os.ReadFile(filepath.Join(mnt, format.RecordFile))
+	b, _ = os.ReadFile(filepath.Join(mnt, format.RecordFile))
 	if err := json.Unmarshal(b, &rec); err != nil || rec.SHA256 != "sha256:"+sha256File(t, disk) || !rec.Unattended {
 		t.Fatalf("record %s: %v", b, err)
 	}
@@ -64,7 +94,7 @@ func TestReflashStick(t *testing.T) {
 	}
 
 	// The agent as the stick runs it, on a target larger than the disk.
-	fi, _ := os.Stat(disk)
+	fi, _ = os.Stat(disk)
 	target, _ := loopDevice(t, fi.Size()+16<<20)
 	out = mustKiln(t, f, "agent", "reflash", "--no-poweroff", "--candidate", target, mnt)
 	if !strings.Contains(out, "done — remove the stick and power on") {
