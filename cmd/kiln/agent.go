@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -43,12 +45,15 @@ func newMirrorGateCommand() *cobra.Command {
 		timeout time.Duration
 		dropIn  string
 		remove  bool
+		state   string
 	)
 	cmd := &cobra.Command{
 		Use:   "mirror-gate PARTITION",
 		Short: "Point the container runtime at the local registry once it serves this partition's images",
 		Long: "Waits until the local registry answers GET /v2/ and serves every image of PARTITION/kiln.json\n" +
 			"by digest, then writes the registries.conf drop-in that mirrors their hosts to it.\n" +
+			"With --state, also waits for the images of the release the node runs (the one being tried at an\n" +
+			"upgrade boot) and mirrors the hosts of every release the registry serves.\n" +
 			"With --remove, removes the drop-in instead.",
 		Args: partitionArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -61,6 +66,18 @@ func newMirrorGateCommand() *cobra.Command {
 				return err
 			}
 			g.DropIn, g.Log = dropIn, cmd.OutOrStdout()
+			if state != "" && !remove {
+				switch st, err := contract.ReadState(state); {
+				case errors.Is(err, os.ErrNotExist):
+					fmt.Fprintf(g.Log, "no release state at %s: waiting for the image partition's images only\n", state)
+				case err != nil:
+					return fmt.Errorf("mirror gate: %w (check it with `kiln agent status`)", err)
+				default:
+					if err := g.AddState(st); err != nil {
+						return fmt.Errorf("mirror gate: %w", err)
+					}
+				}
+			}
 			if remove {
 				return g.Close()
 			}
@@ -72,6 +89,7 @@ func newMirrorGateCommand() *cobra.Command {
 	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "how long to wait for the registry")
 	cmd.Flags().StringVar(&dropIn, "drop-in", contract.MirrorDropIn, "registries.conf drop-in to write")
 	cmd.Flags().BoolVar(&remove, "remove", false, "remove the drop-in and exit")
+	cmd.Flags().StringVar(&state, "state", "", "also wait for the active release of this release state file (on a node "+contract.StateFile+"; missing: the partition's images only)")
 	return cmd
 }
 

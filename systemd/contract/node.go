@@ -48,6 +48,10 @@ const (
 	// ReleaseCheckUnit runs the recipe's health check while a release is
 	// being tried (`kiln agent release check`).
 	ReleaseCheckUnit = "kiln-release-check.service"
+	// ReleaseRegistryUnit starts RegistryTarget on an upgrade boot (a
+	// release being tried), before CRI-O; ReleaseCheckUnit stops it once
+	// the release is confirmed.
+	ReleaseRegistryUnit = "kiln-release-registry.service"
 )
 
 // Preload modes: how the preloaded store reaches the node's runtime.

@@ -69,20 +69,15 @@ type releaseSource struct {
 	store     string // contract.ReleaseStore on a node
 }
 
-// servedReleases are the releases the registry serves, in the order they
-// win a tag: the active one (trying, else current), then the current one
-// while another is tried (the rollback target), then the previous one (kept
-// installable). A staged release is not served: nothing runs it before its
-// upgrade boot, which starts the registry anew.
-func servedReleases(s *contract.State) (rs []contract.Release, roles []string) {
-	if s.Trying != nil {
-		rs, roles = append(rs, *s.Trying), append(roles, "trying")
+// role names r's place in s, for log lines.
+func role(s *contract.State, r contract.Release) string {
+	switch {
+	case s.Trying != nil && s.Trying.Version == r.Version:
+		return "trying"
+	case s.Current.Version == r.Version:
+		return "current"
 	}
-	rs, roles = append(rs, s.Current), append(roles, "current")
-	if s.Previous != nil {
-		rs, roles = append(rs, *s.Previous), append(roles, "previous")
-	}
-	return rs, roles
+	return "previous"
 }
 
 // readState reads the state file without following a symlink. A missing
@@ -135,7 +130,7 @@ func (l *loader) loadReleases(rs *releaseSource, roots []string) error {
 	if err != nil {
 		return err
 	}
-	releases, roles := servedReleases(s)
+	releases := s.Served()
 	src := blobSource{store: store, stored: map[string]bool{}}
 	for _, r := range releases {
 		for _, b := range r.Blobs {
@@ -145,10 +140,10 @@ func (l *loader) loadReleases(rs *releaseSource, roots []string) error {
 	for _, root := range roots {
 		src.dirs = append(src.dirs, filepath.Join(root, ocispec.ImageBlobsDir, "sha256"))
 	}
-	for i, r := range releases {
+	for _, r := range releases {
 		for _, im := range r.Images {
 			if im.Served {
-				l.loadReleaseImage(src, im, fmt.Sprintf("release %s (%s) image %s", r.Version, roles[i], im.Name))
+				l.loadReleaseImage(src, im, fmt.Sprintf("release %s (%s) image %s", r.Version, role(s, r), im.Name))
 			}
 		}
 	}
