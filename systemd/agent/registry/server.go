@@ -127,7 +127,7 @@ func Run(ctx context.Context, addr string, dirs []string, opts ...Option) error 
 	ready := func(st Stats) {
 		status := fmt.Sprintf("serving %d repositories, %d tags, %d blobs on %s", st.Repositories, st.Tags, st.Blobs, addr)
 		if st.Damaged > 0 {
-			status += fmt.Sprintf("; %d blob files DAMAGED, run kiln verify", st.Damaged)
+			status += fmt.Sprintf("; %d blobs DAMAGED or missing, see the journal", st.Damaged)
 		}
 		log.Info("ready", "status", status)
 		if _, err := daemon.SdNotify(false, daemon.SdNotifyReady+"\nSTATUS="+status); err != nil {
