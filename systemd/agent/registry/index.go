@@ -206,7 +206,7 @@ func (l *loader) loadManifest(src blobSource, d ocispec.Descriptor, where string
 	if _, ok := l.ix.manifests[d.Digest.String()]; ok {
 		return nil
 	}
-	path, _ := src.locate(d.Digest.String())
+	path, _, _, _ := src.locate(d.Digest.String())
 	if path == "" {
 		return fmt.Errorf("%s: manifest %s is %s: %w", where, d.Digest, src.nowhere(), os.ErrNotExist)
 	}
@@ -275,7 +275,7 @@ func (l *loader) addBlob(src blobSource, d ocispec.Descriptor, where string) {
 	if _, ok := l.ix.blobs[d.Digest.String()]; ok {
 		return
 	}
-	path, store := src.locate(d.Digest.String())
+	path, store, fi, err := src.locate(d.Digest.String())
 	l.ix.blobs[d.Digest.String()] = blobFile{path: path, size: d.Size, store: store, missing: src.nowhere()}
 	if path == "" {
 		l.ix.damaged++
@@ -284,7 +284,6 @@ func (l *loader) addBlob(src blobSource, d ocispec.Descriptor, where string) {
 		return
 	}
 	fix := damageFix(store)
-	fi, err := os.Lstat(path)
 	switch {
 	case err != nil:
 		l.ix.damaged++

@@ -27,29 +27,32 @@ func layoutBlobs(root string) blobSource {
 }
 
 // locate returns the file holding blob digest (sha256, checked by the
-// caller) and whether it is in the release store. The store is looked in
-// only for digests a served release lists, so no other file there is ever
-// served; then the layouts, in order. A layout source always answers its
-// own path (a missing file there is a damaged partition, reported as
-// such); a release source answers "" when no place has the blob.
-func (b blobSource) locate(digest string) (path string, store bool) {
+// caller), its lstat, and whether it is in the release store. The store is
+// looked in only for digests a served release lists, so no other file there
+// is ever served; then the layouts, in order. A layout source always answers
+// its own path (a missing file there is a damaged partition, reported as
+// such, with the lstat error); a release source answers "" when no place
+// has the blob.
+func (b blobSource) locate(digest string) (path string, store bool, fi os.FileInfo, err error) {
 	hex := strings.TrimPrefix(digest, "sha256:")
+	if b.stored == nil && len(b.dirs) == 1 {
+		path = filepath.Join(b.dirs[0], hex)
+		fi, err = os.Lstat(path)
+		return path, false, fi, err
+	}
 	if b.store != "" && b.stored[digest] {
 		p := filepath.Join(b.store, hex)
-		if _, err := os.Lstat(p); err == nil {
-			return p, true
+		if fi, err := os.Lstat(p); err == nil {
+			return p, true, fi, nil
 		}
-	}
-	if b.stored == nil && len(b.dirs) == 1 {
-		return filepath.Join(b.dirs[0], hex), false
 	}
 	for _, d := range b.dirs {
 		p := filepath.Join(d, hex)
-		if _, err := os.Lstat(p); err == nil {
-			return p, false
+		if fi, err := os.Lstat(p); err == nil {
+			return p, false, fi, nil
 		}
 	}
-	return "", false
+	return "", false, nil, os.ErrNotExist
 }
 
 // nowhere says where a blob locate could not find was looked for.
