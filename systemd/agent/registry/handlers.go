@@ -61,7 +61,7 @@ func (s *Server) blob(w http.ResponseWriter, r *http.Request, repo *repository, 
 	bf := s.ix.blobs[rt.ref]
 	if bf.path == "" {
 		// A release lists it but neither the store nor the partition has it.
-		s.log.Error("blob is "+bf.missing+": not served; import the release again (plug its stick in) or roll it back",
+		s.log.Error("blob is "+bf.missing+": not served; roll the release back (kiln agent release rollback VERSION) and plug its stick in again",
 			"digest", rt.ref, "repository", rt.name)
 		newError(http.StatusNotFound, codeBlobUnknown, fmt.Sprintf("blob %s of repository %s is missing on this node", rt.ref, rt.name)).write(w)
 		return

@@ -33,7 +33,7 @@ const maxManifestSize = contract.MaxManifestSize
 type blobFile struct {
 	path    string
 	size    int64
-	store   bool   // in the release store (damage means: import the release again)
+	store   bool   // in the release store (damage means: roll back, import again)
 	missing string // why path is empty
 }
 
@@ -279,7 +279,7 @@ func (l *loader) addBlob(src blobSource, d ocispec.Descriptor, where string) {
 	l.ix.blobs[d.Digest.String()] = blobFile{path: path, size: d.Size, store: store, missing: src.nowhere()}
 	if path == "" {
 		l.ix.damaged++
-		l.log.Error("blob is "+src.nowhere()+": it is not served (404); import the release again (plug its stick in) or roll it back",
+		l.log.Error("blob is "+src.nowhere()+": it is not served (404); roll the release back (kiln agent release rollback VERSION) and plug its stick in again",
 			"digest", d.Digest, "entry", where)
 		return
 	}
@@ -301,7 +301,7 @@ func (l *loader) addBlob(src blobSource, d ocispec.Descriptor, where string) {
 // damageFix is what a technician does about a damaged blob file.
 func damageFix(store bool) string {
 	if store {
-		return "the release store on /var is damaged; import the release again (plug its stick in)"
+		return "the release store on /var is damaged; roll the release back (kiln agent release rollback VERSION) and plug its stick in again"
 	}
 	return "the image partition is damaged; verify it with `kiln verify` or reflash it"
 }

@@ -110,7 +110,7 @@ func storeBlobDir(store string) (string, error) {
 		}
 		if !fi.IsDir() {
 			return "", fmt.Errorf("release store: %s is not a directory (%s): the registry serves only files inside the store; "+
-				"remove it and import the release again", dir, fi.Mode().Type())
+				"remove it, roll the release back (kiln agent release rollback VERSION) and plug its stick in again", dir, fi.Mode().Type())
 		}
 	}
 	return dir, nil
@@ -174,7 +174,7 @@ func (l *loader) loadReleaseImage(src blobSource, im contract.Image, where strin
 	d := ocispec.Descriptor{MediaType: im.MediaType, Digest: digest.Digest(im.Digest), Size: -1}
 	if err := l.loadManifest(src, d, where); err != nil {
 		l.ix.damaged++
-		l.log.Error("release image not served: import the release again (plug its stick in) or roll it back", "error", err)
+		l.log.Error("release image not served: roll the release back (kiln agent release rollback VERSION) and plug its stick in again", "error", err)
 		return
 	}
 	tag := ref.Tag

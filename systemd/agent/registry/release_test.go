@@ -189,7 +189,7 @@ func TestReleaseServesOnlyWhatItLists(t *testing.T) {
 		})
 	}
 	for _, want := range []string{
-		"blob is neither in the release store nor on the image partition: it is not served (404); import the release again",
+		"blob is neither in the release store nor on the image partition: it is not served (404); roll the release back",
 		"digest=" + n.lost.String(),
 		"digest=" + n.orphan.String(),
 	} {
