@@ -96,7 +96,7 @@ func newMirrorGateCommand() *cobra.Command {
 func newWaitImagesCommand() *cobra.Command {
 	var (
 		timeout, interval     time.Duration
-		marker                string
+		marker, state         string
 		root, runRoot, driver string
 		storageOpts           []string
 	)
@@ -104,13 +104,24 @@ func newWaitImagesCommand() *cobra.Command {
 		Use:   "wait-images PARTITION",
 		Short: "Wait until every image of the partition is in local containers/storage, then write the first-boot marker",
 		Long: "Polls the node's containers/storage (as configured in /etc/containers/storage.conf, including\n" +
-			"additional image stores) until it holds every image of PARTITION/kiln.json, by digest.\n" +
+			"additional image stores) until it holds every image of PARTITION/kiln.json, by digest; with\n" +
+			"--state, every image of the release the node runs instead (after an upgrade).\n" +
 			"On success writes --marker (when set); on timeout lists what is missing and fails.",
 		Args: partitionArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := contract.Read(args[0])
 			if err != nil {
 				return err
+			}
+			images := c.Images
+			if state != "" {
+				st, err := contract.ReadState(state)
+				if err != nil && !errors.Is(err, os.ErrNotExist) {
+					return err
+				}
+				if err == nil { // else nothing recorded: the partition's release
+					images = st.Active().Images
+				}
 			}
 			store, err := openNodeStore(func(opts *stypes.StoreOptions) {
 				if root != "" {
@@ -129,7 +140,6 @@ func newWaitImagesCommand() *cobra.Command {
 			}
 			defer store.Shutdown(false)
 
-			images := c.Images
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
 			if err := firstboot.Wait(ctx, store, images, interval, cmd.OutOrStdout()); err != nil {
@@ -148,6 +158,7 @@ func newWaitImagesCommand() *cobra.Command {
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Hour, "how long to wait")
 	cmd.Flags().DurationVar(&interval, "interval", 5*time.Second, "how often to look")
 	cmd.Flags().StringVar(&marker, "marker", "", "file to write once every image is present (e.g. "+contract.FirstBootMarker+")")
+	cmd.Flags().StringVar(&state, "state", "", "wait for the images of this release state's active release instead (on a node "+contract.StateFile+")")
 	cmd.Flags().StringVar(&root, "root", "", "containers/storage graph root (default: from storage.conf)")
 	cmd.Flags().StringVar(&runRoot, "runroot", "", "containers/storage run root (default: from storage.conf)")
 	cmd.Flags().StringVar(&driver, "storage-driver", "", "containers/storage driver (default: from storage.conf)")

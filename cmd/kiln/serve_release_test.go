@@ -135,6 +135,31 @@ func TestServeRelease(t *testing.T) {
 			t.Errorf("%s: blobs not copied: %v", ref, want)
 		}
 	}
+
+	// After the confirm, the registry stops once every image of the release
+	// now current is in local storage (kiln-release-wait.service): 1.1's
+	// images, not the factory's app:1.0, which nothing pulls any more.
+	n.mustRelease(t, rs, "confirm", "1.1.0")
+	graph, runRoot := t.TempDir(), t.TempDir()
+	wait := []string{"agent", "wait-images", "--root", graph, "--runroot", runRoot, "--storage-driver", "vfs",
+		"--interval", "200ms", "--state", stateFile, partition}
+	out, code := rs.kiln(t, append(wait, "--timeout", "1s")...)
+	if code == 0 || !strings.Contains(out, "2 of 2 image(s) are still not in local storage: "+appImage+"1.1@") ||
+		!strings.Contains(out, baseImage+"@") || strings.Contains(out, appImage+"1.0") {
+		t.Errorf("wait-images --state on an empty store: exit %d, want it to wait for base:1 and app:1.1:\n%s", code, out)
+	}
+	for _, ref := range []string{baseImage, appImage + "1.1"} {
+		cmd := exec.Command("skopeo", "copy", "--quiet", "--policy", policy, "--src-tls-verify=false", "docker://"+addr+"/"+ref,
+			"containers-storage:[vfs@"+graph+"+"+runRoot+"]"+ref)
+		cmd.Env = append(os.Environ(), "CONTAINERS_REGISTRIES_CONF="+filepath.Join(dir, "registries.conf"), "HOME="+dir)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("skopeo copy %s to containers-storage: %v\n%s", ref, err, out)
+		}
+	}
+	if out, code := rs.kiln(t, append(wait, "--timeout", "30s")...); code != 0 || !strings.Contains(out, "all 2 image(s) are in local storage") {
+		t.Errorf("wait-images --state with 1.1's images pulled: exit %d:\n%s", code, out)
+	}
+
 	serve.Process.Kill()
 	<-logDone
 	if !strings.Contains(logs.String(), "msg=ready") || strings.Contains(logs.String(), "level=ERROR") {

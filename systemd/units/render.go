@@ -123,7 +123,7 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 	if !p.AlwaysOn {
 		// The registry runs at the first boot and at upgrade boots only;
 		// with alwaysOn the enabled target starts it on every boot.
-		names = append(names, "kiln-firstboot.service", contract.ReleaseRegistryUnit)
+		names = append(names, "kiln-firstboot.service", contract.ReleaseRegistryUnit, contract.ReleaseWaitUnit)
 	}
 	if p.RootHash != "" {
 		names = append(names, "kiln-images-verity.service")
