@@ -395,6 +395,9 @@ func writeBundle(ctx context.Context, out *os.File, tree string, m *bundle.Manif
 		return 0, err
 	}
 	m.Filesystem = bundle.Filesystem{Size: bound, ChunkSize: bundle.ChunkSize}
+	for i := range m.Files {
+		m.Files[i].Offset = bound // no real offset is longer
+	}
 	for range (bound + bundle.ChunkSize - 1) / bundle.ChunkSize {
 		m.Filesystem.Chunks = append(m.Filesystem.Chunks, "sha256:"+strings.Repeat("0", 64))
 	}
@@ -425,6 +428,17 @@ func writeBundle(ctx context.Context, out *os.File, tree string, m *bundle.Manif
 		return 0, fmt.Errorf("kiln bug: the bundle filesystem (%d bytes) is larger than its bound (%d)", fsSize, bound)
 	}
 	m.Filesystem = bundle.Filesystem{Size: fsSize, ChunkSize: bundle.ChunkSize, Chunks: chunks}
+	offsets, err := partitions.FileOffsets(tree, out.Name(), start+hdrSize)
+	if err != nil {
+		return 0, err
+	}
+	for i, f := range m.Files {
+		off, ok := offsets[f.Path]
+		if !ok {
+			return 0, fmt.Errorf("kiln bug: %s is not in the bundle filesystem", f.Path)
+		}
+		m.Files[i].Offset = off
+	}
 	if err := m.Validate(); err != nil {
 		return 0, fmt.Errorf("kiln bug: %w", err)
 	}

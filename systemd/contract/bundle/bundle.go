@@ -150,11 +150,14 @@ type Space struct {
 // their unpacked layers.
 func (s Space) Need() int64 { return s.CopyBytes + s.UnpackedBytes }
 
-// File is one regular file in the bundle's filesystem.
+// File is one regular file in the bundle's filesystem. Its contents are
+// stored uncompressed and contiguous at Offset: the node copies a blob
+// straight from that byte range, hashing it, without mounting the stick.
 type File struct {
 	Path   string `json:"path"` // slash-separated, relative to the filesystem root
 	Size   int64  `json:"size"`
 	Digest string `json:"digest"` // sha256:…
+	Offset int64  `json:"offset"` // where its Size bytes start in the filesystem
 }
 
 // Filesystem is the squashfs after the header, pinned chunk by chunk: the

@@ -168,6 +168,11 @@ func (m *Manifest) Validate() error {
 	if f := m.Filesystem; f.ChunkSize <= 0 || f.Size <= 0 || f.Size%4096 != 0 || int64(len(f.Chunks)) != (f.Size+f.ChunkSize-1)/max(f.ChunkSize, 1) {
 		bad("filesystem of %d bytes in chunks of %d: %d chunk digests do not cover it", f.Size, f.ChunkSize, len(f.Chunks))
 	}
+	for _, f := range m.Files {
+		if f.Size < 0 || f.Offset < 0 || f.Offset+f.Size > m.Filesystem.Size {
+			bad("file %s: %d bytes at %d lie outside the %d-byte filesystem", f.Path, f.Size, f.Offset, m.Filesystem.Size)
+		}
+	}
 	if len(m.Trust) == 0 {
 		bad("no trusted keys: a node could never take another bundle")
 	}
