@@ -13,7 +13,7 @@ import (
 	"strings"
 
 	"github.com/kiln-appliance/kiln/builder"
-	"github.com/kiln-appliance/kiln/builder/progress"
+	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"

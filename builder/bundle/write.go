@@ -23,7 +23,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/fetch"
-	"github.com/kiln-appliance/kiln/builder/progress"
+	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/builder/stage"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/recipes"

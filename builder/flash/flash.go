@@ -19,7 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kiln-appliance/kiln/builder/progress"
+	"github.com/kiln-appliance/kiln/internal/progress"
 
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )

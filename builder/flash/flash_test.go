@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kiln-appliance/kiln/builder/progress"
+	"github.com/kiln-appliance/kiln/internal/progress"
 )
 
 // loop attaches a file of size bytes holding data at its start.

@@ -208,7 +208,7 @@ func TestImport(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("exit %d", code)
 		}
-		for _, want := range []string{"signed by SHA256:", "copying ", "release 1.1.0 is staged; the stick may be removed now"} {
+		for _, want := range []string{"signed by SHA256:", "copy 5 blob(s) for 2 image(s): done, 605.1 KiB in ", "release 1.1.0 is staged; the stick may be removed now"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("output lacks %q", want)
 			}

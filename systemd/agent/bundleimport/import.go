@@ -22,6 +22,7 @@ import (
 	"go.podman.io/storage"
 	"golang.org/x/sys/unix"
 
+	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
 	"github.com/kiln-appliance/kiln/systemd/contract"
@@ -38,7 +39,6 @@ type importer struct {
 	root    string
 	log     io.Writer
 	machine *release.Machine
-	now     func() time.Time
 	copying func(digest string)
 	images  func() (storage.Store, error)
 }
@@ -73,7 +73,7 @@ func WithCopyHook(f func(digest string)) Option { return func(i *importer) { i.c
 // only then are blobs copied (each verified as it is written, those already
 // stored kept) and the release recorded as staged, last.
 func Import(ctx context.Context, source string, opts ...Option) (*contract.State, error) {
-	i := &importer{root: "/", log: os.Stdout, now: time.Now, copying: func(string) {}}
+	i := &importer{root: "/", log: os.Stdout, copying: func(string) {}}
 	for _, o := range opts {
 		o(i)
 	}
@@ -124,9 +124,11 @@ func Import(ctx context.Context, source string, opts ...Option) (*contract.State
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(i.log, "copying %d blob(s), %s, for %d image(s)\n", len(wants), contract.Bytes(total), len(m.Images))
-	p := i.progress("copied", total)
-	if err := i.receive(ctx, f, h.Size, incoming, wants, p); err != nil {
+	task := progress.New(i.log, false, progress.Every(2*time.Second)).
+		Task(fmt.Sprintf("copy %d blob(s) for %d image(s)", len(wants), len(m.Images)), total)
+	err = i.receive(ctx, f, h.Size, incoming, wants, task)
+	task.Done(err)
+	if err != nil {
 		var damaged errDamaged
 		if errors.As(err, &damaged) {
 			undo()
@@ -134,7 +136,6 @@ func Import(ctx context.Context, source string, opts ...Option) (*contract.State
 		}
 		return nil, fmt.Errorf("import from %s: %w; nothing was staged, plug the stick in again to retry", source, err)
 	}
-	p.done()
 
 	// A node that has not recorded its state yet (it is recorded at boot)
 	// records the factory release now; this changes nothing it runs.

@@ -54,6 +54,8 @@ func (e errDamaged) Unwrap() error { return e.error }
 // renamed to their digests and the directory synced. A damaged part
 // (errDamaged) keeps nothing. A read that fails (the stick pulled) or a stop
 // keeps the parts finished before it, each verified, for the next run.
+//
+// progress must be safe for concurrent writes (a progress.Task is).
 func (i *importer) receive(ctx context.Context, src *os.File, fsStart int64, dir string, wants []part, progress io.Writer) error {
 	unlock, err := atomicfile.LockDir(dir)
 	if err != nil {
@@ -77,7 +79,6 @@ func (i *importer) receive(ctx context.Context, src *os.File, fsStart int64, dir
 		hashErr error
 		wg      sync.WaitGroup
 	)
-	progress = &syncWriter{w: progress}
 	// A hasher per core: hashing is the import's one cost beyond cp's.
 	for range runtime.NumCPU() {
 		wg.Add(1)
@@ -182,18 +183,6 @@ func verify(tmp *os.File, w part, buf []byte, progress io.Writer) (finished, err
 		return finished{}, errDamaged{fmt.Errorf("%w: blob %s reads as sha256:%s (%d bytes at %d of the filesystem)", bundle.ErrDamaged, w.digest, got, w.size, w.offset)}
 	}
 	return finished{tmp: tmp.Name(), name: want}, nil
-}
-
-// syncWriter serialises writes to w.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }
 
 func discard(f *os.File) {
