@@ -63,7 +63,8 @@ func TestRenderGolden(t *testing.T) {
 }
 
 // The alwaysOn switch decides what runs at boot: the target itself, or the
-// first-boot service that stops the registry once it is no longer needed.
+// first-boot service that stops the registry once it is no longer needed
+// and the upgrade boot's service that starts it while a release is tried.
 func TestRenderAlwaysOn(t *testing.T) {
 	for _, alwaysOn := range []bool{false, true} {
 		units, _, err := Render(Params{PartitionGUID: testGUID, AlwaysOn: alwaysOn, Images: testImages})
@@ -76,7 +77,8 @@ func TestRenderAlwaysOn(t *testing.T) {
 				enabled[u.Name] = true
 			}
 		}
-		want := map[string]bool{contract.MountUnit: true, "kiln-firstboot.service": true, contract.ReleaseBeginUnit: true, contract.ReleaseCheckUnit: true}
+		want := map[string]bool{contract.MountUnit: true, "kiln-firstboot.service": true, contract.ReleaseBeginUnit: true, contract.ReleaseCheckUnit: true,
+			contract.ReleaseRegistryUnit: true}
 		if alwaysOn {
 			want = map[string]bool{contract.MountUnit: true, contract.RegistryTarget: true, contract.ReleaseBeginUnit: true, contract.ReleaseCheckUnit: true}
 		}
