@@ -162,6 +162,9 @@ func copyPart(ctx context.Context, src *os.File, fsStart int64, dir string, w pa
 		}
 		left -= int64(n)
 	}
+	// Start writing it to disk now, while the next parts are copied and
+	// hashed, rather than all at the final syncfs (which still waits for it).
+	unix.SyncFileRange(int(tmp.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE) //nolint:errcheck // a hint; syncfs reports errors
 	return tmp, nil
 }
 
