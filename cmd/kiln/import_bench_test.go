@@ -20,10 +20,11 @@ import (
 // of a full bundle file (12 random images, 30 % of their bytes in shared
 // layers, none on the node's image partition) into a node tree on the same
 // disk, against `cp` of the bundle file, both followed by sync, paired in
-// the same run (target ≥ 0.7, median and range over paired.Runs pairs). The import copies each
-// blob from its byte range in the kernel, hashes the copy, and syncs the
-// filesystem once. Both read the bundle from the page cache (it was just
-// written; the machine is shared, so no cache is dropped).
+// the same run (target ≥ 0.7, median and range over paired.Runs pairs). The
+// import reads each blob from its byte range, hashes it, writes the same
+// bytes (O_DIRECT) and syncs the filesystem once. Both read the bundle from
+// the page cache (it was just written; the machine is shared, so no cache
+// is dropped).
 //
 // KILN_BENCH_SIZES (MiB of images, comma-separated) overrides the size;
 // KILN_BENCH_KEEP=1 keeps the inputs (bundle, node tree) to time by hand.

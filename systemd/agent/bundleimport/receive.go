@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 
@@ -42,21 +41,20 @@ type errDamaged struct{ error }
 func (e errDamaged) Unwrap() error { return e.error }
 
 // receive copies each wanted part of the bundle's filesystem (src from
-// fsStart) into a temp file in dir, in the kernel (sendfile, as cp does),
-// and hashes the copy — not the stick — against the signed digest. Copying
-// the next part overlaps hashing the last, on the other core. The stick is
-// read once and never parsed: the parts' places come from the signed
-// manifest, and the kernel never mounts it; what is hashed is the private
-// copy that is kept, so a device that answers a second read differently
-// has no second read to answer.
+// fsStart) into a temp file in dir: it reads the part into memory, hashes
+// those bytes and writes the same bytes, with O_DIRECT where the filesystem
+// allows it (no second copy into the page cache, nothing left to flush at
+// the end), while the next bytes are read and hashed. The stick is read
+// once and never parsed: the parts' places come from the signed manifest,
+// and the kernel never mounts it; what is hashed is exactly what is kept, so
+// a device that answers a second read differently has no second read to
+// answer.
 //
 // Only when every part matched are the parts made durable (one syncfs),
 // renamed to their digests and the directory synced. A damaged part
 // (errDamaged) keeps nothing. A read that fails (the stick pulled) or a stop
 // keeps the parts finished before it, each verified, for the next run.
-//
-// progress must be safe for concurrent writes (a progress.Task is).
-func (i *importer) receive(ctx context.Context, src *os.File, fsStart int64, dir string, wants []part, progress io.Writer) error {
+func (i *importer) receive(ctx context.Context, src *os.File, fsStart int64, dir string, wants []part, progress io.Writer) (err error) {
 	unlock, err := atomicfile.LockDir(dir)
 	if err != nil {
 		return err
@@ -65,67 +63,39 @@ func (i *importer) receive(ctx context.Context, src *os.File, fsStart int64, dir
 	if err := removeTemps(dir); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	pool := make(chan []byte, 4)
+	for range cap(pool) {
+		b, err := unix.Mmap(-1, 0, ioSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		if err != nil {
+			return fmt.Errorf("buffers: %w", err)
+		}
+		defer unix.Munmap(b) //nolint:errcheck // at exit
+		pool <- b            // page-aligned, as O_DIRECT needs
+	}
+	w := &writer{pool: pool, jobs: make(chan job, cap(pool))}
+	w.wg.Add(1)
+	go w.run()
 
-	type copied struct {
-		part
-		tmp *os.File
-	}
-	toHash := make(chan copied, 1)
-	var (
-		mu      sync.Mutex // guards done, hashErr
-		done    []finished
-		hashErr error
-		wg      sync.WaitGroup
-	)
-	// A hasher per core: hashing is the import's one cost beyond cp's.
-	for range runtime.NumCPU() {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, 1<<20)
-			for c := range toHash {
-				mu.Lock()
-				failed := hashErr != nil
-				mu.Unlock()
-				if failed {
-					discard(c.tmp)
-					continue
-				}
-				f, err := verify(c.tmp, c.part, buf, progress)
-				mu.Lock()
-				if err != nil && hashErr == nil {
-					hashErr = err
-					cancel()
-				}
-				if err == nil {
-					done = append(done, f)
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	var readErr error
-	for _, w := range wants {
+	var readErr, damaged error
+	for _, p := range wants {
 		if readErr = ctx.Err(); readErr != nil {
 			break
 		}
-		i.copying(w.digest)
-		var tmp *os.File
-		if tmp, readErr = copyPart(ctx, src, fsStart, dir, w); readErr != nil {
+		i.copying(p.digest)
+		if readErr, damaged = w.part(ctx, src, fsStart, dir, p, progress); readErr != nil || damaged != nil {
 			break
 		}
-		toHash <- copied{w, tmp}
 	}
-	close(toHash)
-	wg.Wait()
+	close(w.jobs)
+	w.wg.Wait()
 
-	c := commit{dir: dir, done: done}
+	c := commit{dir: dir, done: w.done}
 	defer c.removeTemps()
 	switch {
-	case hashErr != nil:
-		return hashErr // damaged, or the store failed: keep nothing of this run
+	case damaged != nil:
+		return damaged // keep nothing of this run
+	case w.err != nil:
+		return w.err // the store failed: keep nothing of this run
 	case readErr != nil:
 		if err := c.commit(); err != nil {
 			return errors.Join(readErr, err)
@@ -135,57 +105,119 @@ func (i *importer) receive(ctx context.Context, src *os.File, fsStart int64, dir
 	return c.commit()
 }
 
-// copyPart copies w's bytes into a new temp file in dir, in the kernel, in
-// steps short enough to stop soon when ctx is done.
-func copyPart(ctx context.Context, src *os.File, fsStart int64, dir string, w part) (*os.File, error) {
-	_, hx, _ := strings.Cut(w.digest, ":")
-	tmp, err := os.CreateTemp(dir, "."+hx+tempMark+"*")
+// ioSize is the size of one read and one write.
+const ioSize = 4 << 20
+
+// writer writes parts' bytes, read and hashed by receive, to their temp
+// files, one job after another.
+type writer struct {
+	pool chan []byte
+	jobs chan job
+	wg   sync.WaitGroup
+	done []finished // parts written whole and verified
+	err  error      // the first write that failed
+}
+
+// job is the next bytes of a part's temp file, or (end) the part's end.
+type job struct {
+	f        *os.File
+	off      int64
+	b        []byte // from the pool, returned once written
+	n        int    // bytes of b that belong to the part
+	end      bool
+	size     int64 // at the end: the part's size
+	verified bool  // at the end: its digest matched
+	name     string
+}
+
+func (w *writer) run() {
+	defer w.wg.Done()
+	for j := range w.jobs {
+		switch {
+		case !j.end && w.err == nil:
+			// O_DIRECT writes whole 4 KiB blocks: the last one is cut back
+			// by the truncate at the end.
+			k := (j.n + 4095) &^ 4095
+			clear(j.b[j.n:k])
+			if _, err := j.f.WriteAt(j.b[:k], j.off); err != nil {
+				w.err = fmt.Errorf("release store: %w", err)
+			}
+		case j.end:
+			err := w.err
+			if err == nil {
+				err = j.f.Truncate(j.size)
+			}
+			if cerr := j.f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil && w.err == nil {
+				w.err = fmt.Errorf("release store: %w", err)
+			}
+			if err != nil || !j.verified {
+				os.Remove(j.f.Name())
+				continue
+			}
+			w.done = append(w.done, finished{tmp: j.f.Name(), name: j.name})
+		}
+		if j.b != nil {
+			w.pool <- j.b
+		}
+	}
+}
+
+// part reads p's bytes from src, hashes them and hands them to the writer,
+// then checks the digest. It returns a read error (the stick, a stop) or a
+// damaged part.
+func (w *writer) part(ctx context.Context, src *os.File, fsStart int64, dir string, p part, progress io.Writer) (readErr, damaged error) {
+	alg, hx, _ := strings.Cut(p.digest, ":")
+	f, err := createDirect(dir, "."+hx+tempMark+"*")
+	if err != nil {
+		return err, nil
+	}
+	h := sha256.New()
+	var off int64
+	for off < p.size {
+		if err := ctx.Err(); err != nil {
+			w.jobs <- job{f: f, end: true}
+			return err, nil
+		}
+		b := <-w.pool
+		n, err := src.ReadAt(b[:min(ioSize, p.size-off)], fsStart+p.offset+off)
+		if err != nil && !(errors.Is(err, io.EOF) && int64(n) == min(ioSize, p.size-off)) {
+			w.pool <- b
+			w.jobs <- job{f: f, end: true}
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return fmt.Errorf("read the stick at byte %d (was it removed?): %w", fsStart+p.offset+off+int64(n), err), nil
+		}
+		h.Write(b[:n])
+		progress.Write(b[:n]) //nolint:errcheck // counts
+		w.jobs <- job{f: f, off: off, b: b, n: n}
+		off += int64(n)
+	}
+	got := hex.EncodeToString(h.Sum(nil))
+	ok := alg == "sha256" && got == hx
+	w.jobs <- job{f: f, end: true, size: p.size, verified: ok, name: hx}
+	if !ok {
+		return nil, errDamaged{fmt.Errorf("%w: blob %s reads as sha256:%s (%d bytes at %d of the filesystem)", bundle.ErrDamaged, p.digest, got, p.size, p.offset)}
+	}
+	return nil, nil
+}
+
+// createDirect creates a temp file in dir open for O_DIRECT writes, or for
+// ordinary ones where the filesystem refuses O_DIRECT (tmpfs).
+func createDirect(dir, pattern string) (*os.File, error) {
+	f, err := os.CreateTemp(dir, pattern)
 	if err != nil {
 		return nil, fmt.Errorf("release store: %w", err)
 	}
-	off, left := fsStart+w.offset, w.size
-	for left > 0 {
-		if err := ctx.Err(); err != nil {
-			discard(tmp)
-			return nil, err
-		}
-		n, err := unix.Sendfile(int(tmp.Fd()), int(src.Fd()), &off, int(min(left, 16<<20)))
-		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
-			continue
-		}
-		if err == nil && n == 0 {
-			err = io.ErrUnexpectedEOF
-		}
-		if err != nil {
-			discard(tmp)
-			return nil, fmt.Errorf("read the stick at byte %d (was it removed?): %w", off, err)
-		}
-		left -= int64(n)
-	}
-	// Start writing it to disk now, while the next parts are copied and
-	// hashed, rather than all at the final syncfs (which still waits for it).
-	unix.SyncFileRange(int(tmp.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE) //nolint:errcheck // a hint; syncfs reports errors
-	return tmp, nil
-}
-
-// verify hashes the copy in tmp (from the page cache: it was just written)
-// against w's digest, copying what it reads to progress.
-func verify(tmp *os.File, w part, buf []byte, progress io.Writer) (finished, error) {
-	h := sha256.New()
-	n, err := io.CopyBuffer(io.MultiWriter(h, progress), io.NewSectionReader(tmp, 0, w.size+1), buf)
-	if err == nil {
-		err = tmp.Close()
-	}
+	d, err := os.OpenFile(f.Name(), os.O_WRONLY|unix.O_DIRECT, 0)
 	if err != nil {
-		discard(tmp)
-		return finished{}, fmt.Errorf("release store: %w", err)
+		return f, nil
 	}
-	alg, want, _ := strings.Cut(w.digest, ":")
-	if got := hex.EncodeToString(h.Sum(nil)); n != w.size || alg != "sha256" || got != want {
-		os.Remove(tmp.Name())
-		return finished{}, errDamaged{fmt.Errorf("%w: blob %s reads as sha256:%s (%d bytes at %d of the filesystem)", bundle.ErrDamaged, w.digest, got, w.size, w.offset)}
-	}
-	return finished{tmp: tmp.Name(), name: want}, nil
+	f.Close()
+	return d, nil
 }
 
 func discard(f *os.File) {
