@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Reporter starts progress tasks. builder/progress.Reporter satisfies it:
+// Reporter starts progress tasks. internal/progress.Reporter satisfies it:
 // Task is an alias of the same unnamed interface.
 type Reporter interface {
 	Task(name string, total int64) Task
