@@ -23,7 +23,9 @@ import (
 // store under its lock. It is beside blobs/, not in it: the machine's
 // collection removes from blobs/ whatever no kept release lists, and an
 // import running outside the lock must not lose its blobs to it. A stick
-// pulled mid-import leaves what it finished here for the next plug.
+// pulled mid-import leaves what it finished here for the next plug; the
+// next import of another release removes them, so incoming never holds more
+// than one release's unfinished import.
 const incomingDir = "incoming"
 
 // part is a byte range of the bundle's filesystem the store lacks: a blob
@@ -50,17 +52,21 @@ func (e errDamaged) Unwrap() error { return e.error }
 // a device that answers a second read differently has no second read to
 // answer.
 //
+// keep lists the digests of every blob the release being imported keeps:
+// anything else finished in dir (another release's pulled stick) is removed
+// first.
+//
 // Only when every part matched are the parts made durable (one syncfs),
 // renamed to their digests and the directory synced. A damaged part
 // (errDamaged) keeps nothing. A read that fails (the stick pulled) or a stop
 // keeps the parts finished before it, each verified, for the next run.
-func (i *importer) receive(ctx context.Context, src *os.File, fsStart int64, dir string, wants []part, progress io.Writer) (err error) {
+func (i *importer) receive(ctx context.Context, src *os.File, fsStart int64, dir string, keep []string, wants []part, progress io.Writer) (err error) {
 	unlock, err := atomicfile.LockDir(dir)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if err := removeTemps(dir); err != nil {
+	if err := sweepIncoming(dir, keep); err != nil {
 		return err
 	}
 	pool := make(chan []byte, 4)
@@ -268,15 +274,21 @@ func (c *commit) removeTemps() {
 // tempMark is in every temp file's name: .<hex>.tmp-<random>.
 const tempMark = ".tmp-"
 
-// removeTemps removes temp files a killed import left in dir (the caller
-// holds dir's lock, so none is being written).
-func removeTemps(dir string) error {
+// sweepIncoming removes from dir the temp files a killed import left and
+// the blobs no digest in keep names (the caller holds dir's lock, so none
+// is being written).
+func sweepIncoming(dir string, keep []string) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return fmt.Errorf("release store: %w", err)
 	}
+	kept := map[string]bool{}
+	for _, d := range keep {
+		_, hx, _ := strings.Cut(d, ":")
+		kept[hx] = true
+	}
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), ".") && strings.Contains(e.Name(), tempMark) {
+		if !kept[e.Name()] {
 			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !os.IsNotExist(err) {
 				return fmt.Errorf("release store: %w", err)
 			}

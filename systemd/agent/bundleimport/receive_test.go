@@ -50,7 +50,11 @@ func TestReceive(t *testing.T) {
 		}
 		defer f.Close()
 		i := &importer{copying: func(string) {}}
-		return dir, i.receive(context.Background(), f, start, dir, wants, io.Discard)
+		var keep []string
+		for _, p := range parts {
+			keep = append(keep, p.digest)
+		}
+		return dir, i.receive(context.Background(), f, start, dir, keep, wants, io.Discard)
 	}
 	stored := func(t *testing.T, dir string) []string {
 		t.Helper()
@@ -90,6 +94,22 @@ func TestReceive(t *testing.T) {
 		}
 		defer os.RemoveAll(dir)
 		if _, err := receiveInto(t, dir, source, parts); err != nil {
+			t.Fatal(err)
+		}
+		if got := stored(t, dir); !slices.Equal(got, names(parts)) {
+			t.Errorf("stored %v, want %v", got, names(parts))
+		}
+	})
+	t.Run("another release's leftovers go, this one's stay", func(t *testing.T) {
+		dir := t.TempDir()
+		other := []byte("a blob of another release's pulled stick")
+		mine := data[10:1010] // parts[0], left by this release's pulled stick
+		for _, b := range [][]byte{other, mine} {
+			if err := os.WriteFile(filepath.Join(dir, digest(b)[len("sha256:"):]), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := receiveInto(t, dir, source, parts[1:]); err != nil {
 			t.Fatal(err)
 		}
 		if got := stored(t, dir); !slices.Equal(got, names(parts)) {
