@@ -135,6 +135,11 @@ func TestRenderErrors(t *testing.T) {
 		if u.Name == contract.ImportUnit && strings.Contains(u.Contents, "BindsTo=") {
 			t.Errorf("the import unit is bound to the stick's device:\n%s", u.Contents)
 		}
+		// A stick left in across a reboot is imported at boot: never
+		// racing the begin that decides which release this boot runs.
+		if u.Name == contract.ImportUnit && !strings.Contains(u.Contents, "After="+contract.ReleaseBeginUnit+"\n") {
+			t.Errorf("the import unit is not ordered after %s:\n%s", contract.ReleaseBeginUnit, u.Contents)
+		}
 	}
 	// Every policy a recipe may name renders.
 	for _, policy := range recipes.RebootPolicies {
