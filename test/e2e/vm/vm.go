@@ -256,7 +256,16 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 		"-nic", "none",
 		"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=" + ovmfCode,
 		"-drive", "if=pflash,format=raw,unit=1,file=" + vars,
-		"-drive", "if=virtio,format=raw,file=" + disk,
+	}
+	if c.monitor {
+		// The disk boots first, named by bootindex: OVMF appends the boot
+		// option of a disk it finds at a reset (a stick left plugged in)
+		// after its UEFI shell, and without a boot order from QEMU it
+		// then starts the shell instead of the disk.
+		args = append(args, "-drive", "if=none,id=kiln-disk,format=raw,file="+disk,
+			"-device", "virtio-blk-pci,drive=kiln-disk,bootindex=0")
+	} else {
+		args = append(args, "-drive", "if=virtio,format=raw,file="+disk)
 	}
 	if !c.reboots {
 		args = append(args, "-no-reboot")
