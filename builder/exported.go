@@ -58,3 +58,7 @@ func SweepLeftovers(out, workDir, prefix string, log io.Writer) {
 
 // SyncDir makes a rename in dir durable.
 func SyncDir(dir string) { syncDir(dir) }
+
+// CheckOutput refuses an output path that is a directory, a device or not
+// a regular file, before any work.
+func CheckOutput(path string) error { return checkOutput(path) }

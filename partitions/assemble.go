@@ -64,6 +64,10 @@ type AssembleOptions struct {
 	// PlaceEnd puts the image partition after the base's last partition.
 	// PlaceAuto (or "") is PlaceBeforeRoot when root is last, else PlaceEnd.
 	Placement string
+	// PartitionName and PartitionType name the added partition in the GPT
+	// (default contract.PartitionName and contract.PartitionType; a reflash
+	// stick's payload partition has its own).
+	PartitionName, PartitionType string
 	// Progress may be nil.
 	Progress Reporter
 }
@@ -113,8 +117,10 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	if err != nil {
 		return nil, err
 	}
-	if p, ok := base.Find(contract.PartitionName); ok {
-		return nil, fmt.Errorf("base image %s already has a %s partition (number %d): it is a kiln disk, not a base; build from the vendor's base image", opts.Base, contract.PartitionName, p.Number)
+	for _, name := range []string{contract.PartitionName, opts.PartitionName} {
+		if p, ok := base.Find(name); ok {
+			return nil, fmt.Errorf("base image %s already has a %s partition (number %d): it is a kiln disk, not a base; build from the vendor's base image", opts.Base, name, p.Number)
+		}
 	}
 	place, err := placeImagePartition(base, opts.Base, opts.Placement, opts.DiskSize)
 	if err != nil {
@@ -146,7 +152,7 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	}
 	start, partSize, size, root, rootDst := g.start, g.partSize, g.diskSize, g.root, g.rootDst
 	sector := int64(base.SectorSize)
-	id := ImageIdentity{PartitionGUID: DeriveGUID(opts.GUIDSeed, contract.PartitionName)}
+	id := ImageIdentity{PartitionGUID: DeriveGUID(opts.GUIDSeed, opts.PartitionName)}
 	if !opts.NoVerity {
 		if id.Verity, err = writeImageVerity(opts.Output, start, fsSize, opts.GUIDSeed); err != nil {
 			return nil, err
@@ -178,7 +184,7 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 		}
 		base = &moved
 	}
-	if err := writeTable(opts.Output, base, size, start, partSize, DeriveGUID(opts.GUIDSeed, "disk"), id.PartitionGUID); err != nil {
+	if err := writeTable(opts.Output, base, size, start, partSize, DeriveGUID(opts.GUIDSeed, "disk"), opts.added(id.PartitionGUID)); err != nil {
 		return nil, err
 	}
 
@@ -203,12 +209,12 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 
 	// 7. The seal, last: it records every byte written so far, and its
 	// digest becomes the disk GUID (only the GPT headers change).
-	img, _ := l.Find(contract.PartitionName)
+	img, _ := l.Find(opts.PartitionName)
 	seal, err := sealDisk(opts.Output, l, img, fsSize, id.Verity)
 	if err != nil {
 		return nil, fmt.Errorf("seal the disk: %w", err)
 	}
-	if err := writeTable(opts.Output, base, size, start, partSize, SealGUID(seal), id.PartitionGUID); err != nil {
+	if err := writeTable(opts.Output, base, size, start, partSize, SealGUID(seal), opts.added(id.PartitionGUID)); err != nil {
 		return nil, err
 	}
 	if err := opts.Output.Sync(); err != nil {
@@ -283,7 +289,12 @@ func (o *offsetFile) ReadAt(p []byte, off int64) (int, error)  { return o.f.Read
 func (o *offsetFile) WriteAt(p []byte, off int64) (int, error) { return o.f.WriteAt(p, o.off+off) }
 
 func (o *AssembleOptions) check() error {
+	if o.PartitionName == "" {
+		o.PartitionName, o.PartitionType = contract.PartitionName, contract.PartitionType
+	}
 	switch {
+	case o.PartitionType == "":
+		return fmt.Errorf("assemble: partition %s has no type GUID", o.PartitionName)
 	case o.Output == nil:
 		return errors.New("assemble: no output file")
 	case o.Base == "":
@@ -415,7 +426,12 @@ func writeSparse(f *os.File, p []byte, off int64) error {
 
 // writeTable writes protective MBR, primary and backup GPT: the base's
 // partitions unchanged plus the image partition.
-func writeTable(f *os.File, base *Layout, size, start, partSize int64, diskGUID, imageGUID string) error {
+// added is the GPT entry's identity of the partition kiln adds.
+type added struct{ name, typ, guid string }
+
+func (o *AssembleOptions) added(guid string) added { return added{o.PartitionName, o.PartitionType, guid} }
+
+func writeTable(f *os.File, base *Layout, size, start, partSize int64, diskGUID string, img added) error {
 	sector := int64(base.SectorSize)
 	t := &gpt.Table{
 		LogicalSectorSize:  base.SectorSize,
@@ -435,9 +451,9 @@ func writeTable(f *os.File, base *Layout, size, start, partSize int64, diskGUID,
 		Index: last + 1,
 		Start: uint64(start / sector),
 		End:   uint64((start+partSize)/sector - 1),
-		Type:  gpt.Type(contract.PartitionType),
-		Name:  contract.PartitionName,
-		GUID:  imageGUID,
+		Type:  gpt.Type(img.typ),
+		Name:  img.name,
+		GUID:  img.guid,
 	})
 	if err := t.Write(f, size); err != nil {
 		return fmt.Errorf("write partition table: %w", err)

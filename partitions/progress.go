@@ -3,7 +3,7 @@ package partitions
 import "io"
 
 // Reporter receives the progress of long steps (copying the base, writing
-// the image filesystem) as bytes done of a total. builder/progress.Reporter
+// the image filesystem) as bytes done of a total. internal/progress.Reporter
 // satisfies it: both spell Task as the same unnamed interface, so this
 // package needs nothing from the builder above it.
 type Reporter interface {

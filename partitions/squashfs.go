@@ -28,7 +28,10 @@ var compressionFlags = map[string][]string{
 type squashfsOptions struct {
 	// AllRoot makes every file owned by root whoever staged it (bundles:
 	// the same inputs give the same bytes on any factory host).
-	AllRoot         bool
+	AllRoot bool
+	// Contiguous stores every block, zeros too (-no-sparse): uncompressed,
+	// each file's contents are then one byte range of the filesystem.
+	Contiguous      bool
 	Tree            string // directory to pack
 	Disk            string // file to write into
 	Offset          int64  // byte offset in Disk
@@ -69,6 +72,9 @@ func writeSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
 	args = append(args, flags...)
 	if o.AllRoot {
 		args = append(args, "-all-root")
+	}
+	if o.Contiguous {
+		args = append(args, "-no-sparse")
 	}
 	cmd := exec.CommandContext(ctx, "mksquashfs", args...)
 	cmd.Env = append(envWithout("SOURCE_DATE_EPOCH"), "SOURCE_DATE_EPOCH="+strconv.FormatInt(o.SourceDateEpoch, 10))

@@ -28,11 +28,13 @@ type FilesystemOptions struct {
 
 // WriteFilesystem packs the tree into Disk at Offset as a read-only squashfs,
 // every file owned by root, and returns the filesystem's size (a multiple
-// of 4 KiB). It is the image partition's writer (docs/FILESYSTEM.md).
+// of 4 KiB). It is the image partition's writer (docs/FILESYSTEM.md). Sparse
+// blocks are stored as data: uncompressed, every file's contents are one
+// byte range of the filesystem (SquashfsDataStart, then file after file).
 func WriteFilesystem(ctx context.Context, o FilesystemOptions) (int64, error) {
 	return writeSquashfs(ctx, squashfsOptions{
 		Tree: o.Tree, Disk: o.Disk, Offset: o.Offset, Compression: o.Compression,
-		SourceDateEpoch: o.SourceDateEpoch, Progress: o.Progress, AllRoot: true,
+		SourceDateEpoch: o.SourceDateEpoch, Progress: o.Progress, AllRoot: true, Contiguous: true,
 	})
 }
 

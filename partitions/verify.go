@@ -18,6 +18,9 @@ type VerifyOptions struct {
 	// mount counts) and root, grows root and moves the backup GPT to the
 	// end of the device; those parts are then reported as not checked.
 	Booted bool
+	// PartitionName is the partition kiln added, whose end holds the seal
+	// (default contract.PartitionName; a reflash stick's is its payload).
+	PartitionName string
 }
 
 // VerifyReport is what VerifyDisk checked and what it could not.
@@ -73,9 +76,13 @@ func VerifyDisk(ctx context.Context, path string, o VerifyOptions) (rep *VerifyR
 		return nil, &VerifyError{"GPT", err}
 	}
 	l.Size = size
-	img, ok := l.Find(contract.PartitionName)
+	name := o.PartitionName
+	if name == "" {
+		name = contract.PartitionName
+	}
+	img, ok := l.Find(name)
 	if !ok {
-		return nil, &VerifyError{"GPT", fmt.Errorf("no %s partition (partitions: %s): not a kiln disk", contract.PartitionName, l.names())}
+		return nil, &VerifyError{"GPT", fmt.Errorf("no %s partition (partitions: %s): not a kiln disk", name, l.names())}
 	}
 	area := make([]byte, SealSize)
 	if img.Size < SealSize {
@@ -85,10 +92,10 @@ func VerifyDisk(ctx context.Context, path string, o VerifyOptions) (rep *VerifyR
 		return nil, &VerifyError{"seal", fmt.Errorf("read: %w", err)}
 	}
 	if string(area[:len(sealMagic)]) != sealMagic {
-		return nil, &VerifyError{"seal", fmt.Errorf("no kiln seal at the end of partition %d (%s): the disk was built by a kiln without seals (rebuild it to verify it exactly), or that area is damaged", img.Number, contract.PartitionName)}
+		return nil, &VerifyError{"seal", fmt.Errorf("no kiln seal at the end of partition %d (%s): the disk was built by a kiln without seals (rebuild it to verify it exactly), or that area is damaged", img.Number, name)}
 	}
 	if got := SealGUID(area); got != l.GUID {
-		return nil, &VerifyError{"seal", fmt.Errorf("kiln's record at the end of partition %d (%s) hashes to %s but the disk GUID is %s: the record or the GPT header is damaged, or the disk was not built by this kiln", img.Number, contract.PartitionName, got, l.GUID)}
+		return nil, &VerifyError{"seal", fmt.Errorf("kiln's record at the end of partition %d (%s) hashes to %s but the disk GUID is %s: the record or the GPT header is damaged, or the disk was not built by this kiln", img.Number, name, got, l.GUID)}
 	}
 	s, err := decodeSeal(area)
 	if err != nil {
@@ -142,7 +149,7 @@ func VerifyDisk(ctx context.Context, path string, o VerifyOptions) (rep *VerifyR
 	}
 
 	// The image partition: verity, then the bytes verity does not cover.
-	ip := fmt.Sprintf("image partition %d (%s)", img.Number, contract.PartitionName)
+	ip := fmt.Sprintf("image partition %d (%s)", img.Number, name)
 	part := io.NewSectionReader(f, img.Offset, img.Size)
 	if v := s.Image.Verity; v != nil {
 		g, err := RootHashGUID(v.RootHash)

@@ -189,6 +189,32 @@ func (r *Recipe) validate(d *document) {
 	}
 	r.validateRelease(v)
 	r.validateUpgrade(v)
+	r.validateReflash(v)
+}
+
+// validateReflash checks the reflash target rule: a /dev glob, a model
+// glob, and size bounds that some disk can meet.
+func (r *Recipe) validateReflash(v validator) {
+	t := r.Reflash.Target
+	if t.Path != "" {
+		if _, err := filepath.Match(t.Path, ""); err != nil || !strings.HasPrefix(t.Path, "/dev/") {
+			v.errorf("reflash.target.path", "%q is not a device path pattern; write e.g. /dev/disk/by-path/pci-0000:00:17.0-ata-1 or /dev/disk/by-id/nvme-*", t.Path)
+		}
+	}
+	if _, err := filepath.Match(t.Model, ""); err != nil {
+		v.errorf("reflash.target.model", "%q is not a valid pattern (%v); write e.g. \"Samsung SSD*\"", t.Model, err)
+	}
+	for _, s := range []struct {
+		field string
+		size  Size
+	}{{"reflash.target.minSize", t.MinSize}, {"reflash.target.maxSize", t.MaxSize}} {
+		if s.size.Auto {
+			v.errorf(s.field, "a disk size bound cannot be auto; give a size such as 100GiB, or remove it")
+		}
+	}
+	if t.MaxSize.Bytes > 0 && t.MaxSize.Bytes < t.MinSize.Bytes {
+		v.errorf("reflash.target.maxSize", "%s is smaller than minSize %s: no disk can match", t.MaxSize, t.MinSize)
+	}
 }
 
 // unitSafe: what a unit's command line takes without quoting or specifier

@@ -31,6 +31,7 @@ type Recipe struct {
 	Trust   []string `yaml:"trust,omitempty"`
 	Release Release  `yaml:"release"`
 	Upgrade Upgrade  `yaml:"upgrade"`
+	Reflash Reflash  `yaml:"reflash"`
 
 	// Path is the file the recipe was read from; Dir is its directory,
 	// against which relative paths in the recipe are resolved. Not YAML.
@@ -154,6 +155,30 @@ type Health struct {
 	Command []string `yaml:"command,omitempty"`
 	// Timeout for units and command together; default 5m, at most 1h.
 	Timeout string `yaml:"timeout,omitempty"`
+}
+
+// Reflash configures the recovery stick (kiln reflash-stick): which disk
+// its boot overwrites, and whether it asks first.
+type Reflash struct {
+	// Unattended: write without asking on the console (default false: the
+	// technician types "yes" or the disk's serial).
+	Unattended bool `yaml:"unattended,omitempty"`
+	// Target picks the disk; empty: the one non-removable disk that is
+	// neither the stick nor mounted.
+	Target ReflashTarget `yaml:"target"`
+}
+
+// ReflashTarget is a rule for the disk a reflash writes; every rule given
+// must match.
+type ReflashTarget struct {
+	// Path is a glob of device paths, e.g. /dev/disk/by-path/pci-0000:00:17.0-ata-1
+	// or /dev/disk/by-id/nvme-Samsung*.
+	Path string `yaml:"path,omitempty"`
+	// Model is a glob of the disk's model as sysfs shows it, e.g. "Samsung SSD*".
+	Model string `yaml:"model,omitempty"`
+	// MinSize and MaxSize bound the disk's size, e.g. 100GiB.
+	MinSize Size `yaml:"minSize,omitempty"`
+	MaxSize Size `yaml:"maxSize,omitempty"`
 }
 
 // Release is what a release owns on the node besides its images.

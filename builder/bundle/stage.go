@@ -75,7 +75,7 @@ func stageTree(ctx context.Context, tree string, cache *fetch.Cache, r *recipes.
 		return err
 	}
 	for _, f := range files {
-		m.Files = append(m.Files, bundle.File(f))
+		m.Files = append(m.Files, bundle.File{Path: f.Path, Size: f.Size, Digest: f.Digest})
 	}
 	return nil
 }

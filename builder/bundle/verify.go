@@ -13,7 +13,7 @@ import (
 	"strings"
 
 	"github.com/kiln-appliance/kiln/builder"
-	"github.com/kiln-appliance/kiln/builder/progress"
+	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
@@ -167,8 +167,9 @@ func Verify(ctx context.Context, p string, keys []ed25519.PublicKey, rp progress
 	return rep, nil
 }
 
-// checkFiles re-hashes every file the manifest lists and looks for files it
-// does not list.
+// checkFiles re-hashes every file the manifest lists through the filesystem
+// (CheckFilesystem has hashed each at its byte range, where the node copies
+// it from) and looks for files it does not list.
 func checkFiles(ctx context.Context, fsys fs.FS, m *bundle.Manifest, w io.Writer) []error {
 	var problems []error
 	listed := map[string]bool{}
@@ -177,7 +178,7 @@ func checkFiles(ctx context.Context, fsys fs.FS, m *bundle.Manifest, w io.Writer
 			return append(problems, err)
 		}
 		listed[f.Path] = true
-		if err := builder.VerifyFile(fsys, contract.File(f), "the manifest", w); err != nil {
+		if err := builder.VerifyFile(fsys, contract.File{Path: f.Path, Size: f.Size, Digest: f.Digest}, "the manifest", w); err != nil {
 			problems = append(problems, err)
 		}
 	}

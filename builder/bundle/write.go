@@ -23,8 +23,8 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/fetch"
-	"github.com/kiln-appliance/kiln/builder/progress"
 	"github.com/kiln-appliance/kiln/builder/stage"
+	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
@@ -394,9 +394,11 @@ func writeBundle(ctx context.Context, out *os.File, tree string, m *bundle.Manif
 	if err != nil {
 		return 0, err
 	}
-	m.Filesystem = bundle.Filesystem{Size: bound, ChunkSize: bundle.ChunkSize}
-	for range (bound + bundle.ChunkSize - 1) / bundle.ChunkSize {
-		m.Filesystem.Chunks = append(m.Filesystem.Chunks, "sha256:"+strings.Repeat("0", 64))
+	// Placeholders at least as long as the real values, so the header is
+	// sized before the filesystem is written.
+	m.Filesystem = bundle.Filesystem{Size: bound, Metadata: "sha256:" + strings.Repeat("0", 64)}
+	for i := range m.Files {
+		m.Files[i].Offset = bound // no real offset is longer
 	}
 	placeholder, err := bundle.Sign(m, priv)
 	if err != nil {
@@ -407,24 +409,37 @@ func writeBundle(ctx context.Context, out *os.File, tree string, m *bundle.Manif
 	if o.Format == FormatImage {
 		start = partitions.StickStart
 	}
-	task := o.Progress.Task("hash bundle filesystem", 0)
-	hasher := startChunkHasher(out, start+hdrSize, bundle.ChunkSize, defaultLag, task)
 	fsSize, err := partitions.WriteFilesystem(ctx, partitions.FilesystemOptions{
 		Tree: tree, Disk: out.Name(), Offset: start + hdrSize,
 		SourceDateEpoch: epoch, Progress: o.Progress, // uncompressed: layers are compressed already
 	})
-	chunks, herr := hasher.finish(fsSize)
-	if err == nil {
-		err = herr
-	}
-	task.Done(err)
 	if err != nil {
 		return 0, err
 	}
 	if fsSize > bound {
 		return 0, fmt.Errorf("kiln bug: the bundle filesystem (%d bytes) is larger than its bound (%d)", fsSize, bound)
 	}
-	m.Filesystem = bundle.Filesystem{Size: fsSize, ChunkSize: bundle.ChunkSize, Chunks: chunks}
+	// The files' contents are pinned by the digests the manifest has
+	// already (the blobs are named by theirs): only the bytes around them
+	// are read back and hashed, a few MiB of squashfs tables.
+	offsets, err := partitions.FileOffsets(tree, out.Name(), start+hdrSize)
+	if err != nil {
+		return 0, err
+	}
+	for i, f := range m.Files {
+		off, ok := offsets[f.Path]
+		if !ok {
+			return 0, fmt.Errorf("kiln bug: %s is not in the bundle filesystem", f.Path)
+		}
+		m.Files[i].Offset = off
+	}
+	m.Filesystem = bundle.Filesystem{Size: fsSize}
+	task := o.Progress.Task("hash bundle filesystem metadata", 0)
+	m.Filesystem.Metadata, err = m.HashMetadata(out, start+hdrSize, task)
+	task.Done(err)
+	if err != nil {
+		return 0, err
+	}
 	if err := m.Validate(); err != nil {
 		return 0, fmt.Errorf("kiln bug: %w", err)
 	}

@@ -27,7 +27,7 @@ import (
 	"time"
 
 	"github.com/kiln-appliance/kiln/builder/internal/leftover"
-	"github.com/kiln-appliance/kiln/builder/progress"
+	"github.com/kiln-appliance/kiln/internal/progress"
 	digest "github.com/opencontainers/go-digest"
 	imgspecv1 "github.com/opencontainers/image-spec/specs-go/v1"
 	"go.podman.io/image/v5/copy"

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kiln-appliance/kiln/builder/progress"
+	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/test/fixtures/layers"
 	"go.podman.io/storage/pkg/reexec"
 )

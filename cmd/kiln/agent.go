@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -26,7 +28,7 @@ func newAgentCommand() *cobra.Command {
 		Short: "On-node programs run by kiln's systemd units",
 	}
 	agent.AddCommand(newMirrorGateCommand(), newWaitImagesCommand(), newWritePinsCommand(), newPreloadCopyCommand(),
-		newStatusCommand(), newReleaseCommand(), newImportCommand())
+		newStatusCommand(), newReleaseCommand(), newImportCommand(), newReflashCommand())
 	return agent
 }
 
@@ -43,12 +45,15 @@ func newMirrorGateCommand() *cobra.Command {
 		timeout time.Duration
 		dropIn  string
 		remove  bool
+		state   string
 	)
 	cmd := &cobra.Command{
 		Use:   "mirror-gate PARTITION",
 		Short: "Point the container runtime at the local registry once it serves this partition's images",
 		Long: "Waits until the local registry answers GET /v2/ and serves every image of PARTITION/kiln.json\n" +
 			"by digest, then writes the registries.conf drop-in that mirrors their hosts to it.\n" +
+			"With --state, also waits for the images of the release the node runs (the one being tried at an\n" +
+			"upgrade boot) and mirrors the hosts of every release the registry serves.\n" +
 			"With --remove, removes the drop-in instead.",
 		Args: partitionArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -61,6 +66,18 @@ func newMirrorGateCommand() *cobra.Command {
 				return err
 			}
 			g.DropIn, g.Log = dropIn, cmd.OutOrStdout()
+			if state != "" && !remove {
+				switch st, err := contract.ReadState(state); {
+				case errors.Is(err, os.ErrNotExist):
+					fmt.Fprintf(g.Log, "no release state at %s: waiting for the image partition's images only\n", state)
+				case err != nil:
+					return fmt.Errorf("mirror gate: %w (check it with `kiln agent status`)", err)
+				default:
+					if err := g.AddState(st); err != nil {
+						return fmt.Errorf("mirror gate: %w", err)
+					}
+				}
+			}
 			if remove {
 				return g.Close()
 			}
@@ -72,13 +89,14 @@ func newMirrorGateCommand() *cobra.Command {
 	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "how long to wait for the registry")
 	cmd.Flags().StringVar(&dropIn, "drop-in", contract.MirrorDropIn, "registries.conf drop-in to write")
 	cmd.Flags().BoolVar(&remove, "remove", false, "remove the drop-in and exit")
+	cmd.Flags().StringVar(&state, "state", "", "also wait for the active release of this release state file (on a node "+contract.StateFile+"; missing: the partition's images only)")
 	return cmd
 }
 
 func newWaitImagesCommand() *cobra.Command {
 	var (
 		timeout, interval     time.Duration
-		marker                string
+		marker, state         string
 		root, runRoot, driver string
 		storageOpts           []string
 	)
@@ -86,13 +104,24 @@ func newWaitImagesCommand() *cobra.Command {
 		Use:   "wait-images PARTITION",
 		Short: "Wait until every image of the partition is in local containers/storage, then write the first-boot marker",
 		Long: "Polls the node's containers/storage (as configured in /etc/containers/storage.conf, including\n" +
-			"additional image stores) until it holds every image of PARTITION/kiln.json, by digest.\n" +
+			"additional image stores) until it holds every image of PARTITION/kiln.json, by digest; with\n" +
+			"--state, every image of the release the node runs instead (after an upgrade).\n" +
 			"On success writes --marker (when set); on timeout lists what is missing and fails.",
 		Args: partitionArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := contract.Read(args[0])
 			if err != nil {
 				return err
+			}
+			images := c.Images
+			if state != "" {
+				st, err := contract.ReadState(state)
+				if err != nil && !errors.Is(err, os.ErrNotExist) {
+					return err
+				}
+				if err == nil { // else nothing recorded: the partition's release
+					images = st.Active().Images
+				}
 			}
 			store, err := openNodeStore(func(opts *stypes.StoreOptions) {
 				if root != "" {
@@ -111,7 +140,6 @@ func newWaitImagesCommand() *cobra.Command {
 			}
 			defer store.Shutdown(false)
 
-			images := c.Images
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
 			if err := firstboot.Wait(ctx, store, images, interval, cmd.OutOrStdout()); err != nil {
@@ -130,6 +158,7 @@ func newWaitImagesCommand() *cobra.Command {
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Hour, "how long to wait")
 	cmd.Flags().DurationVar(&interval, "interval", 5*time.Second, "how often to look")
 	cmd.Flags().StringVar(&marker, "marker", "", "file to write once every image is present (e.g. "+contract.FirstBootMarker+")")
+	cmd.Flags().StringVar(&state, "state", "", "wait for the images of this release state's active release instead (on a node "+contract.StateFile+")")
 	cmd.Flags().StringVar(&root, "root", "", "containers/storage graph root (default: from storage.conf)")
 	cmd.Flags().StringVar(&runRoot, "runroot", "", "containers/storage run root (default: from storage.conf)")
 	cmd.Flags().StringVar(&driver, "storage-driver", "", "containers/storage driver (default: from storage.conf)")

@@ -9,10 +9,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kiln-appliance/kiln/builder/bundle"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 	"github.com/kiln-appliance/kiln/test/fixtures/images"
+	"github.com/kiln-appliance/kiln/test/paired"
 )
 
 // BenchmarkBundle measures upgrade bundles on synthetic releases: 1.0 is 24
@@ -22,7 +24,8 @@ import (
 //     payload it must carry (new blobs, release files, agent), as a fraction
 //     of the new blobs (target ≤ 1 %);
 //   - a full bundle's build throughput against `cp` of the same blob bytes,
-//     measured in the same run, both followed by sync (target ≥ 0.8).
+//     both followed by sync, paired in the same run (target ≥ 0.8; median
+//     and range over paired.Runs pairs).
 //
 // KILN_BENCH_SIZES (MiB of release 1.0, comma-separated) overrides the size;
 // KILN_BENCH_KEEP=1 keeps the inputs (cache, recipes, key) to time by hand.
@@ -121,10 +124,22 @@ func benchBundle(b *testing.B, total int64) {
 			os.Link(src, filepath.Join(blobs, bl.Digest[len("sha256:"):]))
 			bytes += bl.Size
 		}
-		os.RemoveAll(filepath.Join(dir, "cp"))
-		tCP := timed(b, env, "sh", "-c", "cp -r "+blobs+" "+filepath.Join(dir, "cp")+" && sync")
 		full := filepath.Join(dir, "full.img")
-		tFull, rss := timedRSS(b, env, kilnBin, "bundle", r11, "-o", full, "--key", key)
+		var rss int64
+		bundleRun := func() time.Duration {
+			os.Remove(full)
+			d, r := timedRSS(b, env, kilnBin, "bundle", r11, "-o", full, "--key", key)
+			rss = max(rss, r)
+			return d
+		}
+		cpRun := func() time.Duration {
+			os.RemoveAll(filepath.Join(dir, "cp"))
+			return timed(b, env, "sh", "-c", "cp -r "+blobs+" "+filepath.Join(dir, "cp")+" && sync")
+		}
+		// The bundle as the "baseline", cp as the "candidate": the ratios are
+		// cp's time over the bundle's, the bundle's share of cp's throughput.
+		r := paired.Compare(b, paired.Runs, bundleRun, cpRun)
+		tFull, tCP := paired.MedianDuration(r.Baseline), paired.MedianDuration(r.Candidate)
 		// The full bundle is sound (its chunks were hashed while written).
 		if out, err := command(env, kilnBin, "verify", full, "--key", filepath.Join(dir, "k.pub")).CombinedOutput(); err != nil {
 			b.Fatalf("verify the full bundle: %v\n%s", err, out)
@@ -139,9 +154,9 @@ func benchBundle(b *testing.B, total int64) {
 
 		mb := float64(bytes) / (1 << 20)
 		b.ReportMetric(overImg*100, "delta-overhead-%")
-		b.ReportMetric(tCP.Seconds()/tFull.Seconds(), "full/cp")
-		b.Logf("delta: %s of new blobs, agent on stick %v; overhead beyond its payload: image %.3f %%, file %.3f %%. full bundle of %.0f MiB: cp %.2fs (%.0f MiB/s), bundle %.2fs (%.2f of cp), peak RSS %d MiB",
-			bundleBytes(rep.Manifest.Space.CopyBytes), rep.Manifest.AgentOnStick, overImg*100, overFile*100, mb, tCP.Seconds(), mb/tCP.Seconds(), tFull.Seconds(), tCP.Seconds()/tFull.Seconds(), rss>>20)
+		paired.Report(b, "full/cp", r)
+		b.Logf("delta: %s of new blobs, agent on stick %v; overhead beyond its payload: image %.3f %%, file %.3f %%. full bundle of %.0f MiB: cp %.2fs (%.0f MiB/s), bundle %.2fs (medians); bundle/cp throughput %s; peak RSS %d MiB; load average %s",
+			bundleBytes(rep.Manifest.Space.CopyBytes), rep.Manifest.AgentOnStick, overImg*100, overFile*100, mb, tCP.Seconds(), mb/tCP.Seconds(), tFull.Seconds(), r, rss>>20, paired.LoadAverage())
 	}
 }
 

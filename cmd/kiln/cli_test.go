@@ -181,13 +181,19 @@ func sha256File(t *testing.T, p string) string {
 // the kernel's own squashfs driver.
 func mountImagePartition(t testing.TB, disk string) string {
 	t.Helper()
+	return mountPartition(t, disk, contract.PartitionName)
+}
+
+// mountPartition loop-mounts the disk's squashfs partition of that name.
+func mountPartition(t testing.TB, disk, name string) string {
+	t.Helper()
 	layout, err := partitions.Inspect(disk)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, ok := layout.Find(contract.PartitionName)
+	p, ok := layout.Find(name)
 	if !ok {
-		t.Fatalf("no %s partition", contract.PartitionName)
+		t.Fatalf("no %s partition", name)
 	}
 	loop := strings.TrimSpace(run(t, "losetup", "--find", "--show", "--read-only",
 		"--offset", fmt.Sprint(p.Offset), "--sizelimit", fmt.Sprint(p.Size), disk))

@@ -118,7 +118,13 @@ func (n *importNode) state(t *testing.T) *contract.State {
 // checkStore checks every blob in the release store hashes to its name.
 func (n *importNode) checkStore(t *testing.T) map[string]bool {
 	t.Helper()
-	dir := filepath.Join(n.root, contract.ReleaseStore, "blobs", "sha256")
+	return n.checkBlobDir(t, filepath.Join(n.root, contract.ReleaseStore, "blobs", "sha256"))
+}
+
+// checkBlobDir checks every file in dir hashes to its name and returns
+// their digests.
+func (n *importNode) checkBlobDir(t *testing.T, dir string) map[string]bool {
+	t.Helper()
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -202,7 +208,7 @@ func TestImport(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("exit %d", code)
 		}
-		for _, want := range []string{"signed by SHA256:", "copying ", "release 1.1.0 is staged; the stick may be removed now"} {
+		for _, want := range []string{"signed by SHA256:", "copy 5 blob(s) for 2 image(s): done, 605.1 KiB in ", "release 1.1.0 is staged; the stick may be removed now"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("output lacks %q", want)
 			}
@@ -287,9 +293,26 @@ func TestImport(t *testing.T) {
 		}
 	})
 
-	tampered := filepath.Join(rs.dir, "tampered.kbundle")
+	// One byte inside a blob the import copies, and one in the filesystem's
+	// metadata at its end, which the import never reads (it mounts nothing).
+	var rep struct {
+		Offset   int64            `json:"offset"`
+		Header   int64            `json:"headerSize"`
+		Manifest *bundle.Manifest `json:"manifest"`
+	}
+	if err := json.Unmarshal([]byte(rs.mustKiln(t, "inspect", "-o", "json", b12)), &rep); err != nil {
+		t.Fatal(err)
+	}
+	tampered, tamperedMeta := filepath.Join(rs.dir, "tampered.kbundle"), filepath.Join(rs.dir, "tampered-metadata.kbundle")
 	copyFile(t, b12, tampered)
-	flipByte(t, tampered, -100) // in the filesystem's last chunk
+	copyFile(t, b12, tamperedMeta)
+	for _, f := range rep.Manifest.Files {
+		if strings.HasPrefix(f.Path, bundle.OCIDir+"/blobs/") && f.Size > 0 {
+			flipByte(t, tampered, rep.Offset+rep.Header+f.Offset+f.Size/2)
+			break
+		}
+	}
+	flipByte(t, tamperedMeta, -100) // in the filesystem's last chunk
 	badSig := filepath.Join(rs.dir, "bad-signature.kbundle")
 	copyFile(t, b12, badSig)
 	flipSignedByte(t, badSig)
@@ -301,7 +324,7 @@ func TestImport(t *testing.T) {
 		node   func(t *testing.T, n *importNode)
 		want   string
 	}{
-		{"tampered filesystem", tampered, nil, "bundle is damaged: bytes"},
+		{"tampered blob", tampered, nil, "bundle is damaged: blob sha256:"},
 		{"tampered manifest", badSig, nil, "not signed by a trusted key"},
 		{"untrusted key", b12, func(t *testing.T, n *importNode) {
 			os.RemoveAll(filepath.Join(n.root, bundle.TrustDir))
@@ -349,6 +372,17 @@ func TestImport(t *testing.T) {
 		})
 	}
 
+	t.Run("a byte changed where the import reads nothing does not matter", func(t *testing.T) {
+		n := newImportNode(t, disk10, rs.pub)
+		if out, code := n.kiln(t, rs, "agent", "import", tamperedMeta); code != 0 {
+			t.Fatalf("exit %d:\n%s", code, out)
+		}
+		if s := n.state(t); s.Staged == nil || s.Staged.Version != "1.2.0" {
+			t.Errorf("state: %+v", s)
+		}
+		n.checkStore(t)
+	})
+
 	t.Run("a stopped import (the unit stopped: SIGTERM) stages nothing", func(t *testing.T) {
 		n := newImportNode(t, disk10, rs.pub)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -359,11 +393,15 @@ func TestImport(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "context canceled") {
 			t.Fatalf("stopped import: %v", err)
 		}
-		if s := n.state(t); s.Staged != nil {
-			t.Errorf("a stopped import staged %s", s.Staged.Version)
+		if _, err := os.Stat(filepath.Join(n.root, contract.StateFile)); err == nil {
+			if s := n.state(t); s.Staged != nil {
+				t.Errorf("a stopped import staged %s", s.Staged.Version)
+			}
 		}
-		if tmps, _ := filepath.Glob(filepath.Join(n.root, contract.ReleaseStore, "blobs", "sha256", ".*")); len(tmps) > 0 {
-			t.Errorf("temp files left in the store: %v", tmps)
+		for _, dir := range []string{"blobs/sha256", "incoming"} {
+			if tmps, _ := filepath.Glob(filepath.Join(n.root, contract.ReleaseStore, dir, ".*")); len(tmps) > 0 {
+				t.Errorf("temp files left in the store: %v", tmps)
+			}
 		}
 	})
 
@@ -394,7 +432,8 @@ func TestImport(t *testing.T) {
 				t.Fatalf("a pulled stick staged %s", s.Staged.Version)
 			}
 		}
-		kept := n.checkStore(t)
+		// Kept verified beside the store, where its collection leaves them.
+		kept := n.checkBlobDir(t, filepath.Join(n.root, contract.ReleaseStore, "incoming"))
 		if len(kept) != 2 {
 			t.Errorf("%d blobs kept after the pull, want the 2 copied before it: %v", len(kept), sortedNames(kept))
 		}

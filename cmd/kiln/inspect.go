@@ -78,6 +78,9 @@ func newVerifyCommand() *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: OK (%s %s %s bundle signed by %s, %d files, %d images verified)\n", args[0], m.Recipe, m.Version, m.Kind, rep.Verified, len(m.Files), len(m.Images))
 				return nil
 			}
+			if isReflashStick(args[0]) {
+				return verifyReflashStick(cmd, args[0])
+			}
 			rep, err := builder.Verify(cmd.Context(), args[0], o, newProgress())
 			if err != nil {
 				return err

@@ -24,6 +24,13 @@ const (
 // usageError marks errors in how kiln was called (exit code 2).
 type usageError struct{ error }
 
+// exitCodeError exits with its own code (systemd's ExecCondition= reads
+// 1 as "skip the unit" and 255 as "fail it").
+type exitCodeError struct {
+	code int
+	error
+}
+
 func main() {
 	// containers/storage unpacks layers in a re-executed copy of this binary
 	// (chrootarchive); that child must run its job, not the CLI.
@@ -40,11 +47,14 @@ func main() {
 	}
 	fmt.Fprintf(os.Stderr, "kiln: %v\n", err)
 	var ue usageError
+	var ce exitCodeError
 	switch {
 	case ctx.Err() != nil || errors.Is(err, context.Canceled):
 		os.Exit(exitInterrupted)
 	case errors.As(err, &ue):
 		os.Exit(exitUsage)
+	case errors.As(err, &ce):
+		os.Exit(ce.code)
 	default:
 		os.Exit(exitFailure)
 	}

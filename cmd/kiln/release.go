@@ -243,8 +243,35 @@ func newReleaseCommand() *cobra.Command {
 		flags.add(c)
 		cmd.AddCommand(c)
 	}
+	trying := newReleaseTryingCommand(&flags)
+	flags.addRoot(trying)
+	cmd.AddCommand(trying)
 	sub[2].Flags().StringVar(&reason, "reason", "health check failed", "what failed, for kiln agent status")
 	return cmd
+}
+
+// newReleaseTryingCommand answers whether a release is being tried, as an
+// exit code: the ExecCondition= of the units that run only on an upgrade
+// boot (the registry serving it, the health check).
+func newReleaseTryingCommand(flags *releaseFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "trying",
+		Short: "Exit 0 (printing its version) when a release is being tried, 1 when none is, 255 when the state is unreadable",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := release.New(release.WithRoot(flags.root)).Load()
+			switch {
+			case errors.Is(err, os.ErrNotExist):
+				return exitCodeError{1, errors.New("no release state recorded: no release is being tried")}
+			case err != nil:
+				return exitCodeError{255, err}
+			case st.Trying == nil:
+				return exitCodeError{1, fmt.Errorf("no release is being tried (current: %s)", st.Current.Version)}
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "release %s is being tried (boot %d)\n", st.Trying.Version, st.Attempts)
+			return nil
+		},
+	}
 }
 
 // newReleaseCheckCommand is the upgrade boot's last step: the recipe's

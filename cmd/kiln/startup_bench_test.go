@@ -156,7 +156,8 @@ func distConfig(b *testing.B, dir, root, addr string) string {
 	return path
 }
 
-func freePort(b *testing.B) string {
+// freePort is a loopback address with a free port.
+func freePort(b testing.TB) string {
 	b.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/kiln-appliance/kiln/builder/flash"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/reflash"
 )
 
 func init() { subcommands = append(subcommands, newWriteCommand) }
@@ -82,6 +83,12 @@ func checkImage(cmd *cobra.Command, image string, keys []string, noVerify bool) 
 		}
 		return nil
 	}
+	if isReflashStick(image) {
+		if _, err := partitions.VerifyDisk(cmd.Context(), image, partitions.VerifyOptions{PartitionName: reflash.PartitionName}); err != nil {
+			return fmt.Errorf("not writing %s: %s failed verification; the stick image is damaged or was modified: make it again: %w", image, image, err)
+		}
+		return nil
+	}
 	if !isKilnDisk(image) {
 		if noVerify {
 			fmt.Fprintf(cmd.ErrOrStderr(), "%s is not a kiln disk or bundle: writing it unchecked (--no-verify); it is still read back\n", image)
@@ -93,6 +100,32 @@ func checkImage(cmd *cobra.Command, image string, keys []string, noVerify bool) 
 	if _, err := builder.Verify(cmd.Context(), image, builder.VerifyOptions{}, newProgress()); err != nil {
 		return fmt.Errorf("not writing %s: %w", image, err)
 	}
+	return nil
+}
+
+// isReflashStick: the image has a GPT with a reflash stick's payload partition.
+func isReflashStick(image string) bool {
+	l, err := partitions.Inspect(image)
+	if err != nil {
+		return false
+	}
+	_, ok := l.Find(reflash.PartitionName)
+	return ok
+}
+
+// verifyReflashStick checks a stick image (or a written stick) against the
+// seal kiln reflash-stick left in it: every byte, the payload by sha256.
+func verifyReflashStick(cmd *cobra.Command, path string) error {
+	rep, err := partitions.VerifyDisk(cmd.Context(), path, partitions.VerifyOptions{PartitionName: reflash.PartitionName})
+	if err != nil {
+		return fmt.Errorf("%s failed verification; the stick is damaged or was modified: make or write it again:\n  %w", path, err)
+	}
+	w := cmd.OutOrStdout()
+	fmt.Fprintf(w, "%s: a recovery reflash stick, checked against its seal:\n", path)
+	for _, c := range rep.Checked {
+		fmt.Fprintf(w, "  ok           %s\n", c)
+	}
+	fmt.Fprintf(w, "%s: OK (exactly the bytes kiln reflash-stick wrote)\n", path)
 	return nil
 }
 

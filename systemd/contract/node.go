@@ -48,6 +48,13 @@ const (
 	// ReleaseCheckUnit runs the recipe's health check while a release is
 	// being tried (`kiln agent release check`).
 	ReleaseCheckUnit = "kiln-release-check.service"
+	// ReleaseRegistryUnit starts RegistryTarget on an upgrade boot (a
+	// release being tried), before CRI-O; it stops once the release is
+	// confirmed and its images are in local storage (ReleaseWaitUnit).
+	ReleaseRegistryUnit = "kiln-release-registry.service"
+	// ReleaseWaitUnit, started by ReleaseCheckUnit after a confirm, stops
+	// RegistryTarget once every image of the release is in local storage.
+	ReleaseWaitUnit = "kiln-release-wait.service"
 )
 
 // Preload modes: how the preloaded store reaches the node's runtime.

@@ -135,6 +135,23 @@ func (s *State) Active() Release {
 	return s.Current
 }
 
+// Served returns the releases the node's registry serves, in the order
+// they win a tag: the active one, then Current while another is tried (the
+// rollback target), then Previous (kept installable). A staged release is
+// not served: nothing runs it before its upgrade boot, which starts the
+// registry anew.
+func (s *State) Served() []Release {
+	var rs []Release
+	if s.Trying != nil {
+		rs = append(rs, *s.Trying)
+	}
+	rs = append(rs, s.Current)
+	if s.Previous != nil {
+		rs = append(rs, *s.Previous)
+	}
+	return rs
+}
+
 // ReadState loads StateFile from path. A missing file is os.ErrNotExist
 // (wrapped): the node has not recorded any release yet.
 func ReadState(path string) (*State, error) {

@@ -119,9 +119,11 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 	names := []string{contract.MountUnit, "kiln-images-failed.service", "kiln-registry.service",
 		"kiln-mirror.service", contract.RegistryTarget, contract.ImportUnit, contract.ReleaseBeginUnit, contract.ReleaseCheckUnit}
 	enabled := map[string]bool{contract.MountUnit: true, contract.RegistryTarget: p.AlwaysOn, "kiln-firstboot.service": true,
-		contract.ReleaseBeginUnit: true, contract.ReleaseCheckUnit: true}
+		contract.ReleaseBeginUnit: true, contract.ReleaseCheckUnit: true, contract.ReleaseRegistryUnit: true}
 	if !p.AlwaysOn {
-		names = append(names, "kiln-firstboot.service")
+		// The registry runs at the first boot and at upgrade boots only;
+		// with alwaysOn the enabled target starts it on every boot.
+		names = append(names, "kiln-firstboot.service", contract.ReleaseRegistryUnit, contract.ReleaseWaitUnit)
 	}
 	if p.RootHash != "" {
 		names = append(names, "kiln-images-verity.service")
@@ -183,12 +185,16 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 // values are the template's inputs, derived and checked.
 type values struct {
 	PartitionGUID, Device, MountPoint, MountUnit, Agent, Marker, DropIn, Listen string
-	MountDevice, DeviceUnit, VerityName, RootHash                               string
-	HashOffset                                                                  int64
-	AlwaysOn                                                                    bool
-	DeviceTimeout, GateTimeout, GateUnitTimeout, WaitTimeout, WaitUnitTimeout   string
-	FailureMessage                                                              string
-	ImportTimeout                                                               string
+	StateFile, ReleaseStore                                                     string
+	// ServeTimeout bounds the upgrade boot's start of the registry and the
+	// mirror gate (the registry's 60s start plus the gate's unit timeout).
+	ServeTimeout                                                              string
+	MountDevice, DeviceUnit, VerityName, RootHash                             string
+	HashOffset                                                                int64
+	AlwaysOn                                                                  bool
+	DeviceTimeout, GateTimeout, GateUnitTimeout, WaitTimeout, WaitUnitTimeout string
+	FailureMessage                                                            string
+	ImportTimeout                                                             string
 	// RebootExec is the import unit's ExecStartPost: how the reboot follows.
 	RebootExec                       string
 	HealthUnits, HealthCommand       []string
@@ -227,6 +233,9 @@ func (p Params) values() (values, error) {
 		Marker:          contract.FirstBootMarker,
 		DropIn:          contract.MirrorDropIn,
 		Listen:          listen,
+		StateFile:       contract.StateFile,
+		ReleaseStore:    contract.ReleaseStore,
+		ServeTimeout:    seconds(gt + 90*time.Second),
 		AlwaysOn:        p.AlwaysOn,
 		DeviceTimeout:   seconds(dev),
 		GateTimeout:     seconds(gt),
@@ -279,7 +288,7 @@ func (p Params) values() (values, error) {
 	return v, nil
 }
 
-func renderUnit(name string, v values) (string, error) {
+func renderUnit(name string, v any) (string, error) {
 	t, err := template.New(name).Option("missingkey=error").ParseFS(unitFS, name)
 	if err != nil {
 		return "", fmt.Errorf("unit template %s: %w", name, err)

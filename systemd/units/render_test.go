@@ -13,6 +13,7 @@ import (
 	"github.com/kiln-appliance/kiln/ignition"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/reflash"
 	"github.com/kiln-appliance/kiln/test/golden"
 )
 
@@ -62,8 +63,34 @@ func TestRenderGolden(t *testing.T) {
 	}
 }
 
+// A reflash stick's units: attended (asks on the console) and unattended.
+func TestRenderReflashGolden(t *testing.T) {
+	for _, unattended := range []bool{false, true} {
+		name := "reflash-attended"
+		if unattended {
+			name = "reflash-unattended"
+		}
+		t.Run(name, func(t *testing.T) {
+			units, err := RenderReflash(ReflashParams{PartitionGUID: testGUID, Unattended: unattended})
+			if err != nil {
+				t.Fatal(err)
+			}
+			verify(t, units)
+			var b bytes.Buffer
+			for _, u := range units {
+				fmt.Fprintf(&b, "### unit %s enabled=%v\n%s\n", u.Name, u.Enabled, u.Contents)
+			}
+			golden.Check(t, filepath.Join("testdata", name+".golden"), b.Bytes())
+		})
+	}
+	if _, err := RenderReflash(ReflashParams{PartitionGUID: "kiln-reflash"}); err == nil {
+		t.Error("a partition name instead of a GUID was accepted")
+	}
+}
+
 // The alwaysOn switch decides what runs at boot: the target itself, or the
-// first-boot service that stops the registry once it is no longer needed.
+// first-boot service that stops the registry once it is no longer needed
+// and the upgrade boot's service that starts it while a release is tried.
 func TestRenderAlwaysOn(t *testing.T) {
 	for _, alwaysOn := range []bool{false, true} {
 		units, _, err := Render(Params{PartitionGUID: testGUID, AlwaysOn: alwaysOn, Images: testImages})
@@ -76,7 +103,8 @@ func TestRenderAlwaysOn(t *testing.T) {
 				enabled[u.Name] = true
 			}
 		}
-		want := map[string]bool{contract.MountUnit: true, "kiln-firstboot.service": true, contract.ReleaseBeginUnit: true, contract.ReleaseCheckUnit: true}
+		want := map[string]bool{contract.MountUnit: true, "kiln-firstboot.service": true, contract.ReleaseBeginUnit: true, contract.ReleaseCheckUnit: true,
+			contract.ReleaseRegistryUnit: true}
 		if alwaysOn {
 			want = map[string]bool{contract.MountUnit: true, contract.RegistryTarget: true, contract.ReleaseBeginUnit: true, contract.ReleaseCheckUnit: true}
 		}
@@ -173,6 +201,8 @@ func verify(t *testing.T, units []ignition.Unit) {
 		mustRun(t, "cp", bin, filepath.Join(root, bin))
 	}
 	mustRun(t, "cp", "/usr/bin/true", filepath.Join(root, contract.AgentPath))
+	mustRun(t, "mkdir", "-p", filepath.Join(root, reflash.MountPoint, "bin"))
+	mustRun(t, "cp", "/usr/bin/true", filepath.Join(root, reflash.MountPoint, reflash.AgentBinary))
 	var paths []string
 	for _, u := range units {
 		p := filepath.Join(unitDir, u.Name)

@@ -470,14 +470,23 @@ func TestFieldUpgradeRefusals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	flipByte(t, set.sticks["tampered"], rep.Offset+rep.Header+rep.Manifest.Filesystem.Size/2) // inside its filesystem
+	flipped := false // one byte in the middle of the first blob's bytes
+	for _, f := range rep.Manifest.Files {
+		if !flipped && strings.Contains(f.Path, "blobs/sha256/") && f.Size > 0 {
+			flipByte(t, set.sticks["tampered"], rep.Offset+rep.Header+f.Offset+f.Size/2)
+			flipped = true
+		}
+	}
+	if !flipped {
+		t.Fatalf("the 1.1 stick's manifest lists no blob: %+v", rep.Manifest.Files)
+	}
 
 	tech := &technician{t: t, sticks: set.sticks}
 	reset := false
 	res := vm.Boot(t, set.disk, append(tech.hands(), vm.WithName("upgrade-refusals"), vm.WithReboots(),
 		vm.WithTimeout(applianceTimeout(25*time.Minute)),
 		vm.OnConsole("kiln-import", func(m *vm.Monitor, line string) error {
-			if reset || tech.plugged != "stick-1.1.0" || !strings.Contains(line, "copying ") {
+			if reset || tech.plugged != "stick-1.1.0" || !strings.Contains(line, " blob(s) for ") {
 				return nil
 			}
 			reset = true
@@ -505,7 +514,7 @@ func TestFieldUpgradeRefusals(t *testing.T) {
 	}
 	// Each refusal, on the console, says why and what to do.
 	for _, want := range []string{
-		"refused: bundle is damaged: bytes",
+		"refused: bundle is damaged: blob sha256:",
 		"refused: not signed by a trusted key (signed by [SHA256:",
 		"refused: bundle is not newer than the running release: bundle 0.9.0 is older than the running 1.0.0",
 	} {

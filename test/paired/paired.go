@@ -6,7 +6,9 @@ package paired
 
 import (
 	"fmt"
+	"os"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 )
@@ -72,4 +74,19 @@ func MedianDuration(ds []time.Duration) time.Duration {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// LoadAverage is the machine's 1, 5 and 15 minute load averages as
+// /proc/loadavg gives them ("2.51 3.02 2.87"), to record beside a figure:
+// on a shared machine it says how much the figure can be trusted.
+func LoadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
 }

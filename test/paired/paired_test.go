@@ -1,6 +1,7 @@
 package paired
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -23,5 +24,12 @@ func TestCompare(t *testing.T) {
 	}
 	if MedianDuration([]time.Duration{3, 1, 2}) != 2 || MedianDuration([]time.Duration{4, 1, 3, 2}) != 2 {
 		t.Error("MedianDuration")
+	}
+}
+
+func TestLoadAverage(t *testing.T) {
+	t.Parallel()
+	if f := strings.Fields(LoadAverage()); len(f) != 3 {
+		t.Fatalf("LoadAverage() = %q, want three figures", LoadAverage())
 	}
 }

@@ -6,22 +6,23 @@
 package bundleimport
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"go.podman.io/storage"
 	"golang.org/x/sys/unix"
 
+	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
 	"github.com/kiln-appliance/kiln/systemd/contract"
@@ -38,7 +39,6 @@ type importer struct {
 	root    string
 	log     io.Writer
 	machine *release.Machine
-	now     func() time.Time
 	copying func(digest string)
 	images  func() (storage.Store, error)
 }
@@ -73,7 +73,7 @@ func WithCopyHook(f func(digest string)) Option { return func(i *importer) { i.c
 // only then are blobs copied (each verified as it is written, those already
 // stored kept) and the release recorded as staged, last.
 func Import(ctx context.Context, source string, opts ...Option) (*contract.State, error) {
-	i := &importer{root: "/", log: os.Stdout, now: time.Now, copying: func(string) {}}
+	i := &importer{root: "/", log: os.Stdout, copying: func(string) {}}
 	for _, o := range opts {
 		o(i)
 	}
@@ -114,31 +114,38 @@ func Import(ctx context.Context, source string, opts ...Option) (*contract.State
 		return nil, refused(source, err)
 	}
 
-	fmt.Fprintf(i.log, "checking the bundle (%s)\n", contract.Bytes(m.Filesystem.Size))
-	p := i.progress("checked", m.Filesystem.Size)
-	if err := m.CheckFilesystem(f, h.Size, p); err != nil {
+	incoming := filepath.Join(i.path(contract.ReleaseStore), incomingDir)
+	r := m.Release(i.onPartition)
+	wants, total, err := i.wants(m, r, incoming)
+	if err != nil {
 		return nil, refused(source, err)
 	}
-	p.done()
-
-	mnt, unmount, err := mountFilesystem(source, h.Size, m.Filesystem.Size)
+	undo, err := mkdirs(incoming)
 	if err != nil {
 		return nil, err
 	}
-	defer unmount()
+	task := progress.New(i.log, false, progress.Every(2*time.Second)).
+		Task(fmt.Sprintf("copy %d blob(s) for %d image(s)", len(wants), len(m.Images)), total)
+	err = i.receive(ctx, f, h.Size, incoming, wants, task)
+	task.Done(err)
+	if err != nil {
+		var damaged errDamaged
+		if errors.As(err, &damaged) {
+			undo()
+			return nil, refused(source, err)
+		}
+		return nil, fmt.Errorf("import from %s: %w; nothing was staged, plug the stick in again to retry", source, err)
+	}
 
 	// A node that has not recorded its state yet (it is recorded at boot)
-	// records the factory release now; this changes nothing it runs. Only
-	// then: Init converges, which would collect the blobs an interrupted
-	// import left for this one to reuse.
+	// records the factory release now; this changes nothing it runs.
 	if _, err := i.machine.Load(); errors.Is(err, os.ErrNotExist) {
 		if _, err := i.machine.Init(ctx, factory); err != nil {
 			return nil, err
 		}
 	}
-	r := m.Release(i.onPartition)
 	s, err := i.machine.Import(ctx, r, func(ctx context.Context, blobDir string) error {
-		return i.fill(ctx, m, mnt, blobDir)
+		return i.fill(ctx, m, r, incoming, blobDir)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("import from %s: %w; nothing was staged, plug the stick in again to retry", source, err)
@@ -194,53 +201,73 @@ func (i *importer) onPartition(d string) bool {
 	return err == nil
 }
 
-// fill copies into blobDir every blob the release keeps in the store that
-// is not there yet: image blobs from the stick's OCI layout, release files'
-// contents from its release tree.
-func (i *importer) fill(ctx context.Context, m *bundle.Manifest, mnt, blobDir string) error {
+// wants lists the parts of the bundle's filesystem the import copies: the
+// blobs release r keeps in the store that neither the store nor incoming
+// holds yet (stored for another release, or left by a pulled stick), by
+// offset, and their bytes.
+func (i *importer) wants(m *bundle.Manifest, r contract.Release, incoming string) ([]part, int64, error) {
+	files := map[string]bundle.File{}
+	for _, f := range m.Files {
+		files[f.Path] = f
+	}
 	sources := map[string]string{}
-	var total int64
 	for _, b := range m.Blobs {
 		if b.OnStick {
 			_, hx, _ := strings.Cut(b.Digest, ":")
-			sources[b.Digest] = filepath.Join(mnt, bundle.OCIDir, "blobs", "sha256", hx)
+			sources[b.Digest] = path.Join(bundle.OCIDir, "blobs", "sha256", hx)
 		}
 	}
 	for _, f := range m.ReleaseFiles {
-		sources[f.Digest] = filepath.Join(mnt, bundle.ReleaseDir, f.Path)
+		sources[f.Digest] = path.Join(bundle.ReleaseDir, f.Path)
 	}
-	var todo []string
-	for _, d := range m.Release(i.onPartition).Blobs {
+	blobDir := filepath.Join(i.path(contract.ReleaseStore), "blobs", "sha256")
+	var wants []part
+	var total int64
+	for _, d := range r.Blobs {
 		_, hx, _ := strings.Cut(d, ":")
-		if _, err := os.Stat(filepath.Join(blobDir, hx)); err == nil {
-			continue // stored for another release, or by an interrupted import
+		if exists(filepath.Join(blobDir, hx)) || exists(filepath.Join(incoming, hx)) {
+			continue
 		}
 		src, ok := sources[d]
 		if !ok {
-			return fmt.Errorf("blob %s is neither on the stick, the image partition nor in the release store", d)
+			return nil, 0, fmt.Errorf("blob %s is neither in the bundle, on the image partition nor in the release store; use a full bundle", d)
 		}
-		fi, err := os.Stat(src)
-		if err != nil {
-			return fmt.Errorf("read the stick: %w", err)
+		f, ok := files[src]
+		if !ok || f.Digest != d {
+			return nil, 0, fmt.Errorf("%w: the manifest lists no file %s holding %s", bundle.ErrDamaged, src, d)
 		}
-		total += fi.Size()
-		todo = append(todo, d)
+		wants = append(wants, part{digest: d, offset: f.Offset, size: f.Size})
+		total += f.Size
 	}
+	slices.SortFunc(wants, func(a, b part) int { return cmp.Compare(a.offset, b.offset) })
+	return wants, total, nil
+}
+
+// fill moves into blobDir every blob release r keeps in the store that is
+// not there yet, from incoming (each already verified and durable), then
+// loads the release's preloaded images. It runs under the state lock.
+func (i *importer) fill(ctx context.Context, m *bundle.Manifest, r contract.Release, incoming, blobDir string) error {
 	if err := os.MkdirAll(blobDir, 0o755); err != nil {
 		return err
 	}
-	fmt.Fprintf(i.log, "copying %d blob(s), %s, for %d image(s)\n", len(todo), contract.Bytes(total), len(m.Images))
-	p := i.progress("copied", total)
-	for _, d := range todo {
-		if err := ctx.Err(); err != nil {
-			return err
+	moved := false
+	for _, d := range r.Blobs {
+		_, hx, _ := strings.Cut(d, ":")
+		if exists(filepath.Join(blobDir, hx)) {
+			continue
 		}
-		i.copying(d)
-		if err := copyBlob(ctx, sources[d], blobDir, d, p); err != nil {
-			return err
+		if err := os.Rename(filepath.Join(incoming, hx), filepath.Join(blobDir, hx)); err != nil {
+			return fmt.Errorf("release store: blob %s: %w", d, err)
+		}
+		moved = true
+	}
+	if moved {
+		for _, dir := range []string{blobDir, incoming} {
+			if err := atomicfile.SyncDir(dir); err != nil {
+				return err
+			}
 		}
 	}
-	p.done()
 	if i.images == nil {
 		return nil
 	}
@@ -252,7 +279,7 @@ func (i *importer) fill(ctx context.Context, m *bundle.Manifest, mnt, blobDir st
 	return loadImages(ctx, store, m, func(d string) (string, error) {
 		alg, hx, _ := strings.Cut(d, ":")
 		for _, p := range []string{filepath.Join(blobDir, hx), filepath.Join(i.path(contract.MountPoint), contract.OCIDir, "blobs", alg, hx)} {
-			if _, err := os.Stat(p); err == nil {
+			if exists(p) {
 				return p, nil
 			}
 		}
@@ -260,43 +287,25 @@ func (i *importer) fill(ctx context.Context, m *bundle.Manifest, mnt, blobDir st
 	}, i.log)
 }
 
-// copyBlob copies src to blobDir/<hex of d>, streaming, through a temp file
-// renamed only once the digest matched.
-func copyBlob(ctx context.Context, src, blobDir, d string, progress io.Writer) error {
-	alg, want, _ := strings.Cut(d, ":")
-	if alg != "sha256" {
-		return fmt.Errorf("blob %s: only sha256 digests are supported", d)
-	}
-	in, err := os.Open(src)
-	if err != nil {
-		return fmt.Errorf("read the stick: %w", err)
-	}
-	defer in.Close()
-	return atomicfile.Write(filepath.Join(blobDir, want), 0o644, func(w io.Writer) error {
-		h := sha256.New()
-		// Stopped (the stick's device went away: the unit is stopped, SIGTERM):
-		// stop within one buffer, not at the end of a large layer.
-		if _, err := io.CopyBuffer(io.MultiWriter(w, h, progress), ctxReader{ctx, in}, make([]byte, 1<<20)); err != nil {
-			return fmt.Errorf("read the stick (was it removed?): %w", err)
-		}
-		if got := hex.EncodeToString(h.Sum(nil)); got != want {
-			return fmt.Errorf("%w: blob %s reads as sha256:%s", bundle.ErrDamaged, d, got)
-		}
-		return nil
-	})
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
-// ctxReader fails reads once ctx is done.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
+// mkdirs creates dir and its missing parents; undo removes what it created.
+func mkdirs(dir string) (undo func(), err error) {
+	top := ""
+	for d := dir; !exists(d); d = filepath.Dir(d) {
+		top = d
 	}
-	return c.r.Read(p)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("release store: %w", err)
+	}
+	return func() {
+		if top != "" {
+			os.RemoveAll(top)
+		}
+	}, nil
 }
 
 // trustedKeys reads every public key in dir.
@@ -345,34 +354,4 @@ func freeBytes(dir string) (int64, error) {
 		return 0, fmt.Errorf("free space on %s: %w", dir, err)
 	}
 	return int64(st.Bavail) * st.Bsize, nil
-}
-
-// mountFilesystem mounts the bundle's squashfs (size bytes at offset of
-// source, already checked against the manifest) read-only, nodev, nosuid,
-// noexec through a read-only loop device, and returns the mount point and
-// what undoes it.
-func mountFilesystem(source string, offset, size int64) (string, func(), error) {
-	out, err := exec.Command("losetup", "--find", "--show", "--read-only",
-		"--offset", fmt.Sprint(offset), "--sizelimit", fmt.Sprint(size), source).CombinedOutput()
-	if err != nil {
-		return "", nil, fmt.Errorf("losetup %s: %v: %s", source, err, strings.TrimSpace(string(out)))
-	}
-	loop := strings.TrimSpace(string(out))
-	detach := func() { exec.Command("losetup", "--detach", loop).Run() } //nolint:errcheck // best effort; autoclear
-	mnt, err := os.MkdirTemp("", "kiln-bundle-")
-	if err != nil {
-		detach()
-		return "", nil, err
-	}
-	if out, err := exec.Command("mount", "-t", "squashfs", "-o", "ro,nodev,nosuid,noexec", loop, mnt).CombinedOutput(); err != nil {
-		detach()
-		os.Remove(mnt)
-		return "", nil, fmt.Errorf("mount the bundle's filesystem (%s): %v: %s", loop, err, strings.TrimSpace(string(out)))
-	}
-	return mnt, func() {
-		exec.Command("umount", mnt).Run() //nolint:errcheck // a vanished stick may refuse; lazy below
-		exec.Command("umount", "--lazy", mnt).Run()
-		detach()
-		os.Remove(mnt)
-	}, nil
 }

@@ -66,7 +66,7 @@ func Wait(ctx context.Context, store storage.Store, images []contract.Image, int
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("after %s, %d of %d image(s) are still not in local storage: %s. "+
-				"The local registry and its mirror stay up and this check runs again at the next boot; "+
+				"The local registry and its mirror stay up until the next reboot (the first boot's check then runs again); "+
 				"to finish now, start the workloads that use them or pull them (crictl pull NAME)",
 				time.Since(start).Round(time.Second), len(missing), len(images), names(missing))
 		case <-time.After(interval):

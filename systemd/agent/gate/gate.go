@@ -73,6 +73,43 @@ func New(c *contract.Contents) (*Gate, error) {
 	return g, nil
 }
 
+// AddState adds what the node's release state asks of the mirror: the
+// active release's served images (the one being tried at an upgrade boot)
+// must answer too before the mirror opens, and the hosts of every release
+// the registry serves (contract.State.Served) are mirrored.
+func (g *Gate) AddState(s *contract.State) error {
+	waiting := map[contract.Image]bool{}
+	for _, im := range g.Images {
+		waiting[contract.Image{Name: im.Name, Digest: im.Digest}] = true
+	}
+	hosts := map[string]bool{}
+	for _, h := range g.Upstreams {
+		hosts[h] = true
+	}
+	for i, r := range s.Served() { // the first is the active one
+		for _, im := range r.Images {
+			if !im.Served {
+				continue
+			}
+			ref, err := contract.ParseReference(im.Name)
+			if err != nil {
+				return fmt.Errorf("release state, release %s: %v", r.Version, err)
+			}
+			if !hosts[ref.Host] {
+				hosts[ref.Host] = true
+				g.Upstreams = append(g.Upstreams, ref.Host)
+			}
+			key := contract.Image{Name: im.Name, Digest: im.Digest}
+			if i == 0 && !waiting[key] {
+				waiting[key] = true
+				g.Images = append(g.Images, im)
+			}
+		}
+	}
+	sort.Strings(g.Upstreams)
+	return nil
+}
+
 // DropInContents is the registries.conf (v2) drop-in: for each upstream
 // host, the local registry as its only mirror, namespaced by host (the
 // registry serves /v2/<host>/<repo>/…). The upstream stays the fallback, so

@@ -22,6 +22,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // The benchmarks compare kiln serve with go-containerregistry's
@@ -142,9 +145,14 @@ func BenchmarkManifest(b *testing.B) {
 // manyImages writes a layout of n images, 3 small layers each, each with a
 // full ref.name, as a 200-image appliance partition would hold.
 func manyImages(b *testing.B, n int) string {
-	dir := filepath.Join(b.TempDir(), "oci")
+	return manyImagesSeeded(b, filepath.Join(b.TempDir(), "oci"), n, 2, "1")
+}
+
+// manyImagesSeeded writes the layout into dir with its own random content
+// (seed) and tag prefix.
+func manyImagesSeeded(b *testing.B, dir string, n int, seed int64, tag string) string {
 	p := must(layout.Write(dir, empty.Index))
-	rng := rand.New(rand.NewSource(2))
+	rng := rand.New(rand.NewSource(seed))
 	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
 	for i := 0; i < n; i++ {
 		img := base
@@ -153,18 +161,43 @@ func manyImages(b *testing.B, n int) string {
 			rng.Read(data)
 			img = must(mutate.AppendLayers(img, static.NewLayer(data, types.OCILayer)))
 		}
-		if err := p.AppendImage(img, refName(fmt.Sprintf("registry.example.com/team%d/app%d:1.%d", i%10, i, i))); err != nil {
+		if err := p.AppendImage(img, refName(fmt.Sprintf("registry.example.com/team%d/app%d:%s.%d", i%10, i, tag, i))); err != nil {
 			b.Fatal(err)
 		}
 	}
 	return dir
 }
 
+// releaseOf is the contract.Release of every named image in a layout, each
+// of its blobs kept in the store.
+func releaseOf(b *testing.B, dir, version string) contract.Release {
+	idx := must(v1.ParseIndexManifest(must(os.Open(filepath.Join(dir, "index.json")))))
+	r := contract.Release{Version: version}
+	for _, m := range idx.Manifests {
+		r.Images = append(r.Images, contract.Image{Name: m.Annotations[ocispec.AnnotationRefName], Digest: m.Digest.String(),
+			MediaType: string(m.MediaType), Served: true})
+	}
+	for _, e := range must(os.ReadDir(filepath.Join(dir, "blobs", "sha256"))) {
+		r.Blobs = append(r.Blobs, "sha256:"+e.Name())
+	}
+	return r
+}
+
 // BenchmarkStartup200: from nothing to a 200 answer on /v2/ with 200 images
 // indexed (kiln), against only reading index.json and every manifest
-// (direct, the least any server must do).
+// (direct, the least any server must do). kiln+state is the upgrade boot:
+// the same partition, plus a state trying 200 other images whose blobs are
+// all in the release store (the factory's 200 as current).
 func BenchmarkStartup200(b *testing.B) {
 	dir := manyImages(b, 200)
+	store := filepath.Join(b.TempDir(), "releases")
+	next := releaseOf(b, manyImagesSeeded(b, store, 200, 3, "2"), "2.0.0")
+	stateFile := filepath.Join(b.TempDir(), "state.json")
+	st := contract.State{SchemaVersion: contract.StateVersion, Current: releaseOf(b, dir, "1.0.0"), Trying: &next}
+	st.Current.Blobs = nil
+	if err := os.WriteFile(stateFile, must(contract.EncodeState(&st)), 0o644); err != nil {
+		b.Fatal(err)
+	}
 	b.Run("direct", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			idx := must(v1.ParseIndexManifest(must(os.Open(filepath.Join(dir, "index.json")))))
@@ -173,22 +206,31 @@ func BenchmarkStartup200(b *testing.B) {
 			}
 		}
 	})
-	b.Run("kiln", func(b *testing.B) {
-		for i := 0; i < b.N; i++ {
-			ctx, cancel := context.WithCancel(context.Background())
-			ready := make(chan struct{})
-			s := must(New([]string{dir}, WithLogger(quiet), WithRequestLog(false), WithReady(func(Stats) { close(ready) })))
-			l := must(net.Listen("tcp", "127.0.0.1:0"))
-			done := make(chan error, 1)
-			go func() { done <- s.Serve(ctx, l) }()
-			<-ready
-			resp := must(http.Get("http://" + l.Addr().String() + "/v2/"))
-			resp.Body.Close()
-			if st := s.Stats(); resp.StatusCode != 200 || st.Repositories != 200 {
-				b.Fatalf("status %d, %+v", resp.StatusCode, st)
-			}
-			cancel()
-			<-done
+	for _, bc := range []struct {
+		name string
+		tags int
+		opts []Option
+	}{{"kiln", 200, nil}, {"kiln+state", 400, []Option{WithReleaseState(stateFile, store)}}} {
+		b.Run(bc.name, func(b *testing.B) { startup(b, dir, bc.tags, bc.opts...) })
+	}
+}
+
+// startup measures New + listen + READY + the first GET /v2/.
+func startup(b *testing.B, dir string, tags int, opts ...Option) {
+	for i := 0; i < b.N; i++ {
+		ctx, cancel := context.WithCancel(context.Background())
+		ready := make(chan struct{})
+		s := must(New([]string{dir}, append([]Option{WithLogger(quiet), WithRequestLog(false), WithReady(func(Stats) { close(ready) })}, opts...)...))
+		l := must(net.Listen("tcp", "127.0.0.1:0"))
+		done := make(chan error, 1)
+		go func() { done <- s.Serve(ctx, l) }()
+		<-ready
+		resp := must(http.Get("http://" + l.Addr().String() + "/v2/"))
+		resp.Body.Close()
+		if st := s.Stats(); resp.StatusCode != 200 || st.Tags != tags || st.Damaged != 0 {
+			b.Fatalf("status %d, %+v", resp.StatusCode, st)
 		}
-	})
+		cancel()
+		<-done
+	}
 }

@@ -335,8 +335,12 @@ func TestMerge(t *testing.T) {
 	if d := resp.Header.Get("Docker-Content-Digest"); d != a.appDigest.String() {
 		t.Errorf("app:1.2 served as %s, want the first layout's %s", d, a.appDigest)
 	}
-	if !strings.Contains(logs.String(), "first layout wins") || !strings.Contains(logs.String(), "quay.io/acme/app:1.2") {
+	if !strings.Contains(logs.String(), "the first source wins it") || !strings.Contains(logs.String(), "quay.io/acme/app:1.2") {
 		t.Errorf("conflict not logged:\n%s", logs)
+	}
+	// The second layout's app:1.2 lost its tag but is still served by digest.
+	if resp, _ := get(t, "GET", base+"/v2/quay.io/acme/app/manifests/"+b.appDigest.String(), nil); resp.StatusCode != 200 {
+		t.Errorf("second layout's app by digest: status %d", resp.StatusCode)
 	}
 	// The second layout's digest-only image is still reachable by digest.
 	if resp, _ := get(t, "GET", base+"/v2/quay.io/acme/pinned/manifests/"+b.pinnedDigest.String(), nil); resp.StatusCode != 200 {

@@ -59,11 +59,24 @@ func (s *Server) blob(w http.ResponseWriter, r *http.Request, repo *repository, 
 		return
 	}
 	bf := s.ix.blobs[rt.ref]
+	if bf.path == "" {
+		// A release lists it but neither the store nor the partition has it.
+		s.log.Error("blob is "+bf.missing+": not served; roll the release back (kiln agent release rollback VERSION) and plug its stick in again",
+			"digest", rt.ref, "repository", rt.name)
+		newError(http.StatusNotFound, codeBlobUnknown, fmt.Sprintf("blob %s of repository %s is missing on this node", rt.ref, rt.name)).write(w)
+		return
+	}
 	f, err := openRegular(bf.path)
 	if errors.Is(err, errNotRegular) {
 		// A symlink could point anywhere on the node: never followed.
-		s.log.Error("blob file is not a regular file: not served; verify the image partition with `kiln verify` or reflash it",
+		s.log.Error("blob file is not a regular file: not served; "+damageFix(bf.store),
 			"file", bf.path, "digest", rt.ref, "error", err)
+		newError(http.StatusNotFound, codeBlobUnknown, fmt.Sprintf("blob %s is not in repository %s on this node", rt.ref, rt.name)).write(w)
+		return
+	}
+	if bf.store && errors.Is(err, os.ErrNotExist) {
+		// Collected since the start: its release is no longer kept.
+		s.log.Warn("blob left the release store since the registry started (its release was retired): not served", "file", bf.path, "digest", rt.ref)
 		newError(http.StatusNotFound, codeBlobUnknown, fmt.Sprintf("blob %s is not in repository %s on this node", rt.ref, rt.name)).write(w)
 		return
 	}
@@ -149,10 +162,8 @@ func (v *verifyingReader) Read(p []byte) (int, error) {
 // damaged reports a blob the index knows but whose file is wrong: 500 to
 // the client (never wrong bytes), and a log line a technician can act on.
 func (s *Server) damaged(w http.ResponseWriter, digest string, bf blobFile, why string) {
-	s.log.Error("blob file damaged: the image partition is damaged; verify it with `kiln verify` or reflash it",
-		"file", bf.path, "digest", digest, "problem", why)
-	newError(http.StatusInternalServerError, codeUnknown,
-		"blob "+digest+" is damaged on this node's image partition (verify it with `kiln verify` or reflash it)").write(w)
+	s.log.Error("blob file damaged: "+damageFix(bf.store), "file", bf.path, "digest", digest, "problem", why)
+	newError(http.StatusInternalServerError, codeUnknown, "blob "+digest+" is damaged on this node: "+damageFix(bf.store)).write(w)
 }
 
 // serveContent sends content (size bytes) with Docker-Content-Digest and an

@@ -27,10 +27,14 @@ import (
 const maxManifestSize = contract.MaxManifestSize
 
 // blobFile is where one blob lives on disk and the size its descriptors
-// promise. Paths come only from the layout walk, never from a request.
+// promise. Paths come only from the layout walk and the release state,
+// never from a request. An empty path is a blob a release needs that is
+// neither in the release store nor in a layout (answered 404, logged).
 type blobFile struct {
-	path string
-	size int64
+	path    string
+	size    int64
+	store   bool   // in the release store (damage means: roll back, import again)
+	missing string // why path is empty
 }
 
 // manifest is one manifest or index, held in memory (they are small and
@@ -110,9 +114,17 @@ type loader struct {
 	log *slog.Logger
 }
 
-func loadIndex(dirs []string, log *slog.Logger) (*index, error) {
+func loadIndex(dirs []string, rs *releaseSource, log *slog.Logger) (*index, error) {
 	if len(dirs) == 0 {
 		return nil, errors.New("no OCI layout directories given")
+	}
+	roots := make([]string, len(dirs))
+	for i, d := range dirs {
+		root, err := layoutRoot(d)
+		if err != nil {
+			return nil, err
+		}
+		roots[i] = root
 	}
 	l := &loader{
 		ix: &index{
@@ -123,8 +135,15 @@ func loadIndex(dirs []string, log *slog.Logger) (*index, error) {
 		},
 		log: log,
 	}
-	for _, d := range dirs {
-		if err := l.loadLayout(d); err != nil {
+	// Releases first: the first source to tag a repo:tag wins, and the
+	// active release must win over the partition's factory content.
+	if rs != nil {
+		if err := l.loadReleases(rs, roots); err != nil {
+			return nil, err
+		}
+	}
+	for _, root := range roots {
+		if err := l.loadLayout(root); err != nil {
 			return nil, err
 		}
 	}
@@ -140,11 +159,8 @@ type rawManifest struct {
 	Manifests []ocispec.Descriptor `json:"manifests"`
 }
 
-func (l *loader) loadLayout(dir string) error {
-	root, err := layoutRoot(dir)
-	if err != nil {
-		return err
-	}
+func (l *loader) loadLayout(root string) error {
+	src := layoutBlobs(root)
 	f, err := openRegular(filepath.Join(root, ocispec.ImageIndexFile))
 	if err != nil {
 		return fmt.Errorf("read OCI layout %s: %w", root, err)
@@ -160,7 +176,7 @@ func (l *loader) loadLayout(dir string) error {
 			l.log.Warn("skipping index entry: digest is not sha256", "entry", where, "digest", d.Digest)
 			continue
 		}
-		if err := l.loadManifest(root, d, where); err != nil {
+		if err := l.loadManifest(src, d, where); err != nil {
 			return fmt.Errorf("%w (the layout is damaged: verify the image partition with `kiln verify` or reflash it)", err)
 		}
 		refName, ok := d.Annotations[ocispec.AnnotationRefName]
@@ -186,15 +202,19 @@ func (l *loader) loadLayout(dir string) error {
 // its children. A missing top-level manifest is an error (the layout is
 // damaged); a missing child is a warning (a layout may hold one platform of
 // a multi-platform image).
-func (l *loader) loadManifest(root string, d ocispec.Descriptor, where string) error {
+func (l *loader) loadManifest(src blobSource, d ocispec.Descriptor, where string) error {
 	if _, ok := l.ix.manifests[d.Digest.String()]; ok {
 		return nil
 	}
-	path := blobPath(root, d)
+	path, _, _, _ := src.locate(d.Digest.String())
+	if path == "" {
+		return fmt.Errorf("%s: manifest %s is %s: %w", where, d.Digest, src.nowhere(), os.ErrNotExist)
+	}
 	data, err := readVerified(path, d)
 	if err != nil {
 		return fmt.Errorf("%s: manifest %s: %w", where, d.Digest, err)
 	}
+	d.Size = int64(len(data)) // a release names a manifest by digest only
 	var raw rawManifest
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return fmt.Errorf("%s: manifest %s (%s) is not JSON: %w", where, d.Digest, path, err)
@@ -217,12 +237,12 @@ func (l *loader) loadManifest(root string, d ocispec.Descriptor, where string) e
 		m.artifactType = raw.Config.MediaType
 	}
 	l.ix.manifests[m.digest] = m
-	l.addBlob(root, d, where) // manifests are blobs too
+	l.addBlob(src, d, where) // manifests are blobs too
 	for _, c := range raw.Manifests {
 		if !validDigest(c.Digest.String()) {
 			continue
 		}
-		err := l.loadManifest(root, c, where+" → "+d.Digest.String())
+		err := l.loadManifest(src, c, where+" → "+d.Digest.String())
 		if errors.Is(err, os.ErrNotExist) {
 			l.log.Warn("index references a manifest not in the layout; that platform is not served", "entry", where, "manifest", c.Digest)
 			continue
@@ -242,66 +262,80 @@ func (l *loader) loadManifest(root string, d ocispec.Descriptor, where string) e
 			l.log.Warn("manifest references a non-sha256 blob; it is not served", "manifest", d.Digest, "blob", b.Digest)
 			continue
 		}
-		l.addBlob(root, b, where)
+		l.addBlob(src, b, where)
 		m.blobs = append(m.blobs, b.Digest.String())
 	}
 	return nil
 }
 
-// blobPath is where blob d lives in the layout at root (d's digest is
-// checked to be sha256:<hex> before this is called).
-func blobPath(root string, d ocispec.Descriptor) string {
-	return filepath.Join(root, ocispec.ImageBlobsDir, d.Digest.Algorithm().String(), d.Digest.Encoded())
-}
-
-// addBlob records where blob d lives. The first layout holding it wins.
+// addBlob records where blob d lives. The first source holding it wins.
 // Its file is lstat'ed, never read: damage is logged now and reported to
 // clients when they ask for it.
-func (l *loader) addBlob(root string, d ocispec.Descriptor, where string) {
+func (l *loader) addBlob(src blobSource, d ocispec.Descriptor, where string) {
 	if _, ok := l.ix.blobs[d.Digest.String()]; ok {
 		return
 	}
-	path := blobPath(root, d)
-	l.ix.blobs[d.Digest.String()] = blobFile{path: path, size: d.Size}
-	fi, err := os.Lstat(path)
+	path, store, fi, err := src.locate(d.Digest.String())
+	l.ix.blobs[d.Digest.String()] = blobFile{path: path, size: d.Size, store: store, missing: src.nowhere()}
+	if path == "" {
+		l.ix.damaged++
+		l.log.Error("blob is "+src.nowhere()+": it is not served (404); roll the release back (kiln agent release rollback VERSION) and plug its stick in again",
+			"digest", d.Digest, "entry", where)
+		return
+	}
+	fix := damageFix(store)
 	switch {
 	case err != nil:
 		l.ix.damaged++
-		l.log.Error("blob file missing: the image partition is damaged; verify it with `kiln verify` or reflash", "file", path, "entry", where, "error", err)
+		l.log.Error("blob file missing: "+fix, "file", path, "entry", where, "error", err)
 	case !fi.Mode().IsRegular():
 		l.ix.damaged++
-		l.log.Error("blob file is not a regular file (a symlink?): it is never served; verify the image partition with `kiln verify` or reflash",
+		l.log.Error("blob file is not a regular file (a symlink?): it is never served; "+fix,
 			"file", path, "entry", where, "type", fi.Mode().Type().String())
 	case fi.Size() != d.Size:
 		l.ix.damaged++
-		l.log.Error("blob file has the wrong size: the image partition is damaged; verify it with `kiln verify` or reflash",
-			"file", path, "entry", where, "size", fi.Size(), "want", d.Size)
+		l.log.Error("blob file has the wrong size: "+fix, "file", path, "entry", where, "size", fi.Size(), "want", d.Size)
 	}
 }
 
-// readVerified reads a manifest file, checking its size and digest.
+// damageFix is what a technician does about a damaged blob file.
+func damageFix(store bool) string {
+	if store {
+		return "the release store on /var is damaged; roll the release back (kiln agent release rollback VERSION) and plug its stick in again"
+	}
+	return "the image partition is damaged; verify it with `kiln verify` or reflash it"
+}
+
+// readVerified reads a manifest file, checking its size and digest. A
+// negative d.Size is unknown (a release names its manifests by digest
+// only): the file may be up to maxManifestSize.
 func readVerified(path string, d ocispec.Descriptor) ([]byte, error) {
-	if d.Size < 0 || d.Size > maxManifestSize {
+	if d.Size > maxManifestSize {
 		return nil, fmt.Errorf("size %d is over the %d byte manifest limit", d.Size, maxManifestSize)
+	}
+	limit := d.Size
+	if limit < 0 {
+		limit = maxManifestSize
 	}
 	f, err := openRegular(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, d.Size+1))
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	sum := sha256.Sum256(data)
-	if int64(len(data)) != d.Size || "sha256:"+hex.EncodeToString(sum[:]) != d.Digest.String() {
+	if int64(len(data)) > limit || (d.Size >= 0 && int64(len(data)) != d.Size) || "sha256:"+hex.EncodeToString(sum[:]) != d.Digest.String() {
 		return nil, fmt.Errorf("%s does not match its digest", path)
 	}
 	return data, nil
 }
 
 // addToRepo puts manifest digest (and what it references) in repo, under
-// tag if set. The first layout to tag repo:tag wins.
+// tag if set. The first source to tag repo:tag wins the tag; the other
+// manifest stays pullable by digest (a rollback target's image, say).
 func (l *loader) addToRepo(repoName, tag, digest, where string) {
 	r := l.ix.repos[repoName]
 	if r == nil {
@@ -310,11 +344,11 @@ func (l *loader) addToRepo(repoName, tag, digest, where string) {
 	}
 	if tag != "" {
 		if old, ok := r.tags[tag]; ok && old != digest {
-			l.log.Warn("tag present twice with different digests; the first layout wins",
+			l.log.Warn("tag present twice with different digests; the first source wins it (the other is served by digest only)",
 				"image", repoName+":"+tag, "kept", old, "ignored", digest, "entry", where)
-			return
+		} else {
+			r.tags[tag] = digest
 		}
-		r.tags[tag] = digest
 	}
 	l.addClosure(r, digest)
 }

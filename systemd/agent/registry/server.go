@@ -28,6 +28,7 @@ type Server struct {
 	writeTimeout    time.Duration
 	ready           func(Stats)
 	verified        sync.Map // blob digest → true (matches) or false (damaged), after a first full read
+	releases        *releaseSource
 }
 
 // Option configures a Server.
@@ -53,6 +54,16 @@ func WithWriteTimeout(d time.Duration) Option { return func(s *Server) { s.write
 // (the index is loaded by then): the place for sd_notify READY=1.
 func WithReady(f func(Stats)) Option { return func(s *Server) { s.ready = f } }
 
+// WithReleaseState also serves the releases the node's release state keeps
+// and runs or may roll back to (the one being tried, the current one, the
+// previous one), read from stateFile at start, their blobs from the release
+// store at store (blobs/sha256/<hex>) and from the layouts. Their names win
+// over the layouts' for the same tag. A missing state file serves the
+// layouts only.
+func WithReleaseState(stateFile, store string) Option {
+	return func(s *Server) { s.releases = &releaseSource{stateFile: stateFile, store: store} }
+}
+
 // New indexes the OCI layouts in dirs (each an OCI layout, or an image
 // partition root holding kiln.json and oci/) and returns a server for them.
 // Manifests are read and verified; blobs are only stat'ed.
@@ -61,7 +72,7 @@ func New(dirs []string, opts ...Option) (*Server, error) {
 	for _, o := range opts {
 		o(s)
 	}
-	ix, err := loadIndex(dirs, s.log)
+	ix, err := loadIndex(dirs, s.releases, s.log)
 	if err != nil {
 		return nil, err
 	}
@@ -116,7 +127,7 @@ func Run(ctx context.Context, addr string, dirs []string, opts ...Option) error 
 	ready := func(st Stats) {
 		status := fmt.Sprintf("serving %d repositories, %d tags, %d blobs on %s", st.Repositories, st.Tags, st.Blobs, addr)
 		if st.Damaged > 0 {
-			status += fmt.Sprintf("; %d blob files DAMAGED, run kiln verify", st.Damaged)
+			status += fmt.Sprintf("; %d blobs DAMAGED or missing, see the journal", st.Damaged)
 		}
 		log.Info("ready", "status", status)
 		if _, err := daemon.SdNotify(false, daemon.SdNotifyReady+"\nSTATUS="+status); err != nil {

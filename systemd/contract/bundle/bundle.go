@@ -150,25 +150,27 @@ type Space struct {
 // their unpacked layers.
 func (s Space) Need() int64 { return s.CopyBytes + s.UnpackedBytes }
 
-// File is one regular file in the bundle's filesystem.
+// File is one regular file in the bundle's filesystem. Its contents are
+// stored uncompressed and contiguous at Offset: the node copies a blob
+// straight from that byte range, hashing it, without mounting the stick.
 type File struct {
 	Path   string `json:"path"` // slash-separated, relative to the filesystem root
 	Size   int64  `json:"size"`
 	Digest string `json:"digest"` // sha256:…
+	Offset int64  `json:"offset"` // where its Size bytes start in the filesystem
 }
 
-// Filesystem is the squashfs after the header, pinned chunk by chunk: the
-// sha256 of each ChunkSize bytes (the last chunk may be shorter). Chunks let
-// the factory hash while mksquashfs writes and the node verify in parallel
-// and name the damaged byte range.
+// Filesystem is the squashfs after the header. Every byte of it is pinned:
+// each file's contents by its digest at its offset (Manifest.Files), every
+// other byte (the superblock, squashfs's tables, padding) by Metadata. So the
+// factory hashes only the bytes whose digest it did not know already (the
+// blobs are named by theirs), and the node reads only what it copies.
 type Filesystem struct {
-	Size      int64    `json:"size"`      // bytes (a multiple of 4 KiB)
-	ChunkSize int64    `json:"chunkSize"` // ChunkSize
-	Chunks    []string `json:"chunks"`    // sha256:… of each chunk, in order
+	Size int64 `json:"size"` // bytes (a multiple of 4 KiB)
+	// Metadata is the sha256 of the bytes outside every file's contents,
+	// in order ("sha256:…").
+	Metadata string `json:"metadata"`
 }
-
-// ChunkSize is the size of the filesystem's hashed chunks.
-const ChunkSize = 64 << 20
 
 // Key is a trusted public key.
 type Key struct {

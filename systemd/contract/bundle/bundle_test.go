@@ -3,7 +3,9 @@ package bundle
 import (
 	"bytes"
 	"crypto/ed25519"
+	"crypto/sha256"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,7 +52,7 @@ func testManifest(t *testing.T, pub ed25519.PublicKey) *Manifest {
 		Space:        Space{CopyBytes: 600},
 		ReleaseFiles: []contract.ReleaseFile{{Path: "/etc/containers/systemd/app.container", Mode: 0o644}},
 		Agent:        File{Path: AgentBinary, Size: 1, Digest: d("7")},
-		Filesystem:   Filesystem{Size: 4096, ChunkSize: ChunkSize, Chunks: []string{d("6")}},
+		Filesystem:   Filesystem{Size: 4096, Metadata: d("6")},
 		Trust:        []Key{k},
 	}
 }
@@ -230,28 +232,53 @@ func TestKeyFilesAreStandard(t *testing.T) {
 	}
 }
 
-func TestCheckFilesystemNamesTheChunk(t *testing.T) {
+func TestCheckFilesystemNamesTheDamage(t *testing.T) {
 	fs := bytes.Repeat([]byte{7}, 3*4096)
-	var chunks []string
-	for i := 0; i < 3; i++ {
-		c, err := HashRange(bytes.NewReader(fs), int64(i*4096), 4096, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		chunks = append(chunks, c)
+	copy(fs[100:], "first")
+	copy(fs[5000:], "second")
+	sum := func(b []byte) string { return fmt.Sprintf("sha256:%x", sha256.Sum256(b)) }
+	m := &Manifest{
+		Files: []File{ // listed by path, stored in another order
+			{Path: "a", Offset: 5000, Size: 3000, Digest: sum(fs[5000:8000])},
+			{Path: "b", Offset: 100, Size: 900, Digest: sum(fs[100:1000])},
+			{Path: "empty", Offset: 1000, Size: 0, Digest: sum(nil)},
+		},
+		Filesystem: Filesystem{Size: int64(len(fs))},
 	}
-	m := &Manifest{Filesystem: Filesystem{Size: int64(len(fs)), ChunkSize: 4096, Chunks: chunks}}
+	var meta []byte
+	meta = append(meta, fs[:100]...)
+	meta = append(meta, fs[1000:5000]...)
+	meta = append(meta, fs[8000:]...)
+	m.Filesystem.Metadata = sum(meta)
 	disk := append(make([]byte, 100), fs...)
+	if got, err := m.HashMetadata(bytes.NewReader(disk), 100, nil); err != nil || got != m.Filesystem.Metadata {
+		t.Fatalf("HashMetadata = %s, %v; want %s", got, err, m.Filesystem.Metadata)
+	}
 	if err := m.CheckFilesystem(bytes.NewReader(disk), 100, nil); err != nil {
 		t.Fatal(err)
 	}
-	disk[100+5000] ^= 1
-	err := m.CheckFilesystem(bytes.NewReader(disk), 100, nil)
-	if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), "bytes 4096-8191 of the filesystem (chunk 1)") {
-		t.Fatalf("got %v", err)
+	for _, c := range []struct {
+		at   int
+		want string
+	}{
+		{100 + 6000, "a (bytes 5000-7999 of the filesystem)"},
+		{100 + 100, "b (bytes 100-999 of the filesystem)"},
+		{100 + 3000, "the filesystem's metadata"},
+		{100 + 12000, "the filesystem's metadata"},
+	} {
+		bad := slices.Clone(disk)
+		bad[c.at] ^= 1
+		err := m.CheckFilesystem(bytes.NewReader(bad), 100, nil)
+		if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("byte %d flipped: got %v, want %q", c.at, err, c.want)
+		}
 	}
 	if err := m.CheckFilesystem(bytes.NewReader(disk[:len(disk)-1]), 100, nil); err == nil || !strings.Contains(err.Error(), "truncated") {
 		t.Fatalf("short: %v", err)
+	}
+	m.Files[2].Offset, m.Files[2].Size = 4999, 2 // overlaps a
+	if err := m.Validate(); err == nil || !strings.Contains(err.Error(), "file a: its bytes at 5000 overlap") {
+		t.Errorf("overlap: %v", err)
 	}
 }
 

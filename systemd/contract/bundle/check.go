@@ -1,6 +1,7 @@
 package bundle
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -165,8 +166,18 @@ func (m *Manifest) Validate() error {
 	if m.Agent.Path != AgentBinary {
 		bad("agent path %q, want %s", m.Agent.Path, AgentBinary)
 	}
-	if f := m.Filesystem; f.ChunkSize <= 0 || f.Size <= 0 || f.Size%4096 != 0 || int64(len(f.Chunks)) != (f.Size+f.ChunkSize-1)/max(f.ChunkSize, 1) {
-		bad("filesystem of %d bytes in chunks of %d: %d chunk digests do not cover it", f.Size, f.ChunkSize, len(f.Chunks))
+	if f := m.Filesystem; f.Size <= 0 || f.Size%4096 != 0 || !isSHA256(f.Metadata) {
+		bad("filesystem of %d bytes, metadata %q: want a positive multiple of 4096 and a sha256 digest", f.Size, f.Metadata)
+	}
+	end := int64(0)
+	for _, f := range m.byOffset() {
+		switch {
+		case f.Size < 0 || f.Offset < 0 || f.Offset+f.Size > m.Filesystem.Size:
+			bad("file %s: %d bytes at %d lie outside the %d-byte filesystem", f.Path, f.Size, f.Offset, m.Filesystem.Size)
+		case f.Offset < end:
+			bad("file %s: its bytes at %d overlap another file's", f.Path, f.Offset)
+		}
+		end = max(end, f.Offset+f.Size)
 	}
 	if len(m.Trust) == 0 {
 		bad("no trusted keys: a node could never take another bundle")
@@ -177,28 +188,81 @@ func (m *Manifest) Validate() error {
 	return nil
 }
 
-// CheckFilesystem re-hashes the filesystem (its bytes at offset in r),
-// chunk by chunk, against the manifest, copying what it reads to progress
-// (may be nil). It names every damaged chunk.
+// CheckFilesystem re-hashes the filesystem (its bytes at offset in r): each
+// file's contents at its offset against its digest, every other byte
+// against Metadata, copying what it reads to progress (may be nil). It names
+// every damaged file.
 func (m *Manifest) CheckFilesystem(r io.ReaderAt, offset int64, progress io.Writer) error {
-	fsys := m.Filesystem
 	var bad []string
 	buf := make([]byte, 1<<20)
-	for i, want := range fsys.Chunks {
-		from := int64(i) * fsys.ChunkSize
-		n := min(fsys.ChunkSize, fsys.Size-from)
-		got, err := HashRange(r, offset+from, n, progress, buf)
+	for _, f := range m.byOffset() {
+		got, err := HashRange(r, offset+f.Offset, f.Size, progress, buf)
 		if err != nil {
 			return fmt.Errorf("read bundle filesystem: %w", err)
 		}
-		if got != want {
-			bad = append(bad, fmt.Sprintf("bytes %d-%d of the filesystem (chunk %d)", from, from+n-1, i))
+		if got != f.Digest {
+			bad = append(bad, fmt.Sprintf("%s (bytes %d-%d of the filesystem)", f.Path, f.Offset, f.Offset+f.Size-1))
 		}
+	}
+	got, err := m.HashMetadata(r, offset, progress)
+	if err != nil {
+		return err
+	}
+	if got != m.Filesystem.Metadata {
+		bad = append(bad, "the filesystem's metadata (superblock, tables: the bytes outside every file)")
 	}
 	if len(bad) > 0 {
 		return fmt.Errorf("%w: %s differ from the signed manifest", ErrDamaged, strings.Join(bad, ", "))
 	}
 	return nil
+}
+
+// HashMetadata returns the sha256 of the filesystem's bytes (at offset in
+// r) outside every file's contents, in order: what Filesystem.Metadata pins.
+// The files must not overlap (Validate).
+func (m *Manifest) HashMetadata(r io.ReaderAt, offset int64, progress io.Writer) (string, error) {
+	h := sha256.New()
+	var w io.Writer = h
+	if progress != nil {
+		w = io.MultiWriter(h, progress)
+	}
+	at := int64(0)
+	gap := func(end int64) error {
+		if end <= at {
+			return nil
+		}
+		n, err := io.Copy(w, io.NewSectionReader(r, offset+at, end-at))
+		if err == nil && n != end-at {
+			err = fmt.Errorf("truncated: %d of %d bytes at byte %d", n, end-at, offset+at)
+		}
+		if err != nil {
+			return fmt.Errorf("read bundle filesystem: %w", err)
+		}
+		return nil
+	}
+	for _, f := range m.byOffset() {
+		if err := gap(f.Offset); err != nil {
+			return "", err
+		}
+		at = max(at, f.Offset+f.Size)
+	}
+	if err := gap(m.Filesystem.Size); err != nil {
+		return "", err
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// byOffset is the files in the order their contents lie in the filesystem.
+func (m *Manifest) byOffset() []File {
+	files := slices.Clone(m.Files)
+	slices.SortStableFunc(files, func(a, b File) int { return cmp.Compare(a.Offset, b.Offset) })
+	return files
+}
+
+func isSHA256(d string) bool {
+	hx, ok := strings.CutPrefix(d, "sha256:")
+	_, err := hex.DecodeString(hx)
+	return ok && len(hx) == 64 && err == nil
 }
 
 // HashRange returns the sha256 of n bytes of r at off ("sha256:…"), copying

@@ -3,7 +3,7 @@
 # TestFieldUpgradeRefusals), on every boot of one machine. The test plugs
 # the stick the guest asks for ("kiln-e2e: plug NAME"), pulls it out when the
 # console says it was refused or may be removed, and presses reset when the
-# 1.1 import starts copying blobs.
+# 1.1 import starts copying blobs ("copy N blob(s) for M image(s): started").
 #   boot 1: factory 1.0; a tampered stick, one signed by a key the node does
 #           not trust, a downgrade (0.9.0): each refused, state.json and the
 #           release store unchanged; then the good 1.1 stick: reset mid-copy

@@ -62,7 +62,7 @@ func Write(path string, mode os.FileMode, fill func(w io.Writer) error, opts ...
 			return fmt.Errorf("write %s: %w", path, err)
 		}
 	}
-	unlock, err := lockDir(o.tempDir)
+	unlock, err := LockDir(o.tempDir)
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
@@ -110,9 +110,10 @@ func Write(path string, mode os.FileMode, fill func(w io.Writer) error, opts ...
 	return SyncDir(dir)
 }
 
-// lockDir takes an exclusive flock on dir, waiting for the writer that
-// holds it, and returns the function that releases it.
-func lockDir(dir string) (func(), error) {
+// LockDir takes an exclusive flock on dir, waiting for the writer that
+// holds it, and returns the function that releases it (the kernel drops
+// it if the process dies).
+func LockDir(dir string) (func(), error) {
 	d, err := os.Open(dir)
 	if err != nil {
 		return nil, fmt.Errorf("lock %s: %w", dir, err)

@@ -1,4 +1,4 @@
-package flash
+package blockdev
 
 import (
 	"context"
@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/kiln-appliance/kiln/builder/progress"
 )
 
 // loop attaches a file of size bytes holding data at its start.
@@ -52,7 +50,7 @@ func TestReadBack(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dev := loop(t, tc.devSize, tc.holds)
-			err := ReadBack(context.Background(), dev, tc.size, want[:], progress.Discard())
+			err := ReadBack(context.Background(), dev, tc.size, want[:], discard{})
 			if tc.err == "" {
 				if err != nil {
 					t.Fatal(err)
@@ -65,3 +63,9 @@ func TestReadBack(t *testing.T) {
 		})
 	}
 }
+
+type discard struct{}
+
+func (discard) Task(string, int64) Task     { return discard{} }
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+func (discard) Done(error)                  {}

@@ -12,13 +12,26 @@ import (
 // New returns a Reporter writing to w: a live status line redrawn in place
 // when w is a terminal, plain log lines (one when a task starts, one when it
 // ends, with bytes and rate) otherwise, so CI logs stay readable.
-func New(w io.Writer, terminal bool) Reporter {
-	return &text{w: w, terminal: terminal, now: time.Now}
+func New(w io.Writer, terminal bool, opts ...Option) Reporter {
+	r := &text{w: w, terminal: terminal, now: time.Now}
+	for _, o := range opts {
+		o(r)
+	}
+	return r
 }
+
+// Option configures New.
+type Option func(*text)
+
+// Every adds, to the log lines, one per running task at most every d with
+// the bytes done and the rate: for a console that must show long work is
+// moving (the node's import) but cannot redraw a line.
+func Every(d time.Duration) Option { return func(r *text) { r.every = d } }
 
 type text struct {
 	w        io.Writer
 	terminal bool
+	every    time.Duration
 	now      func() time.Time
 
 	mu         sync.Mutex
@@ -33,12 +46,14 @@ type task struct {
 	total int64
 	done  int64
 	start time.Time
+	shown time.Time // the last progress line (Every)
 }
 
 func (r *text) Task(name string, total int64) Task {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	t := &task{r: r, name: name, total: total, start: r.now()}
+	t.shown = t.start
 	if r.active == nil {
 		r.active = map[*task]struct{}{}
 	}
@@ -58,8 +73,16 @@ func (t *task) Write(p []byte) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	t.done += int64(len(p))
-	if r.terminal && r.now().Sub(r.lastDraw) > 100*time.Millisecond {
+	switch now := r.now(); {
+	case r.terminal && now.Sub(r.lastDraw) > 100*time.Millisecond:
 		r.draw()
+	case !r.terminal && r.every > 0 && now.Sub(t.shown) >= r.every:
+		t.shown = now
+		line := fmt.Sprintf("%s: %s", t.name, contract.Bytes(t.done))
+		if t.total > 0 {
+			line += fmt.Sprintf(" of %s (%d%%)", contract.Bytes(t.total), t.done*100/t.total)
+		}
+		fmt.Fprintf(r.w, "%s, %s/s\n", line, contract.Bytes(rate(t.done, now.Sub(t.start))))
 	}
 	return len(p), nil
 }

@@ -1,0 +1,233 @@
+// Package reflashstick writes a recovery reflash stick image (`kiln
+// reflash-stick`): the recipe's base OS, booting with an Ignition config
+// whose units run `kiln agent reflash` on the console, plus a payload
+// partition carrying the appliance disk (one kiln verify accepts), its
+// record and the node edition of kiln. The format is
+// systemd/contract/reflash, which the agent on the stick reads.
+package reflashstick
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/kiln-appliance/kiln/builder"
+	"github.com/kiln-appliance/kiln/internal/progress"
+	"github.com/kiln-appliance/kiln/builder/stage"
+	"github.com/kiln-appliance/kiln/ignition"
+	"github.com/kiln-appliance/kiln/internal/blockdev"
+	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/recipes"
+	format "github.com/kiln-appliance/kiln/systemd/contract/reflash"
+	"github.com/kiln-appliance/kiln/systemd/units"
+)
+
+// Options configure a stick.
+type Options struct {
+	// Disk is the appliance disk the stick carries: built by kiln from the
+	// recipe, and accepted by kiln verify. Required.
+	Disk   string
+	Output string
+	// Unattended makes the stick write without asking, whatever the
+	// recipe's reflash.unattended says.
+	Unattended bool
+	// Agent is the node edition of kiln the stick runs; empty: kiln-agent
+	// beside this executable, else this executable.
+	Agent           string
+	SourceDateEpoch int64 // 0: $SOURCE_DATE_EPOCH, else builder.DefaultSourceDateEpoch
+	Progress        progress.Reporter
+}
+
+// Result is what Write wrote.
+type Result struct {
+	Output string
+	Size   int64
+	Record *format.Record
+	Layout *partitions.Layout
+}
+
+// Write makes the stick image for the recipe at recipePath. Like a build,
+// it writes a temporary file beside the output and renames it only once
+// complete: on any error nothing is left and an existing output is
+// untouched.
+func Write(ctx context.Context, recipePath string, o Options) (res *Result, err error) {
+	if o.Progress == nil {
+		o.Progress = progress.Discard()
+	}
+	if o.Disk == "" {
+		return nil, errors.New("no appliance disk given: build it first (kiln build RECIPE -o appliance.raw) and pass it with --disk")
+	}
+	if err := builder.CheckOutput(o.Output); err != nil {
+		return nil, err
+	}
+	epoch, err := builder.SourceDateEpoch(o.SourceDateEpoch)
+	if err != nil {
+		return nil, err
+	}
+	r, err := recipes.Load(recipePath)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.CheckFiles(); err != nil {
+		return nil, err
+	}
+	agent, err := builder.AgentBinary(o.Agent, r.Arch)
+	if err != nil {
+		return nil, err
+	}
+	rep, err := builder.Verify(ctx, o.Disk, builder.VerifyOptions{}, o.Progress)
+	if err != nil {
+		return nil, fmt.Errorf("not putting %s on a reflash stick: %w", o.Disk, err)
+	}
+	if c := rep.Contents; c.Recipe != r.Name || c.Version != r.Version {
+		return nil, fmt.Errorf("%s is appliance %s %s, the recipe %s is %s %s: give the disk built from this recipe",
+			o.Disk, c.Recipe, c.Version, r.Path, r.Name, r.Version)
+	}
+
+	out, err := builder.CreateTemp(o.Output)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			out.Close()
+			os.Remove(out.Name())
+		}
+	}()
+	work, err := builder.MkdirWork(filepath.Dir(o.Output), ".kiln-reflash-")
+	if err != nil {
+		return nil, fmt.Errorf("work directory beside %s: %w", o.Output, err)
+	}
+	defer os.RemoveAll(work)
+
+	rec := &format.Record{DiskGUID: rep.Layout.GUID, Unattended: r.Reflash.Unattended || o.Unattended, Target: target(r.Reflash.Target)}
+	if err := stagePayload(ctx, work, o.Disk, agent, rec, o.Progress); err != nil {
+		return nil, err
+	}
+	seed := sha256.Sum256([]byte("kiln reflash stick\x00" + rec.SHA256))
+	layout, err := partitions.Assemble(ctx, partitions.AssembleOptions{
+		Output:     out,
+		Base:       r.Resolve(r.Base.Path),
+		BaseDigest: r.Base.Digest,
+		ImageTree:  work,
+		// The disk inside is mostly the image partition, already
+		// compressed; uncompressed, the stick reads at the medium's speed.
+		Compression:     "none",
+		Placement:       partitions.PlaceEnd,
+		SourceDateEpoch: epoch,
+		GUIDSeed:        seed[:],
+		NoVerity:        true, // the record's digests check every byte the agent writes
+		PartitionName:   format.PartitionName,
+		PartitionType:   format.PartitionType,
+		Ignition: func(id partitions.ImageIdentity) ([]byte, error) {
+			us, err := units.RenderReflash(units.ReflashParams{PartitionGUID: id.PartitionGUID, Unattended: rec.Unattended})
+			if err != nil {
+				return nil, err
+			}
+			return ignition.Render(ignition.Config{Version: r.Ignition.Version, User: r.Ignition.User, SSHKeys: r.Ignition.SSHKeys, Units: us})
+		},
+		Progress: o.Progress,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := out.Close(); err != nil {
+		return nil, fmt.Errorf("close %s: %w", out.Name(), err)
+	}
+	if err := os.Rename(out.Name(), o.Output); err != nil {
+		return nil, fmt.Errorf("rename %s to %s: %w", out.Name(), o.Output, err)
+	}
+	builder.SyncDir(filepath.Dir(o.Output))
+	return &Result{Output: o.Output, Size: layout.Size, Record: rec, Layout: layout}, nil
+}
+
+func target(t recipes.ReflashTarget) format.Target {
+	return format.Target{Path: t.Path, Model: t.Model, MinSize: t.MinSize.Bytes, MaxSize: t.MaxSize.Bytes}
+}
+
+// stagePayload lays out the payload tree: the disk (hard-linked when it can be,
+// else copied sparse), its record (hashed while read), the agent.
+func stagePayload(ctx context.Context, dir, disk, agent string, rec *format.Record, p progress.Reporter) error {
+	if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(format.AgentBinary)), 0o755); err != nil {
+		return err
+	}
+	if err := linkOrCopy(agent, filepath.Join(dir, format.AgentBinary)); err != nil {
+		return fmt.Errorf("agent %s: %w", agent, err)
+	}
+	dst := filepath.Join(dir, format.DiskFile)
+	linked := os.Link(disk, dst) == nil
+	in, err := os.Open(disk)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	c := format.NewChunker()
+	t := p.Task("record "+disk, fi.Size())
+	var w io.Writer = io.MultiWriter(c, t)
+	var out *os.File
+	if !linked {
+		if out, err = os.Create(dst); err != nil {
+			return err
+		}
+		defer out.Close()
+		w = io.MultiWriter(c, t, &sparseWriter{f: out})
+	}
+	_, err = blockdev.Copy(ctx, w, in)
+	if err == nil && out != nil {
+		err = out.Truncate(fi.Size()) // a trailing hole
+	}
+	t.Done(err)
+	if err != nil {
+		return fmt.Errorf("stage %s: %w", disk, err)
+	}
+	c.Fill(rec)
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, format.RecordFile), b, 0o644)
+}
+
+// sparseWriter writes sequentially, seeking over all-zero writes so the
+// copy keeps the disk's holes (mksquashfs stores zero blocks as sparse
+// anyway; this keeps the staging copy small).
+type sparseWriter struct {
+	f   *os.File
+	off int64
+}
+
+func (s *sparseWriter) Write(p []byte) (int, error) {
+	if !allZero(p) {
+		if _, err := s.f.WriteAt(p, s.off); err != nil {
+			return 0, err
+		}
+	}
+	s.off += int64(len(p))
+	return len(p), nil
+}
+
+func allZero(p []byte) bool {
+	for _, b := range p {
+		if b != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// linkOrCopy hard-links the agent, or copies it (another filesystem).
+func linkOrCopy(src, dst string) error {
+	if os.Link(src, dst) == nil {
+		return nil
+	}
+	return stage.CopyFile(src, dst, 0o755)
+}

@@ -1,0 +1,131 @@
+//go:build !nodeonly
+
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kiln-appliance/kiln/partitions"
+	format "github.com/kiln-appliance/kiln/systemd/contract/reflash"
+)
+
+// The stick: a valid GPT, a valid Ignition config running the reflash, a
+// payload partition holding exactly the disk; and the agent on it writes a
+// target that kiln verify then accepts.
+func TestReflashStick(t *testing.T) {
+	f := newFixture(t, "base.raw", "fit", "false")
+	disk := filepath.Join(f.dir, "appliance.raw")
+	mustKiln(t, f, "build", f.recipe, "-o", disk)
+	stick := filepath.Join(f.dir, "stick.raw")
+	out := mustKiln(t, f, "reflash-stick", f.recipe, "--disk", disk, "-o", stick, "--unattended")
+	if !strings.Contains(out, "wrote "+stick) || !strings.Contains(out, "unattended: writes without asking") {
+		t.Fatalf("reflash-stick says:\n%s", out)
+	}
+
+	if out := mustKiln(t, f, "verify", stick); !strings.Contains(out, "OK (exactly the bytes kiln reflash-stick wrote)") {
+		t.Errorf("kiln verify %s:\n%s", stick, out)
+	}
+	// Onto a "stick" with kiln write (checked, written, read back), and the
+	// written stick verifies too.
+	fi, _ := os.Stat(stick)
+	dev, _ := loopDevice(t, fi.Size())
+	mustKiln(t, f, "write", "--force", stick, dev)
+	if out := mustKiln(t, f, "verify", dev); !strings.Contains(out, "OK (exactly the bytes kiln reflash-stick wrote)") {
+		t.Errorf("kiln verify %s:\n%s", dev, out)
+	}
+	if v := run(t, "sgdisk", "-v", stick); !strings.Contains(v, "No problems found") {
+		t.Errorf("sgdisk -v %s:\n%s", stick, v)
+	}
+	layout, err := partitions.Inspect(stick)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, ok := layout.Find(format.PartitionName)
+	if !ok || !strings.EqualFold(p.Type, format.PartitionType) {
+		t.Fatalf("no %s partition of type %s: %+v", format.PartitionName, format.PartitionType, layout.Partitions)
+	}
+	ign, err := partitions.ReadIgnition(stick)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ignPath := filepath.Join(f.dir, "stick.ign")
+	os.WriteFile(ignPath, ign, 0o644)
+	run(t, "ignition-validate", ignPath)
+	for _, want := range []string{format.Unit, "run-kiln-reflash.mount", "agent reflash --unattended", "by-partuuid/" + strings.ToLower(p.GUID)} {
+		if !strings.Contains(string(ign), want) {
+			t.Errorf("the stick's Ignition config lacks %q", want)
+		}
+	}
+
+	// One byte flipped in the payload: kiln verify and kiln write refuse it.
+	damaged := filepath.Join(f.dir, "damaged-stick.raw")
+	run(t, "cp", "--sparse=always", stick, damaged)
+	fd, err := os.OpenFile(damaged, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := []byte{0}
+	fd.ReadAt(b, p.Offset+p.Size/2)
+	b[0] ^= 0xff
+	fd.WriteAt(b, p.Offset+p.Size/2)
+	fd.Close()
+	if out, code := kiln(t, f, "verify", damaged); code != 1 || !strings.Contains(out, "the stick is damaged or was modified") {
+		t.Errorf("kiln verify of a damaged stick: exit %d\n%s", code, out)
+	}
+	if out, code := kiln(t, f, "write", "--force", damaged, dev); code != 1 || !strings.Contains(out, "not writing "+damaged) {
+		t.Errorf("kiln write of a damaged stick: exit %d\n%s", code, out)
+	}
+
+	mnt := mountPartition(t, stick, format.PartitionName)
+	if got, want := sha256File(t, filepath.Join(mnt, format.DiskFile)), sha256File(t, disk); got != want {
+		t.Fatalf("the payload's disk has sha256 %s, the appliance disk %s", got, want)
+	}
+	var rec format.Record
+	b, _ = os.ReadFile(filepath.Join(mnt, format.RecordFile))
+	if err := json.Unmarshal(b, &rec); err != nil || rec.SHA256 != "sha256:"+sha256File(t, disk) || !rec.Unattended {
+		t.Fatalf("record %s: %v", b, err)
+	}
+	if fi, err := os.Stat(filepath.Join(mnt, format.AgentBinary)); err != nil || fi.Mode()&0o111 == 0 {
+		t.Fatalf("agent on the stick: %v %v", fi, err)
+	}
+
+	// The agent as the stick runs it, on a target larger than the disk.
+	fi, _ = os.Stat(disk)
+	target, _ := loopDevice(t, fi.Size()+16<<20)
+	out = mustKiln(t, f, "agent", "reflash", "--no-poweroff", "--candidate", target, mnt)
+	if !strings.Contains(out, "done — remove the stick and power on") {
+		t.Fatalf("agent reflash:\n%s", out)
+	}
+	if out = mustKiln(t, f, "verify", target); !strings.Contains(out, "OK (exactly the bytes the build wrote)") {
+		t.Fatalf("kiln verify %s after the reflash:\n%s", target, out)
+	}
+}
+
+func TestReflashStickRefuses(t *testing.T) {
+	f := newFixture(t, "base.raw", "fit", "false")
+	notDisk := filepath.Join(f.dir, "plain.raw")
+	os.WriteFile(notDisk, []byte(strings.Repeat("not a disk ", 1000)), 0o644)
+	stick := filepath.Join(f.dir, "stick.raw")
+	os.WriteFile(stick, []byte("keep"), 0o644)
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no disk", []string{"reflash-stick", f.recipe, "-o", stick}, 2, "both --disk DISK and -o STICK are needed"},
+		{"not a kiln disk", []string{"reflash-stick", f.recipe, "--disk", notDisk, "-o", stick}, 1, "not putting " + notDisk + " on a reflash stick"},
+	} {
+		out, code := kiln(t, f, tc.args...)
+		if code != tc.code || !strings.Contains(out, tc.want) {
+			t.Errorf("%s: exit %d, want %d with %q\n%s", tc.name, code, tc.code, tc.want, out)
+		}
+	}
+	if b, _ := os.ReadFile(stick); string(b) != "keep" {
+		t.Error("a refused run changed the output")
+	}
+}

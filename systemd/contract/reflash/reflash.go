@@ -1,0 +1,263 @@
+// Package reflash is the format of a recovery reflash stick (kiln
+// reflash-stick), shared by the factory that writes it and the node-edition
+// agent that runs from it (kiln agent reflash).
+//
+// The stick is the recipe's base OS with one more partition, of type
+// PartitionType, holding a read-only filesystem:
+//
+//	/reflash.json   Record: the disk image's size, sha256 and per-chunk digests, and how to pick the target
+//	/disk.raw       the appliance disk, byte for byte the factory's (kiln verify accepted it)
+//	/bin/kiln       the node edition of kiln, which the stick's unit runs
+package reflash
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+)
+
+// PartitionType is the GPT partition type GUID of the stick's payload
+// partition. (Random, generated once for kiln; not registered anywhere.)
+const PartitionType = "95666EA1-0F80-41F8-881B-F1DC90B31D9E"
+
+// PartitionName is the payload partition's GPT name.
+const PartitionName = "kiln-reflash"
+
+// Paths inside the payload partition, and where the stick mounts it.
+const (
+	RecordFile  = "reflash.json"
+	DiskFile    = "disk.raw"
+	AgentBinary = "bin/kiln"
+	MountPoint  = "/run/kiln/reflash"
+	// Unit runs the reflash on the stick's console.
+	Unit = "kiln-reflash.service"
+)
+
+// ChunkSize is the span of each digest in Record.Chunks: a damaged byte is
+// located to 4 MiB, and the list stays small (256 entries a GiB).
+const ChunkSize = 4 << 20
+
+// maxRecord bounds reflash.json (a 2 TiB disk's chunk list is ~36 MiB).
+const maxRecord = 64 << 20
+
+// Record is reflash.json.
+type Record struct {
+	Size     int64    `json:"size"`     // bytes of disk.raw
+	SHA256   string   `json:"sha256"`   // "sha256:" + hex of all of them
+	DiskGUID string   `json:"diskGUID"` // the disk GUID kiln inspect shows: the seal's fingerprint
+	Chunks   []string `json:"chunks"`   // hex sha256 of each ChunkSize bytes, the last one shorter
+	// Target says which disk to write; empty: the one non-removable disk
+	// that is neither the stick nor mounted.
+	Target Target `json:"target,omitzero"`
+	// Unattended: write without asking on the console.
+	Unattended bool `json:"unattended,omitempty"`
+}
+
+// Target is the recipe's rule for the disk to write (reflash.target).
+type Target struct {
+	// Path is a glob over device paths, e.g. /dev/disk/by-path/pci-0000:00:1f.2-ata-1
+	// or /dev/disk/by-id/nvme-*; symlinks are followed to the disk.
+	Path    string `json:"path,omitempty"`
+	Model   string `json:"model,omitempty"`   // glob against the disk's model
+	MinSize int64  `json:"minSize,omitempty"` // bytes, 0: no bound
+	MaxSize int64  `json:"maxSize,omitempty"` // bytes, 0: no bound
+}
+
+// IsZero reports an empty rule (the default choice).
+func (t Target) IsZero() bool { return t == Target{} }
+
+// Read reads and checks the record in a mounted payload directory.
+func Read(dir string) (*Record, error) {
+	p := filepath.Join(dir, RecordFile)
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, fmt.Errorf("reflash record: %w (is %s the stick's %s partition?)", err, dir, PartitionName)
+	}
+	defer f.Close()
+	var r Record
+	d := json.NewDecoder(io.LimitReader(f, maxRecord))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&r); err != nil {
+		return nil, fmt.Errorf("reflash record %s: %w", p, err)
+	}
+	if err := r.check(); err != nil {
+		return nil, fmt.Errorf("reflash record %s: %w", p, err)
+	}
+	return &r, nil
+}
+
+func (r *Record) check() error {
+	if r.Size <= 0 {
+		return fmt.Errorf("size %d: want the disk image's size in bytes", r.Size)
+	}
+	if want := (r.Size + ChunkSize - 1) / ChunkSize; int64(len(r.Chunks)) != want {
+		return fmt.Errorf("%d chunk digests for %d bytes: want %d", len(r.Chunks), r.Size, want)
+	}
+	if _, err := parseSHA256(r.SHA256); err != nil {
+		return err
+	}
+	for i, c := range r.Chunks {
+		if b, err := hex.DecodeString(c); err != nil || len(b) != sha256.Size {
+			return fmt.Errorf("chunk %d: digest %q is not 64 hex digits", i, c)
+		}
+	}
+	if r.Target.MinSize < 0 || r.Target.MaxSize < 0 || (r.Target.MaxSize > 0 && r.Target.MaxSize < r.Target.MinSize) {
+		return fmt.Errorf("target size bounds %d–%d make no sense", r.Target.MinSize, r.Target.MaxSize)
+	}
+	return nil
+}
+
+// Digest returns the whole image's sha256 (raw bytes).
+func (r *Record) Digest() []byte { b, _ := parseSHA256(r.SHA256); return b }
+
+func parseSHA256(s string) ([]byte, error) {
+	const pre = "sha256:"
+	if len(s) < len(pre) || s[:len(pre)] != pre {
+		return nil, fmt.Errorf("digest %q: want sha256:<64 hex digits>", s)
+	}
+	b, err := hex.DecodeString(s[len(pre):])
+	if err != nil || len(b) != sha256.Size {
+		return nil, fmt.Errorf("digest %q: want sha256:<64 hex digits>", s)
+	}
+	return b, nil
+}
+
+// Chunker hashes a stream into a Record's Size, SHA256 and Chunks as it is
+// written to (io.Writer), so a disk is hashed while it is copied.
+type Chunker struct {
+	all, cur hashState
+	n, inCur int64
+	chunks   []string
+}
+
+type hashState = interface {
+	io.Writer
+	Sum([]byte) []byte
+	Reset()
+}
+
+// NewChunker starts an empty digest.
+func NewChunker() *Chunker { return &Chunker{all: sha256.New(), cur: sha256.New()} }
+
+func (c *Chunker) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		k := min(int64(len(p)), ChunkSize-c.inCur)
+		c.all.Write(p[:k])
+		c.cur.Write(p[:k])
+		c.inCur += k
+		c.n += k
+		p = p[k:]
+		if c.inCur == ChunkSize {
+			c.flush()
+		}
+	}
+	return n, nil
+}
+
+func (c *Chunker) flush() {
+	c.chunks = append(c.chunks, hex.EncodeToString(c.cur.Sum(nil)))
+	c.cur.Reset()
+	c.inCur = 0
+}
+
+// Fill sets r's Size, SHA256 and Chunks from what was written.
+func (c *Chunker) Fill(r *Record) {
+	if c.inCur > 0 {
+		c.flush()
+	}
+	r.Size, r.SHA256, r.Chunks = c.n, "sha256:"+hex.EncodeToString(c.all.Sum(nil)), c.chunks
+}
+
+// ErrDamaged marks a mismatch against the record.
+var ErrDamaged = errors.New("does not match the stick's record")
+
+// zeroDigests are the digests of a whole and of the last, shorter, chunk
+// of zeros: such a chunk is checked by comparing with zeros, not hashed. A
+// disk is mostly zeros, and sha256 is slow where the stick boots without
+// SHA instructions (emulated CPUs).
+var (
+	zeroChunk      = make([]byte, ChunkSize)
+	zeroDigestOnce sync.Once
+	zeroDigest     string
+)
+
+// matches says whether chunk i holds what the record says.
+func (rec *Record) matches(i int, b []byte) bool {
+	zeroDigestOnce.Do(func() { s := sha256.Sum256(zeroChunk); zeroDigest = hex.EncodeToString(s[:]) })
+	want := rec.Chunks[i]
+	if (len(b) == ChunkSize && want == zeroDigest) || (len(b) < ChunkSize && want == zeroHex(len(b))) {
+		return bytes.Equal(b, zeroChunk[:len(b)])
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]) == want
+}
+
+func zeroHex(n int) string { s := sha256.Sum256(zeroChunk[:n]); return hex.EncodeToString(s[:]) }
+
+// Check reads rec.Size bytes from r and compares each chunk with the
+// record; the chunks cover every byte, so the whole-image digest adds
+// nothing. Every core reads and hashes chunks of its own, so reads are in
+// flight while others hash (a device answers several reads at once faster
+// than one after another). The error names the first damaged chunk's byte
+// range; progress counts the bytes checked.
+func (rec *Record) Check(ctx context.Context, r io.ReaderAt, progress io.Writer) error {
+	workers := runtime.GOMAXPROCS(0)
+	next := make(chan int)
+	var (
+		mu      sync.Mutex
+		bad     = -1
+		readErr error
+		readAt  = -1
+		wg      sync.WaitGroup
+	)
+	stop := func() bool { mu.Lock(); defer mu.Unlock(); return bad >= 0 || readErr != nil }
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, ChunkSize)
+			for i := range next {
+				off := int64(i) * ChunkSize
+				b := buf[:min(ChunkSize, rec.Size-off)]
+				_, err := r.ReadAt(b, off)
+				ok := err == nil && rec.matches(i, b)
+				mu.Lock()
+				switch {
+				case err != nil && (readAt < 0 || i < readAt):
+					readAt, readErr = i, fmt.Errorf("bytes %d–%d: %w", off, off+int64(len(b)), err)
+				case err == nil && !ok && (bad < 0 || i < bad):
+					bad = i
+				}
+				progress.Write(b)
+				mu.Unlock()
+			}
+		}()
+	}
+	var err error
+	for i := range rec.Chunks {
+		if err = ctx.Err(); err != nil || stop() {
+			break
+		}
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	switch { // every chunk before the one named was checked: it is the first
+	case bad >= 0 && (readAt < 0 || bad < readAt):
+		off := int64(bad) * ChunkSize
+		return fmt.Errorf("bytes %d–%d (chunk %d of %d) %w", off, off+min(ChunkSize, rec.Size-off), bad+1, len(rec.Chunks), ErrDamaged)
+	case readErr != nil:
+		return readErr
+	}
+	return err
+}
