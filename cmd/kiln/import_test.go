@@ -270,6 +270,9 @@ func TestImport(t *testing.T) {
 		n.mustKiln(t, rs, "agent", "import", b12)
 		n.mustRelease(t, rs, "begin")
 		out, code := n.kiln(t, rs, "agent", "release", "check", "--timeout", "1s", "--", "sh", "-c", "echo app not ready; exit 1")
+		if !strings.Contains(out, `health check of release 1.2.0: "sh -c echo app not ready; exit 1" exits 0, within 1s`) {
+			t.Errorf("the check does not say what it waits for:\n%s", out)
+		}
 		if code != 1 || !strings.Contains(out, "release 1.2.0 failed its health check: after 1s command sh -c echo app not ready; exit 1 failed (exit status 1): app not ready; rolled back to 1.0.0") {
 			t.Errorf("failing check: exit %d:\n%s", code, out)
 		}
@@ -279,6 +282,9 @@ func TestImport(t *testing.T) {
 		n.mustKiln(t, rs, "agent", "import", b12) // the same release may be staged again
 		n.mustRelease(t, rs, "begin")
 		out = n.mustKiln(t, rs, "agent", "release", "check", "--timeout", "10s", "--", "true")
+		if !strings.Contains(out, `health check of release 1.2.0: "true" exits 0, within 10s`) {
+			t.Errorf("the check does not say what it waits for:\n%s", out)
+		}
 		if !strings.Contains(out, "release 1.2.0 passed its health check and is now current") {
 			t.Errorf("passing check:\n%s", out)
 		}

@@ -307,7 +307,17 @@ func newReleaseCheckCommand(flags *releaseFlags) *cobra.Command {
 				return nil
 			}
 			v := st.Trying.Version
-			fmt.Fprintf(w, "health check of release %s: %d unit(s), command %q, up to %s\n", v, len(spec.Units), strings.Join(args, " "), spec.Timeout)
+			var what []string // as the technician reads it: no empty command
+			if len(spec.Units) > 0 {
+				what = append(what, strings.Join(spec.Units, ", ")+" active")
+			}
+			if len(args) > 0 {
+				what = append(what, fmt.Sprintf("%q exits 0", strings.Join(args, " ")))
+			}
+			if len(what) == 0 {
+				what = []string{"nothing to wait for"}
+			}
+			fmt.Fprintf(w, "health check of release %s: %s, within %s\n", v, strings.Join(what, " and "), spec.Timeout)
 			if herr := healthcheck.Run(cmd.Context(), spec, nil); herr != nil {
 				if _, err := m.Rollback(cmd.Context(), v, herr.Error()); err != nil {
 					return fmt.Errorf("release %s failed its %v, and the rollback failed: %w", v, herr, err)

@@ -156,6 +156,18 @@ func TestRenderErrors(t *testing.T) {
 		if u.Name == contract.ImportUnit && !strings.Contains(u.Contents, "shutdown --reboot +0 ") {
 			t.Errorf("countdown 0:\n%s", u.Contents)
 		}
+		// The stick may be pulled as soon as the console says so, before
+		// ExecStartPost (the reboot policy) runs: a unit bound to the
+		// device would be stopped there and never reboot (seen in the
+		// QEMU field-upgrade scenario).
+		if u.Name == contract.ImportUnit && strings.Contains(u.Contents, "BindsTo=") {
+			t.Errorf("the import unit is bound to the stick's device:\n%s", u.Contents)
+		}
+		// A stick left in across a reboot is imported at boot: never
+		// racing the begin that decides which release this boot runs.
+		if u.Name == contract.ImportUnit && !strings.Contains(u.Contents, "After="+contract.ReleaseBeginUnit+"\n") {
+			t.Errorf("the import unit is not ordered after %s:\n%s", contract.ReleaseBeginUnit, u.Contents)
+		}
 	}
 	// Every policy a recipe may name renders.
 	for _, policy := range recipes.RebootPolicies {

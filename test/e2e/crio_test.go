@@ -35,7 +35,12 @@ const (
 // workloadUnitText starts the appliance's workload through the CRI, as a
 // node agent would: after CRI-O, from the preloaded image, never pulling.
 // Its console output says what it started or why not.
-var workloadUnitText = `[Unit]
+var workloadUnitText = workloadUnitFor(helloRef, "")
+
+// workloadUnitFor is the workload unit running image; env, if set, is an
+// EnvironmentFile= line the image may come from (${IMAGE}).
+func workloadUnitFor(image, env string) string {
+	return `[Unit]
 Description=kiln e2e appliance workload (pod ` + workloadPod + ` via the CRI)
 Requires=crio.service
 After=crio.service
@@ -45,11 +50,12 @@ Type=oneshot
 RemainAfterExit=yes
 StandardOutput=journal+console
 StandardError=journal+console
-ExecStart=` + criCheckPath + ` -timeout 4m run ` + workloadPod + ` ` + helloRef + ` -sleep
+` + env + `ExecStart=` + criCheckPath + ` -timeout 4m run ` + workloadPod + ` ` + image + ` -sleep
 
 [Install]
 WantedBy=multi-user.target
 `
+}
 
 // pauseDropIn: CRI-O creates every pod's sandbox from its pause image (it
 // runs no infra container, drop_infra_ctr, but the image must be there). An

@@ -29,12 +29,19 @@ const CheckScript = "/usr/local/bin/kiln-e2e-check"
 
 // checkUnit runs the check script once the system is up, then powers off
 // whatever the outcome, so every boot ends on its own.
-const checkUnit = `[Unit]
-Description=kiln e2e checks
-After=multi-user.target
-SuccessAction=poweroff
-FailureAction=poweroff
+var checkUnit = unitText("kiln e2e checks", "SuccessAction=poweroff\nFailureAction=poweroff\n")
 
+// scenarioUnit runs a scenario script that spans several boots of one
+// machine: the script itself reboots (systemctl --no-block reboot, then exits
+// 0) or powers off at the end; only a script that fails powers the machine
+// off, so a broken scenario still ends its run.
+var scenarioUnit = unitText("kiln e2e scenario checks", "FailureAction=poweroff\n")
+
+func unitText(description, actions string) string {
+	return `[Unit]
+Description=` + description + `
+After=multi-user.target
+` + actions + `
 [Service]
 Type=oneshot
 StandardOutput=journal+console
@@ -44,6 +51,16 @@ ExecStart=` + CheckScript + `
 [Install]
 WantedBy=multi-user.target
 `
+}
+
+// ScenarioConfig is CheckConfig for a script that decides when the machine
+// reboots and powers off (see vm.WithReboots).
+func ScenarioConfig(script string) types.Config {
+	cfg := CheckConfig(script)
+	unit := scenarioUnit
+	cfg.Systemd.Units[0].Contents = &unit
+	return cfg
+}
 
 // CheckConfig returns a spec 3.3.0 config that installs script as the check
 // script and enables the unit that runs it on every boot.

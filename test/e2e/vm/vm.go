@@ -51,6 +51,15 @@ type config struct {
 	logDir  string
 	name    string
 	extra   []string
+	monitor bool // a QMP socket and hot-plug ports (WithMonitor, OnConsole)
+	reboots bool
+	hooks   []hook
+}
+
+// hook is an OnConsole callback.
+type hook struct {
+	substr string
+	fn     func(m *Monitor, line string) error
 }
 
 // Option changes how Boot runs QEMU.
@@ -80,6 +89,27 @@ func WithQEMUArgs(args ...string) Option {
 	return func(c *config) { c.extra = append(c.extra, args...) }
 }
 
+// WithReboots lets the guest reboot within the run (QEMU without
+// -no-reboot): the machine resets as real hardware does, the disk and the
+// UEFI variables stay, and Boot returns at the guest's final power-off with
+// the console of every boot.
+func WithReboots() Option { return func(c *config) { c.reboots = true } }
+
+// WithMonitor gives the machine a QMP socket and PCIe root ports for
+// hot-plugged disks (see OnConsole).
+func WithMonitor() Option { return func(c *config) { c.monitor = true } }
+
+// OnConsole calls fn with the machine's monitor for every console line that
+// contains substr (implies WithMonitor). Callbacks run one at a time, in
+// console order, beside the console reader (so a slow one never stalls the
+// guest's serial port); an error fails the boot.
+func OnConsole(substr string, fn func(m *Monitor, line string) error) Option {
+	return func(c *config) {
+		c.monitor = true
+		c.hooks = append(c.hooks, hook{substr, fn})
+	}
+}
+
 // Check is one "KILN-E2E: <name> PASS|FAIL <detail>" console line.
 type Check struct {
 	Name   string
@@ -89,9 +119,21 @@ type Check struct {
 
 // Result is what one boot left on the console.
 type Result struct {
-	Console  string        // path of the full console log (raw bytes)
-	Duration time.Duration // QEMU start to power-off
-	lines    []string      // console lines, escape sequences removed
+	Console  string          // path of the full console log (raw bytes)
+	Duration time.Duration   // QEMU start to power-off
+	lines    []string        // console lines, escape sequences removed
+	at       []time.Duration // when each line arrived, from QEMU start
+}
+
+// When returns how long after QEMU started the first console line holding
+// substr arrived, and whether one did.
+func (r *Result) When(substr string) (time.Duration, bool) {
+	for i, l := range r.lines {
+		if strings.Contains(l, substr) {
+			return r.at[i], true
+		}
+	}
+	return 0, false
 }
 
 // Lines returns the console lines that contain prefix, from prefix on.
@@ -211,10 +253,34 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 		// No default devices (CD-ROM, NIC, VGA): the firmware then tries
 		// only our disk, and the guest sees only what a test adds.
 		"-nodefaults", "-nographic", "-monitor", "none", "-serial", "stdio",
-		"-nic", "none", "-no-reboot",
+		"-nic", "none",
 		"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=" + ovmfCode,
 		"-drive", "if=pflash,format=raw,unit=1,file=" + vars,
-		"-drive", "if=virtio,format=raw,file=" + disk,
+	}
+	if c.monitor {
+		// The disk boots first, named by bootindex: OVMF appends the boot
+		// option of a disk it finds at a reset (a stick left plugged in)
+		// after its UEFI shell, and without a boot order from QEMU it
+		// then starts the shell instead of the disk.
+		args = append(args, "-drive", "if=none,id=kiln-disk,format=raw,file="+disk,
+			"-device", "virtio-blk-pci,drive=kiln-disk,bootindex=0")
+	} else {
+		args = append(args, "-drive", "if=virtio,format=raw,file="+disk)
+	}
+	if !c.reboots {
+		args = append(args, "-no-reboot")
+	}
+	var qmpPath string
+	if c.monitor {
+		// A short path: unix socket names are limited to 108 bytes.
+		dir, err := os.MkdirTemp("", "kiln-qmp-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		qmpPath = filepath.Join(dir, "qmp.sock")
+		args = append(args, "-qmp", "unix:"+qmpPath+",server=on,wait=off")
+		args = append(args, hotplugArgs()...)
 	}
 	args = append(args, c.extra...)
 	fmt.Fprintf(logFile, "# qemu-system-x86_64 %s\n", strings.Join(args, " "))
@@ -237,15 +303,31 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 	// Scan until the pipe closes: QEMU exited or was killed (timeout, or a
 	// failure pattern calling cancel).
 	sc := newScanner(c.failOn, t, c.name)
+	sc.start = start
+	var hooks *hookRunner
+	if c.monitor {
+		mon, err := dialMonitor(qmpPath)
+		if err != nil {
+			cancel()
+			cmd.Wait()
+			return nil, err
+		}
+		defer mon.close()
+		hooks = newHookRunner(mon, c.hooks, cancel)
+		sc.onLine = hooks.line
+	}
 	sc.scan(io.TeeReader(stdout, logFile), cancel)
+	hookErr := hooks.stop()
 	waitErr := cmd.Wait()
-	res := &Result{Console: logPath, Duration: time.Since(start), lines: sc.lines}
+	res := &Result{Console: logPath, Duration: time.Since(start), lines: sc.lines, at: sc.at}
 
 	tail := func() string {
 		return fmt.Sprintf("last console lines:\n%s\nfull console log: %s",
 			indent(lastN(sc.lines, 60)), logPath)
 	}
 	switch {
+	case hookErr != nil:
+		return res, fmt.Errorf("console hook: %w after %s; %s", hookErr, res.Duration.Round(time.Second), tail())
 	case sc.failedOn != "":
 		return res, fmt.Errorf("console showed %q after %s; %s", sc.failedOn,
 			res.Duration.Round(time.Second), tail())
@@ -264,6 +346,9 @@ type scanner struct {
 	t        testing.TB
 	name     string
 	lines    []string
+	at       []time.Duration
+	start    time.Time
+	onLine   func(string) // every clean line, if set
 	failedOn string
 }
 
@@ -287,6 +372,10 @@ func (s *scanner) scan(r io.Reader, stop func()) {
 					continue
 				}
 				s.lines = append(s.lines, l)
+				s.at = append(s.at, time.Since(s.start))
+				if s.onLine != nil {
+					s.onLine(l)
+				}
 				if verbose || strings.Contains(l, CheckPrefix) {
 					s.t.Logf("%s| %s", s.name, l)
 				}
@@ -355,4 +444,49 @@ func copyFile(dst, src string) error {
 		return err
 	}
 	return out.Close()
+}
+
+// hookRunner runs OnConsole callbacks in order on a goroutine of its own.
+type hookRunner struct {
+	hooks []hook
+	mon   *Monitor
+	queue chan func() error
+	done  chan struct{}
+	err   error
+}
+
+func newHookRunner(mon *Monitor, hooks []hook, cancel func()) *hookRunner {
+	h := &hookRunner{hooks: hooks, mon: mon, queue: make(chan func() error, 256), done: make(chan struct{})}
+	go func() {
+		defer close(h.done)
+		for f := range h.queue {
+			if h.err != nil {
+				continue
+			}
+			if err := f(); err != nil {
+				h.err = err
+				cancel()
+			}
+		}
+	}()
+	return h
+}
+
+func (h *hookRunner) line(l string) {
+	for _, hk := range h.hooks {
+		if strings.Contains(l, hk.substr) {
+			hk := hk
+			h.queue <- func() error { return hk.fn(h.mon, l) }
+		}
+	}
+}
+
+// stop waits for the queued callbacks and returns the first error.
+func (h *hookRunner) stop() error {
+	if h == nil {
+		return nil
+	}
+	close(h.queue)
+	<-h.done
+	return h.err
 }
