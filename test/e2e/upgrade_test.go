@@ -96,8 +96,8 @@ func TestFieldUpgrade(t *testing.T) {
 	}
 	for _, name := range []string{
 		"b1-settled", "b1-current", "b1-cri-workload", "b1-pause-pinned", "b1-app-1.0-pinned", "b1-staged", "b1-stick-removed",
-		"b2-begin-before-crio", "b2-current", "b2-previous", "b2-cri-workload", "b2-app-1.1-pinned", "b2-app-1.0-pinned", "b2-pins-file", "b2-staged", "b2-stick-removed",
-		"b3-begin-before-crio", "b3-current", "b3-cri-workload", "b3-app-1.2-pinned", "b3-app-1.1-pinned", "b3-app-1.0-unpinned", "b3-env-1.0-blob-gone", "b3-staged",
+		"b2-begin-before-crio", "b2-mirror-opened", "b2-current", "b2-previous", "b2-cri-workload", "b2-app-1.1-pinned", "b2-app-1.0-pinned", "b2-pins-file", "b2-staged", "b2-stick-removed",
+		"b3-begin-before-crio", "b3-mirror-opened", "b3-current", "b3-cri-workload", "b3-app-1.2-pinned", "b3-app-1.1-pinned", "b3-app-1.0-unpinned", "b3-env-1.0-blob-gone", "b3-staged",
 		"b4-begin-before-crio", "b4-tools-loaded", "b4-workload-failed",
 		"b5-current", "b5-rolled-back", "b5-files-restored", "b5-cri-workload", "b5-app-1.2-pinned", "b5-app-1.1-pinned", "b5-tools-removed", "b5-tools-blob-gone",
 	} {

@@ -218,6 +218,12 @@ func createDirect(dir, pattern string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("release store: %w", err)
 	}
+	// CreateTemp makes 0600 files; the registry serving the store runs as a
+	// dynamic user (kiln-registry.service) and must read them.
+	if err := f.Chmod(blobMode); err != nil {
+		discard(f)
+		return nil, fmt.Errorf("release store: %w", err)
+	}
 	d, err := os.OpenFile(f.Name(), os.O_WRONLY|unix.O_DIRECT, 0)
 	if err != nil {
 		return f, nil
@@ -270,6 +276,9 @@ func (c *commit) removeTemps() {
 		os.Remove(f.tmp)
 	}
 }
+
+// blobMode is a stored blob's mode: readable by the registry's dynamic user.
+const blobMode = 0o644
 
 // tempMark is in every temp file's name: .<hex>.tmp-<random>.
 const tempMark = ".tmp-"

@@ -71,6 +71,14 @@ func TestReceive(t *testing.T) {
 			if got := digest(b); got != "sha256:"+e.Name() {
 				t.Errorf("%s holds %s", e.Name(), got)
 			}
+			// The registry reads the store as a dynamic user.
+			fi, err := e.Info()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Perm() != 0o644 {
+				t.Errorf("%s: mode %v, want 0644", e.Name(), fi.Mode().Perm())
+			}
 			out = append(out, e.Name())
 		}
 		return out

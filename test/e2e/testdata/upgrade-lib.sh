@@ -43,6 +43,16 @@ begin_before_crio() {
     if [ "${b:-0}" -gt 0 ] && [ "${c:-0}" -gt "$b" ]; then pass begin-before-crio "begin=$b crio=$c"; else fail begin-before-crio "begin=$b crio=$c"; fi
 }
 
+# mirror_opened: the upgrade boot's mirror gate opened (every image of the
+# release being tried answered the registry), not gave up after its wait.
+mirror_opened() {
+    local j
+    wait_for 300 journal_has kiln-mirror.service 'mirror on:' || true
+    j=$(journalctl -b 0 -q --no-pager -u kiln-mirror.service)
+    if grep -q 'mirror on:' <<<"$j"; then pass mirror-opened; else fail mirror-opened "$(tail -n 3 <<<"$j" | oneline)"; diag kiln-registry.service; fi
+}
+journal_has() { journalctl -b 0 -q --no-pager -u "$1" | grep -q "$2"; }
+
 # workload VERSION: the workload pod runs VERSION's app image, by digest.
 workload() {
     wait_for 300 is_active "$WORKLOAD" || diag "$WORKLOAD"
