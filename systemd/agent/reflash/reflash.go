@@ -9,11 +9,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
@@ -115,12 +117,15 @@ func Run(ctx context.Context, payload string, opts ...Option) error {
 		return err
 	}
 
-	if err := r.precheck(ctx, rec, image); err != nil {
-		return err
-	}
 	skipped, err := r.write(ctx, rec, image, target)
-	if err != nil {
-		return fmt.Errorf("write %s: %w: the disk is incomplete and will not boot; run the reflash again, or use another disk", target.Path, err)
+	var werr targetError
+	switch {
+	case errors.Is(err, format.ErrDamaged):
+		return fmt.Errorf("the stick is damaged: its disk image, %w; %s was left without a partition table, so it does not boot half-written; use another stick", err, target.Path)
+	case errors.As(err, &werr):
+		return fmt.Errorf("write %s: %w: the disk is incomplete and will not boot; run the reflash again, or use another disk", target.Path, werr.error)
+	case err != nil:
+		return fmt.Errorf("%w; %s was left without a partition table, so it does not boot half-written; run the reflash again, or use another stick", err, target.Path)
 	}
 	if skipped > 0 {
 		fmt.Fprintf(r.out, "kiln reflash: %s of zeros not written: %s already read zero there\n", contract.Bytes(skipped), target.Path)
@@ -169,71 +174,138 @@ func (r *reflasher) confirm(rec *format.Record, d *blockdev.Device) error {
 	return fmt.Errorf("not confirmed (%q): nothing was written; power off and remove the stick to keep the disk as it is", answer)
 }
 
-// precheck reads the stick's disk image against its record before the
-// target is touched.
-func (r *reflasher) precheck(ctx context.Context, rec *format.Record, image string) error {
-	f, err := os.Open(image)
-	if err != nil {
-		return fmt.Errorf("the stick's disk image: %w; use another stick", err)
-	}
-	defer f.Close()
-	t := r.task("check the stick", rec.Size)
-	err = rec.Check(ctx, f, t)
-	t.Done(err)
-	if err != nil {
-		return fmt.Errorf("the stick is damaged: its disk image, %w; nothing was written; use another stick", err)
-	}
-	return nil
-}
+// targetError is a failure of the target disk, not of the stick.
+type targetError struct{ error }
 
-// write copies the image onto the target; an all-zero chunk is written
-// only where the target does not already read zero. It returns the bytes
-// skipped.
+func (e targetError) Unwrap() error { return e.error }
+
+// write copies the image onto the target, each chunk checked against the
+// record just before it is written: the stick is read once, as dd reads it.
+// The target's first chunk (where a partition table lives) is zeroed before
+// anything else and the image's first chunk is written last, so a stick
+// found damaged half-way, or a write that fails, leaves a disk with no
+// partition table, never one that looks bootable and is not (what
+// coreos-installer does too). An all-zero chunk is written only where the
+// target does not already read zero. It returns the bytes skipped.
 func (r *reflasher) write(ctx context.Context, rec *format.Record, image string, d *blockdev.Device) (int64, error) {
 	in, err := os.Open(image)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("the stick's disk image: %w", err)
 	}
 	defer in.Close()
 	// O_EXCL on a block device: the kernel refuses it while mounted or held.
 	out, err := os.OpenFile(d.Path, os.O_RDWR|unix.O_EXCL, 0)
 	if err != nil {
-		return 0, fmt.Errorf("open: %w (is it mounted or in use?)", err)
+		return 0, targetError{fmt.Errorf("open: %w (is it mounted or in use?)", err)}
 	}
 	defer out.Close()
 	// What the target reads must come from the disk, not from the cache.
 	if err := unix.IoctlSetInt(int(out.Fd()), unix.BLKFLSBUF, 0); err != nil {
-		return 0, fmt.Errorf("drop the cache: %w", err)
+		return 0, targetError{fmt.Errorf("drop the cache: %w", err)}
 	}
-	buf, old := make([]byte, blockdev.Chunk), make([]byte, blockdev.Chunk)
+	old := make([]byte, format.ChunkSize)
+	head := min(format.ChunkSize, rec.Size)
+	if _, err := out.ReadAt(old[:head], 0); err != nil {
+		return 0, targetError{err}
+	}
+	if !zero(old[:head]) {
+		if _, err := out.WriteAt(zeros[:head], 0); err != nil {
+			return 0, targetError{err}
+		}
+		if err := blockdev.Flush(out); err != nil {
+			return 0, targetError{err}
+		}
+	}
+
 	var skipped int64
+	first := make([]byte, head)
 	t := r.task("write "+d.Path, rec.Size)
-	for off := int64(0); off < rec.Size; off += blockdev.Chunk {
-		if err = ctx.Err(); err != nil {
-			break
-		}
-		n := min(blockdev.Chunk, rec.Size-off)
-		if _, err = in.ReadAt(buf[:n], off); err != nil {
-			err = fmt.Errorf("read the stick's disk image at %d: %w", off, err)
-			break
-		}
-		if zero(buf[:n]) {
-			if _, rerr := out.ReadAt(old[:n], off); rerr == nil && zero(old[:n]) {
-				skipped += n
-				t.Write(buf[:n])
-				continue
+	err = eachChunk(ctx, rec, in, func(i int, b []byte) error {
+		defer t.Write(b)
+		off := int64(i) * format.ChunkSize
+		switch {
+		case i == 0:
+			copy(first, b) // last
+			return nil
+		case zero(b):
+			if _, rerr := out.ReadAt(old[:len(b)], off); rerr == nil && zero(old[:len(b)]) {
+				skipped += int64(len(b))
+				return nil
 			}
 		}
-		if _, err = out.WriteAt(buf[:n], off); err != nil {
-			break
+		if _, err := out.WriteAt(b, off); err != nil {
+			return targetError{err}
 		}
-		t.Write(buf[:n])
+		return nil
+	})
+	if err == nil {
+		if _, err = out.WriteAt(first, 0); err != nil {
+			err = targetError{err}
+		}
 	}
 	if err == nil {
-		err = blockdev.Flush(out)
+		if err = blockdev.Flush(out); err != nil {
+			err = targetError{err}
+		}
 	}
 	t.Done(err)
 	return skipped, err
+}
+
+// eachChunk reads the image's chunks, each read and checked against the
+// record on a core of its own while earlier ones are written, and calls
+// write for each in order. A damaged chunk or a failed read stops it before
+// write sees that chunk.
+func eachChunk(ctx context.Context, rec *format.Record, in io.ReaderAt, write func(i int, b []byte) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		b   []byte
+		err error
+	}
+	workers := runtime.GOMAXPROCS(0)
+	pool := make(chan []byte, workers+1) // bounds the chunks in memory
+	for range cap(pool) {
+		pool <- make([]byte, format.ChunkSize)
+	}
+	pending := make(chan chan result, cap(pool))
+	go func() {
+		defer close(pending)
+		for i := range rec.Chunks {
+			var buf []byte
+			select {
+			case buf = <-pool:
+			case <-ctx.Done():
+				return
+			}
+			c := make(chan result, 1)
+			pending <- c // never blocks: as many slots as buffers
+			go func() {
+				off := int64(i) * format.ChunkSize
+				b := buf[:min(format.ChunkSize, rec.Size-off)]
+				_, err := in.ReadAt(b, off)
+				if err != nil {
+					err = fmt.Errorf("read the stick's disk image at bytes %d–%d: %w", off, off+int64(len(b)), err)
+				} else {
+					err = rec.CheckChunk(i, b)
+				}
+				c <- result{b, err}
+			}()
+		}
+	}()
+	i := 0
+	for c := range pending {
+		res := <-c
+		if res.err == nil {
+			res.err = write(i, res.b)
+		}
+		pool <- res.b[:cap(res.b)]
+		if res.err != nil {
+			return res.err
+		}
+		i++
+	}
+	return ctx.Err()
 }
 
 var zeros = make([]byte, blockdev.Chunk)

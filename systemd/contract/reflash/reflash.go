@@ -204,6 +204,20 @@ func (rec *Record) matches(i int, b []byte) bool {
 
 func zeroHex(n int) string { s := sha256.Sum256(zeroChunk[:n]); return hex.EncodeToString(s[:]) }
 
+// CheckChunk says whether b holds chunk i as the record has it; the error
+// names the chunk's byte range, as Check's does.
+func (rec *Record) CheckChunk(i int, b []byte) error {
+	if rec.matches(i, b) {
+		return nil
+	}
+	return rec.damaged(i)
+}
+
+func (rec *Record) damaged(i int) error {
+	off := int64(i) * ChunkSize
+	return fmt.Errorf("bytes %d–%d (chunk %d of %d) %w", off, off+min(ChunkSize, rec.Size-off), i+1, len(rec.Chunks), ErrDamaged)
+}
+
 // Check reads rec.Size bytes from r and compares each chunk with the
 // record; the chunks cover every byte, so the whole-image digest adds
 // nothing. Every core reads and hashes chunks of its own, so reads are in
@@ -254,8 +268,7 @@ func (rec *Record) Check(ctx context.Context, r io.ReaderAt, progress io.Writer)
 	wg.Wait()
 	switch { // every chunk before the one named was checked: it is the first
 	case bad >= 0 && (readAt < 0 || bad < readAt):
-		off := int64(bad) * ChunkSize
-		return fmt.Errorf("bytes %d–%d (chunk %d of %d) %w", off, off+min(ChunkSize, rec.Size-off), bad+1, len(rec.Chunks), ErrDamaged)
+		return rec.damaged(bad)
 	case readErr != nil:
 		return readErr
 	}
