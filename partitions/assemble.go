@@ -480,7 +480,9 @@ func writeSparse(f *os.File, p []byte, off int64) error {
 // added is the GPT entry's identity of the partition kiln adds.
 type added struct{ name, typ, guid string }
 
-func (o *AssembleOptions) added(guid string) added { return added{o.PartitionName, o.PartitionType, guid} }
+func (o *AssembleOptions) added(guid string) added {
+	return added{o.PartitionName, o.PartitionType, guid}
+}
 
 func writeTable(f *os.File, base *Layout, size, start, partSize int64, diskGUID string, img added) error {
 	sector := int64(base.SectorSize)

@@ -17,10 +17,10 @@ import (
 	"path/filepath"
 
 	"github.com/kiln-appliance/kiln/builder"
-	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/builder/stage"
 	"github.com/kiln-appliance/kiln/ignition"
 	"github.com/kiln-appliance/kiln/internal/blockdev"
+	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/recipes"
 	format "github.com/kiln-appliance/kiln/systemd/contract/reflash"
