@@ -51,6 +51,7 @@ func Run(ctx context.Context, s Spec, active ActiveFunc) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.Timeout)
 	defer cancel()
+	last := "" // the last look that ran to its end
 	for {
 		failing, err := look(ctx, s, active)
 		if err != nil {
@@ -59,9 +60,14 @@ func Run(ctx context.Context, s Spec, active ActiveFunc) error {
 		if failing == "" {
 			return nil
 		}
+		// A look the timeout cut short says only "killed"; the one before
+		// it says what was wrong.
+		if ctx.Err() == nil || last == "" {
+			last = failing
+		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("health check: after %s %s", s.Timeout, failing)
+			return fmt.Errorf("health check: after %s %s", s.Timeout, last)
 		case <-time.After(every):
 		}
 	}

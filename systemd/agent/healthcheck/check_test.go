@@ -29,7 +29,10 @@ func TestRun(t *testing.T) {
 		{"command missing", Spec{Command: []string{"/nonexistent/check"}}, nil, "no such file"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			c.spec.Timeout, c.spec.Every = 500*time.Millisecond, 10*time.Millisecond
+			t.Parallel()
+			// The timeout is long enough for the command to run to its end
+			// at least once on a loaded CI machine.
+			c.spec.Timeout, c.spec.Every = 3*time.Second, 10*time.Millisecond
 			err := Run(context.Background(), c.spec, c.active)
 			switch {
 			case c.want == "" && err != nil:
@@ -38,5 +41,16 @@ func TestRun(t *testing.T) {
 				t.Errorf("got %v, want an error containing %q", err, c.want)
 			}
 		})
+	}
+}
+
+// A look the timeout cuts short must not hide what the looks before it found.
+func TestRunReportsLastCompleteLook(t *testing.T) {
+	marker := t.TempDir() + "/ran"
+	script := "if [ -e " + marker + " ]; then exec sleep 30; fi; touch " + marker + "; echo db unreachable; exit 3"
+	s := Spec{Command: []string{"sh", "-c", script}, Timeout: time.Second, Every: 10 * time.Millisecond}
+	err := Run(context.Background(), s, nil)
+	if err == nil || !strings.Contains(err.Error(), "(exit status 3): db unreachable") {
+		t.Fatalf("got %v, want the first look's failure", err)
 	}
 }
