@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
@@ -79,6 +80,11 @@ func Build(ctx context.Context, recipePath string, o Options) (*Result, error) {
 		return nil, err
 	}
 	defer b.cleanup()
+	if stop, err := startCPUProfile(); err != nil {
+		return nil, err
+	} else {
+		defer stop()
+	}
 	steps := []func(context.Context) error{
 		b.createOutput, // first: an unwritable output fails now, not after an hour of fetching
 		b.sweepLeftovers,
@@ -95,6 +101,25 @@ func Build(ctx context.Context, recipePath string, o Options) (*Result, error) {
 		}
 	}
 	return &Result{Output: o.Output, Layout: b.layout, Contents: b.contents}, nil
+}
+
+// startCPUProfile writes a Go CPU profile of the build to
+// $KILN_CPUPROFILE when set (hidden: for measuring where a build's time
+// goes, docs/BENCHMARKS.md).
+func startCPUProfile() (stop func(), err error) {
+	path := os.Getenv("KILN_CPUPROFILE")
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("KILN_CPUPROFILE: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("KILN_CPUPROFILE: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // newBuild reads and checks everything that needs no long work: the recipe,

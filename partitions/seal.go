@@ -204,15 +204,34 @@ func digestRange(r io.ReaderAt, off, size int64) (string, error) {
 	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
 }
 
+// hashSpan feeds h size bytes of r at off. A file's holes (the disk file
+// kiln writes is sparse: the base's zero runs, the headroom) are hashed
+// from zeros in memory rather than read (hashHoles).
 func hashSpan(h hash.Hash, r io.ReaderAt, off, size int64, buf []byte) error {
-	if _, err := io.CopyBuffer(h, io.NewSectionReader(r, off, size), buf); err != nil {
-		return err
-	}
-	// A section past the end of r reads short without an error.
+	// A section past the end of r would read short without an error.
 	if end, err := sizeOf(r); err == nil && off+size > end {
 		return fmt.Errorf("bytes %d-%d lie past the end of the disk (%d bytes): it is truncated", off, off+size-1, end)
 	}
-	return nil
+	if f, base, ok := fileOf(r); ok {
+		return hashHoles(h, f, base+off, size, buf)
+	}
+	return hashRead(h, r, off, size, buf)
+}
+
+// fileOf finds the file under r (a partition's section of the disk file)
+// and r's offset in it.
+func fileOf(r io.ReaderAt) (*os.File, int64, bool) {
+	switch r := r.(type) {
+	case *os.File:
+		return r, 0, true
+	case *offsetFile:
+		return r.f, r.off, true
+	case *io.SectionReader:
+		outer, off, _ := r.Outer()
+		f, base, ok := fileOf(outer)
+		return f, base + off, ok
+	}
+	return nil, 0, false
 }
 
 func sizeOf(r io.ReaderAt) (int64, error) {

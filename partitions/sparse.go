@@ -2,6 +2,7 @@ package partitions
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 
@@ -74,4 +75,58 @@ func (h *holeReader) read(p []byte) (int, error) {
 	n, err := h.f.Read(p)
 	h.off += int64(n)
 	return n, err
+}
+
+// zeroBlock stands in for the bytes of a hole: hashing it costs sha256's
+// CPU but no read (a hole read still fills a zero page-cache page per 4 KiB).
+var zeroBlock [MiB]byte
+
+// hashHoles feeds h the size bytes of f at off, answering f's holes from
+// zeroBlock instead of reading them (SEEK_DATA/SEEK_HOLE; the digest is the
+// same as of a plain read). Data regions are read into buf. Only the file
+// offset is touched besides reads (pread), so goroutines may share f.
+// Where holes cannot be told (a block device, a filesystem without
+// SEEK_DATA), every byte is read.
+func hashHoles(h io.Writer, f *os.File, off, size int64, buf []byte) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.Mode().IsRegular() && off+size > fi.Size() { // a hole is never past the end
+		return fmt.Errorf("bytes %d-%d lie past the end of the disk (%d bytes): it is truncated", off, off+size-1, fi.Size())
+	}
+	fd := int(f.Fd())
+	for end := off + size; off < end; {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) { // no data from off to the end of the file
+			data = end
+		} else if err != nil {
+			return hashRead(h, f, off, end-off, buf)
+		}
+		if data = min(data, end); data > off {
+			for n := data - off; n > 0; {
+				c := min(n, int64(len(zeroBlock)))
+				h.Write(zeroBlock[:c])
+				n -= c
+			}
+			off = data
+			continue
+		}
+		hole, err := unix.Seek(fd, off, unix.SEEK_HOLE)
+		if err != nil {
+			return hashRead(h, f, off, end-off, buf)
+		}
+		hole = min(max(hole, off+1), end)
+		if err := hashRead(h, f, off, hole-off, buf); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return nil
+}
+
+// hashRead feeds h size bytes of r at off, read into buf.
+func hashRead(h io.Writer, r io.ReaderAt, off, size int64, buf []byte) error {
+	_, err := io.CopyBuffer(h, io.NewSectionReader(r, off, size), buf)
+	return err
 }

@@ -22,7 +22,8 @@ import (
 // the ratio is what means something on a noisy machine. Ratios are times,
 // build / cp (issue 15's target for a cold build: ≤ 1.25), as median and
 // range over paired.Runs pairs. KILN_BENCH_SIZES (MiB, comma-separated)
-// overrides the sizes.
+// overrides the sizes; KILN_BENCH_KEEP=1 keeps the fixture (layout, base,
+// recipes) to time a build by hand.
 //
 //	make bench   # or: go test -tags … -run '^$' -bench BenchmarkBuild -benchtime 1x ./cmd/kiln
 func BenchmarkBuild(b *testing.B) {
@@ -37,7 +38,11 @@ func benchBuild(b *testing.B, total int64) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer os.RemoveAll(dir)
+	if os.Getenv("KILN_BENCH_KEEP") == "" {
+		defer os.RemoveAll(dir)
+	} else {
+		b.Logf("keeping %s (KILN_BENCH_KEEP)", dir)
+	}
 	const n = 24
 	imgs, err := images.RandomImages(filepath.Join(dir, "oci"), n, total, 0.3, 1)
 	if err != nil {
