@@ -80,7 +80,9 @@ func (b *build) assembleDisk(ctx context.Context) error {
 		GUIDSeed:        b.seed(),
 		Ignition:        b.ignitionFor,
 		NoVerity:        !r.ImagePartition.VerityOn(),
-		CheckFilesystem: b.checkInPlace,
+		HashFiles:       b.inPlacePaths(),
+		FilesHashed:     b.checkInPlace,
+		HashFilesStep:   "check blobs read in place",
 		Progress:        b.o.Progress,
 	}
 	if !r.Disk.Size.Auto {

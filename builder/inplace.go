@@ -1,21 +1,13 @@
 package builder
 
 import (
-	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io"
-	"io/fs"
 	"path"
-	"runtime"
 	"sort"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/kiln-appliance/kiln/builder/fetch"
-	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -69,85 +61,44 @@ func (b *build) inPlaceAttrs() ([]partitions.FileAttrs, error) {
 	}
 	var attrs []partitions.FileAttrs
 	for h := range b.inPlace {
-		attrs = append(attrs, partitions.FileAttrs{Path: path.Join(contract.OCIDir, "blobs", h.Algorithm, h.Hex), Mode: 0o644, UID: uid, GID: gid})
+		attrs = append(attrs, partitions.FileAttrs{Path: blobName(h), Mode: 0o644, UID: uid, GID: gid})
 	}
 	sort.Slice(attrs, func(i, j int) bool { return attrs[i].Path < attrs[j].Path })
 	return attrs, nil
 }
 
-// checkInPlace hashes every in-place blob as written into the image
-// filesystem: a source changed or damaged after locking (even while
-// mksquashfs read it) fails the build, as a bad download fails the fetch.
-// The blobs are shared out among one reader per CPU, biggest first.
-func (b *build) checkInPlace(ctx context.Context, open func() (fs.FS, error)) error {
-	if len(b.inPlace) == 0 {
-		return nil
+// inPlacePaths names every in-place blob in the image filesystem, for
+// partitions.Assemble to hash as written (AssembleOptions.HashFiles).
+func (b *build) inPlacePaths() []string {
+	var paths []string
+	for h := range b.inPlace {
+		paths = append(paths, blobName(h))
 	}
-	var blobs []inPlaceBlob
-	var total int64
-	for _, ib := range b.inPlace {
-		blobs = append(blobs, ib)
-		total += ib.desc.Size
-	}
-	sort.Slice(blobs, func(i, j int) bool {
-		if blobs[i].desc.Size != blobs[j].desc.Size {
-			return blobs[i].desc.Size > blobs[j].desc.Size
-		}
-		return blobs[i].desc.Digest.Hex < blobs[j].desc.Digest.Hex
-	})
-	task := b.o.Progress.Task("check blobs read in place", total)
-	counted := progress.Shared(task)
-	next := make(chan inPlaceBlob)
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		defer close(next)
-		for _, ib := range blobs {
-			select {
-			case next <- ib:
-			case <-gctx.Done():
-				return gctx.Err()
-			}
-		}
-		return nil
-	})
-	for range min(runtime.GOMAXPROCS(0), len(blobs)) {
-		g.Go(func() error {
-			fsys, err := open()
-			if err != nil {
-				return err
-			}
-			buf := make([]byte, 1<<20) // one squashfs block per read
-			for ib := range next {
-				if err := gctx.Err(); err != nil {
-					return err
-				}
-				if err := checkBlob(fsys, ib, buf, counted); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-	}
-	err := g.Wait()
-	task.Done(err)
-	return err
+	sort.Strings(paths)
+	return paths
 }
 
-func checkBlob(fsys fs.FS, ib inPlaceBlob, buf []byte, progress io.Writer) error {
-	name := path.Join(contract.OCIDir, "blobs", ib.desc.Digest.Algorithm, ib.desc.Digest.Hex)
-	f, err := fsys.Open(name)
-	if err != nil {
-		return fmt.Errorf("image %s: read back blob %s from the image filesystem: %w", ib.image, ib.desc.Digest, err)
+func blobName(h v1.Hash) string { return path.Join(contract.OCIDir, "blobs", h.Algorithm, h.Hex) }
+
+// checkInPlace compares every in-place blob as written into the image
+// filesystem with its locked digest: a source changed or damaged after
+// locking (even while mksquashfs read it) fails the build, as a bad download
+// fails the fetch.
+func (b *build) checkInPlace(sums map[string]partitions.FileDigest) error {
+	var blobs []inPlaceBlob
+	for _, ib := range b.inPlace {
+		blobs = append(blobs, ib)
 	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.CopyBuffer(io.MultiWriter(h, progress), struct{ io.Reader }{f}, buf)
-	if err != nil {
-		return fmt.Errorf("image %s: read back blob %s from the image filesystem: %w", ib.image, ib.desc.Digest, err)
-	}
-	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); n != ib.desc.Size || got != ib.desc.Digest.String() {
-		return fmt.Errorf("%w: image %s: blob %s, read from %s (%s): expected %d bytes with that digest, got %s (%d bytes); the source is damaged or changed during the build — copy it again, or run `kiln lock` if the change is intended; no disk was written",
-			fetch.ErrCorrupt, ib.image, ib.desc.Digest, ib.path, ib.src, ib.desc.Size, got, n)
+	sort.Slice(blobs, func(i, j int) bool { return blobs[i].desc.Digest.Hex < blobs[j].desc.Digest.Hex })
+	for _, ib := range blobs {
+		got, ok := sums[blobName(ib.desc.Digest)]
+		if !ok {
+			return fmt.Errorf("image %s: blob %s was not read back from the image filesystem", ib.image, ib.desc.Digest)
+		}
+		if got.Size != ib.desc.Size || got.Digest != ib.desc.Digest.String() {
+			return fmt.Errorf("%w: image %s: blob %s, read from %s (%s): expected %d bytes with that digest, got %s (%d bytes); the source is damaged or changed during the build — copy it again, or run `kiln lock` if the change is intended; no disk was written",
+				fetch.ErrCorrupt, ib.image, ib.desc.Digest, ib.path, ib.src, ib.desc.Size, got.Digest, got.Size)
+		}
 	}
 	return nil
 }

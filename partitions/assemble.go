@@ -13,10 +13,12 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"runtime"
 	"strings"
 
 	"github.com/diskfs/go-diskfs/partition/gpt"
 	"github.com/google/uuid"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -77,6 +79,20 @@ type AssembleOptions struct {
 	// open may be called several times (once per goroutine: each reader
 	// is for one goroutine at a time).
 	CheckFilesystem func(ctx context.Context, open func() (fs.FS, error)) error
+	// HashFiles names files of the image filesystem (slash-separated
+	// paths) whose size and sha256 as written FilesHashed receives: the
+	// builder checks there the blobs mksquashfs read straight from their
+	// source (the bytes written, not the source's, which could change in
+	// between). With an uncompressed filesystem and verity on, the files
+	// are hashed in the same read of the partition as the verity tree's
+	// data level (hashLevel0); otherwise in a read of their own alongside
+	// the rest of the assembly. An error from FilesHashed fails the
+	// assembly.
+	// HashFilesStep names that step in Progress (default "check files
+	// read back").
+	HashFiles     []string
+	FilesHashed   func(map[string]FileDigest) error
+	HashFilesStep string
 	// PartitionName and PartitionType name the added partition in the GPT
 	// (default contract.PartitionName and contract.PartitionType; a reflash
 	// stick's payload partition has its own).
@@ -153,10 +169,16 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 		return nil, err
 	}
 	var checked chan error
-	if opts.CheckFilesystem != nil {
+	// The files to hash are fed by the verity pass when it can read them
+	// raw; else they are read through the filesystem alongside the rest.
+	files, err := planHashFiles(opts, place.start, fsSize)
+	if err != nil {
+		return nil, err
+	}
+	if opts.CheckFilesystem != nil || (len(opts.HashFiles) > 0 && files == nil) {
 		checkCtx, cancel := context.WithCancel(ctx)
 		checked = make(chan error, 1)
-		go func() { checked <- checkFilesystem(checkCtx, opts, place.start, fsSize) }()
+		go func() { checked <- checkFilesystem(checkCtx, opts, place.start, fsSize, files == nil) }()
 		defer func() { // on an early return: stop it, and never leave it reading
 			cancel()
 			if checked != nil {
@@ -179,7 +201,7 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	sector := int64(base.SectorSize)
 	id := ImageIdentity{PartitionGUID: DeriveGUID(opts.GUIDSeed, opts.PartitionName)}
 	if !opts.NoVerity {
-		if id.Verity, err = writeImageVerity(opts.Output, start, fsSize, opts.GUIDSeed); err != nil {
+		if id.Verity, err = writeImageVerity(ctx, opts, start, fsSize, files); err != nil {
 			return nil, err
 		}
 		g, err := RootHashGUID(id.Verity.RootHash)
@@ -256,9 +278,10 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 }
 
 // checkFilesystem hands opts.CheckFilesystem a way to open the image
-// filesystem just written.
-func checkFilesystem(ctx context.Context, opts AssembleOptions, start, fsSize int64) error {
-	return opts.CheckFilesystem(ctx, func() (fs.FS, error) {
+// filesystem just written and, with hashFiles, hashes opts.HashFiles through
+// it for opts.FilesHashed.
+func checkFilesystem(ctx context.Context, opts AssembleOptions, start, fsSize int64, hashFilesToo bool) error {
+	open := func() (fs.FS, error) {
 		raw, err := openRawSquashfs(&offsetFile{opts.Output, start})
 		if err == nil {
 			return raw, nil
@@ -271,16 +294,70 @@ func checkFilesystem(ctx context.Context, opts AssembleOptions, start, fsSize in
 			return nil, fmt.Errorf("read back the image filesystem: %w", err)
 		}
 		return fsys, nil
-	})
+	}
+	var g errgroup.Group
+	if opts.CheckFilesystem != nil {
+		g.Go(func() error { return opts.CheckFilesystem(ctx, open) })
+	}
+	if hashFilesToo && len(opts.HashFiles) > 0 {
+		g.Go(func() (err error) {
+			task := progressOf(opts.Progress).Task(opts.HashFilesStep, 0)
+			defer func() { task.Done(err) }()
+			sums, err := hashFiles(ctx, open, opts.HashFiles, task)
+			if err != nil {
+				return fmt.Errorf("read back the image filesystem: %w", err)
+			}
+			return opts.FilesHashed(sums)
+		})
+	}
+	return g.Wait()
+}
+
+// planHashFiles finds opts.HashFiles in the written filesystem for the
+// verity pass to hash; nil when that pass cannot (no verity, a compressed
+// filesystem) or there is nothing to hash.
+func planHashFiles(opts AssembleOptions, start, fsSize int64) (*fileFeeder, error) {
+	if len(opts.HashFiles) == 0 || opts.NoVerity {
+		return nil, nil
+	}
+	raw, err := openRawSquashfs(io.NewSectionReader(opts.Output, start, fsSize))
+	if errors.Is(err, errNotRaw) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read back the image filesystem: %w", err)
+	}
+	files, err := planFileHashes(raw, opts.HashFiles)
+	if errors.Is(err, errNotRaw) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read back the image filesystem: %w", err)
+	}
+	return &fileFeeder{files: files}, nil
 }
 
 // writeImageVerity writes the hash tree right after the filesystem, with a
-// salt and superblock UUID derived from the build's inputs (reproducible).
-func writeImageVerity(f *os.File, start, fsSize int64, seed []byte) (*Verity, error) {
-	part := &offsetFile{f, start}
-	salt := sha256.Sum256(append([]byte("kiln verity salt\x00"), seed...))
-	id := uuid.MustParse(DeriveGUID(seed, "verity"))
-	v, err := writeVerity(part, part, fsSize/VerityBlock, fsSize, salt[:], id)
+// salt and superblock UUID derived from the build's inputs (reproducible),
+// and hands files (if not nil) to opts.FilesHashed, hashed in the same read.
+func writeImageVerity(ctx context.Context, opts AssembleOptions, start, fsSize int64, files *fileFeeder) (*Verity, error) {
+	part := &offsetFile{opts.Output, start}
+	salt := sha256.Sum256(append([]byte("kiln verity salt\x00"), opts.GUIDSeed...))
+	id := uuid.MustParse(DeriveGUID(opts.GUIDSeed, "verity"))
+	var task Task = discardTask{}
+	if files != nil { // the step that reads the partition is the files' check
+		task = progressOf(opts.Progress).Task(opts.HashFilesStep, fsSize)
+	}
+	v, err := writeVerity(ctx, part, part, fsSize/VerityBlock, fsSize, salt[:], id, files, task)
+	if err == nil && files != nil {
+		var sums map[string]FileDigest
+		if sums, err = files.finish(); err == nil {
+			err = opts.FilesHashed(sums)
+		} else {
+			err = fmt.Errorf("read back the image filesystem: %w", err)
+		}
+	}
+	task.Done(err)
 	if err != nil {
 		return nil, fmt.Errorf("image partition verity tree: %w", err)
 	}
@@ -300,23 +377,34 @@ func sealDisk(f *os.File, l *Layout, img *Partition, fsSize int64, v *Verity) ([
 	if err != nil {
 		return nil, err
 	}
-	if s.Outside, err = outsideDigest(f, l.Size, sector, l.Partitions, 1, backup); err != nil {
-		return nil, err
-	}
-	for _, p := range l.Partitions {
-		sp := SealPartition{Number: p.Number, Name: p.Name, Type: p.Type, GUID: p.GUID, FirstLBA: p.FirstLBA, LastLBA: p.LastLBA, Attributes: p.Attributes}
+	// The digests are independent: hash them on every CPU (mostly holes,
+	// hashed from memory: hashSpan).
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	g.Go(func() (err error) {
+		s.Outside, err = outsideDigest(f, l.Size, sector, l.Partitions, 1, backup)
+		return err
+	})
+	s.Partitions = make([]SealPartition, len(l.Partitions))
+	for i, p := range l.Partitions {
+		sp := &s.Partitions[i]
+		*sp = SealPartition{Number: p.Number, Name: p.Name, Type: p.Type, GUID: p.GUID, FirstLBA: p.FirstLBA, LastLBA: p.LastLBA, Attributes: p.Attributes}
 		if p.Number != img.Number {
-			if sp.Digest, err = digestRange(f, p.Offset, p.Size); err != nil {
-				return nil, err
-			}
+			g.Go(func() (err error) {
+				sp.Digest, err = digestRange(f, p.Offset, p.Size)
+				return err
+			})
 		}
-		s.Partitions = append(s.Partitions, sp)
 	}
 	s.Image = SealImage{FSSize: fsSize, Verity: v}
 	if v != nil {
 		s.Image.DigestFrom = v.HashOffset + v.HashSize
 	}
-	if s.Image.Digest, err = digestRange(f, img.Offset+s.Image.DigestFrom, img.Size-SealSize-s.Image.DigestFrom); err != nil {
+	g.Go(func() (err error) {
+		s.Image.Digest, err = digestRange(f, img.Offset+s.Image.DigestFrom, img.Size-SealSize-s.Image.DigestFrom)
+		return err
+	})
+	if err := g.Wait(); err != nil {
 		return nil, err
 	}
 	area, err := encodeSeal(s)
@@ -342,6 +430,12 @@ func (o *offsetFile) WriteAt(p []byte, off int64) (int, error) { return o.f.Writ
 func (o *AssembleOptions) check() error {
 	if o.PartitionName == "" {
 		o.PartitionName, o.PartitionType = contract.PartitionName, contract.PartitionType
+	}
+	if o.HashFilesStep == "" {
+		o.HashFilesStep = "check files read back"
+	}
+	if len(o.HashFiles) > 0 && o.FilesHashed == nil {
+		return errors.New("assemble: files to hash but no FilesHashed to hand their digests to")
 	}
 	switch {
 	case o.PartitionType == "":

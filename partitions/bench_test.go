@@ -82,7 +82,7 @@ func BenchmarkVerityTree(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if _, err := writeVerity(f, f, size/VerityBlock, size, salt, [16]byte{}); err != nil {
+			if _, err := writeVerity(context.Background(), f, f, size/VerityBlock, size, salt, [16]byte{}, nil, nil); err != nil {
 				b.Fatal(err)
 			}
 			f.Close()

@@ -2,6 +2,7 @@ package partitions
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -9,9 +10,12 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/diskfs/go-diskfs/filesystem/squashfs"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // A file linked into the tree from elsewhere is packed with the mode and
@@ -101,5 +105,102 @@ func TestAttrsBadPath(t *testing.T) {
 		if _, err := writeAttrs([]FileAttrs{{Path: p, Mode: 0o644}}); err == nil {
 			t.Errorf("writeAttrs(%q): no error", p)
 		}
+	}
+}
+
+// HashFiles gets each named file's size and sha256 as written, whichever
+// way it is read: in the verity pass (uncompressed, verity on) or through
+// the filesystem (no verity; compressed); sparse blocks, empty files,
+// multi-block files and both names of a hard link included.
+func TestHashFiles(t *testing.T) {
+	tree := stageTree(t)
+	rnd := make([]byte, 2*MiB)
+	rand.Read(rnd)
+	extra := map[string][]byte{
+		"oci/blobs/sha256/holey": append(append(append([]byte{}, rnd[:MiB]...), make([]byte, 2*MiB)...), rnd[MiB:MiB+100]...),
+		"oci/blobs/sha256/zeros": make([]byte, MiB+MiB/2),
+		"oci/blobs/sha256/empty": nil,
+		"oci/blobs/sha256/exact": rnd,
+	}
+	for name, data := range extra {
+		if err := os.WriteFile(filepath.Join(tree, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	paths := []string{"oci/blobs/sha256/big", "storage/overlay/l1/diff/etc/passwd", "storage/overlay/l1/diff/etc/passwd-hardlink",
+		"oci/blobs/sha256/" + fmt.Sprintf("%064x", 7), "kiln.json"}
+	for name := range extra {
+		paths = append(paths, name)
+	}
+	want := map[string]FileDigest{}
+	for _, p := range paths {
+		data, err := os.ReadFile(filepath.Join(tree, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[p] = FileDigest{Size: int64(len(data)), Digest: fmt.Sprintf("sha256:%x", sha256.Sum256(data))}
+	}
+	for _, tc := range []struct {
+		name        string
+		noVerity    bool
+		compression string
+	}{
+		{"verity pass", false, ""},
+		{"no verity", true, ""},
+		{"compressed", false, "zstd"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := defaultOpts(t, tree)
+			opts.NoVerity, opts.Compression = tc.noVerity, tc.compression
+			opts.HashFiles, opts.HashFilesStep = paths, "check the blobs"
+			rec := &recorder{}
+			opts.Progress = rec
+			var got map[string]FileDigest
+			opts.FilesHashed = func(sums map[string]FileDigest) error {
+				if got != nil {
+					t.Error("FilesHashed called twice")
+				}
+				got = sums
+				return nil
+			}
+			disk, l := assemble(t, opts)
+			if tc.name == "verity pass" { // the zero blocks are sparse: fed from memory, not read
+				f, err := os.Open(disk)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer f.Close()
+				img, _ := l.Find(contract.PartitionName)
+				raw, err := openRawSquashfs(io.NewSectionReader(f, img.Offset, img.Size))
+				if err != nil {
+					t.Fatal(err)
+				}
+				files, err := planFileHashes(raw, []string{"oci/blobs/sha256/holey"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if e := files[0].extents; len(e) != 4 || e[0].sparse || !e[1].sparse || !e[2].sparse || e[3].sparse {
+					t.Errorf("extents of a file with a 2 MiB zero run: %+v, want stored, two sparse blocks, stored", e)
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("digests:\n got %v\nwant %v", got, want)
+			}
+			rec.check(t, map[string]int64{"check the blobs": -1})
+		})
+	}
+
+	// A path the filesystem lacks fails the assembly, naming it.
+	opts := defaultOpts(t, tree)
+	opts.HashFiles = []string{"oci/blobs/sha256/missing"}
+	opts.FilesHashed = func(map[string]FileDigest) error { return nil }
+	out, err := os.CreateTemp(t.TempDir(), "disk-*.raw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	opts.Output = out
+	if _, err := Assemble(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "oci/blobs/sha256/missing") {
+		t.Fatalf("Assemble hashing a missing file: %v", err)
 	}
 }

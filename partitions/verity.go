@@ -2,6 +2,7 @@ package partitions
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -76,10 +77,13 @@ func verityTreeSize(dataBlocks int64) int64 {
 // superblock and tree at hashOffset of out. Level 0 is built streaming; each
 // upper level is hashed from the level below as written (read back from out),
 // so memory stays at a few blocks whatever the partition size.
-func writeVerity(data io.ReaderAt, out interface {
+//
+// files, if not nil, is fed the data level as it is read (hashLevel0), and
+// progress (may be nil) counts it.
+func writeVerity(ctx context.Context, data io.ReaderAt, out interface {
 	io.ReaderAt
 	io.WriterAt
-}, dataBlocks, hashOffset int64, salt []byte, id uuid.UUID) (*Verity, error) {
+}, dataBlocks, hashOffset int64, salt []byte, id uuid.UUID, files *fileFeeder, progress io.Writer) (*Verity, error) {
 	if dataBlocks < 2 { // veritysetup has no tree at all for one block
 		return nil, errors.New("verity: fewer than 2 data blocks")
 	}
@@ -93,7 +97,13 @@ func writeVerity(data io.ReaderAt, out interface {
 	var srcOff int64
 	for i := range sizes {
 		dst := tree + offsets[i]*VerityBlock
-		if err := hashLevel(src, srcOff, n, salt, out, dst); err != nil {
+		var err error
+		if i == 0 {
+			err = hashLevel0(ctx, src, n, salt, out, dst, files, progress)
+		} else {
+			err = hashLevel(src, srcOff, n, salt, out, dst)
+		}
+		if err != nil {
 			return nil, err
 		}
 		src, srcOff, n = out, dst, sizes[i]

@@ -2,6 +2,7 @@ package partitions
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -35,7 +36,7 @@ func TestVerityMatchesVeritysetup(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer f.Close()
-			v, err := writeVerity(f, f, blocks, blocks*VerityBlock, salt, id)
+			v, err := writeVerity(context.Background(), f, f, blocks, blocks*VerityBlock, salt, id, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -75,7 +76,7 @@ func TestVerityNamesTheBadBlock(t *testing.T) {
 	good := filepath.Join(t.TempDir(), "good")
 	os.WriteFile(good, data, 0o600)
 	f, _ := os.OpenFile(good, os.O_RDWR, 0)
-	v, err := writeVerity(f, f, blocks, blocks*VerityBlock, salt, id)
+	v, err := writeVerity(context.Background(), f, f, blocks, blocks*VerityBlock, salt, id, nil, nil)
 	f.Close()
 	if err != nil {
 		t.Fatal(err)
