@@ -174,7 +174,9 @@ func hashLevel0(ctx context.Context, src io.ReaderAt, n int64, salt []byte, out 
 		claim  int64
 	)
 	g, gctx := errgroup.WithContext(ctx)
-	for range runtime.GOMAXPROCS(0) {
+	// One worker more than CPUs: a worker waiting for its turn to feed the
+	// files leaves its CPU to the spare one.
+	for range runtime.GOMAXPROCS(0) + 1 {
 		g.Go(func() (err error) {
 			defer func() {
 				if err != nil {
