@@ -158,86 +158,139 @@ func (ff *fileFeeder) finish() (map[string]FileDigest, error) {
 	return sums, nil
 }
 
-// hashLevel0 is hashLevel for the data level, which also feeds ff (when not
-// nil) every chunk read, in order: the blob check and the tree from one
-// read of the partition. Chunks are read and hashed for the tree on every
-// CPU; each is then fed to the files in turn (sha256 of a file is
-// sequential), while the next chunks are read and hashed.
+// hashLevel0 is hashLevel for the data level, which also feeds the files of
+// ff (when not nil) from the same reads: the blob check and the tree from one
+// read of the partition. The level is cut into regions of about 32 MiB at
+// file starts, so each file lies in one region and its sha256 (sequential)
+// is fed by the one worker that reads that region front to back, while the
+// other regions are read and hashed on the other CPUs.
 func hashLevel0(ctx context.Context, src io.ReaderAt, n int64, salt []byte, out io.WriterAt, dst int64, ff *fileFeeder, progress io.Writer) error {
-	const chunkBlocks = 256 // 1 MiB: 8 KiB of digests, two whole hash blocks
-	chunks := (n + chunkBlocks - 1) / chunkBlocks
-	var (
-		mu     sync.Mutex
-		turn   = sync.NewCond(&mu)
-		fedTo  int64 // chunks fed to the files so far
-		failed bool
-		claim  int64
-	)
+	regions := levelRegions(n, ff)
+	if progress != nil {
+		progress = &lockedWriter{w: progress}
+	}
+	next := make(chan levelRegion)
 	g, gctx := errgroup.WithContext(ctx)
-	// One worker more than CPUs: a worker waiting for its turn to feed the
-	// files leaves its CPU to the spare one.
-	for range runtime.GOMAXPROCS(0) + 1 {
-		g.Go(func() (err error) {
-			defer func() {
-				if err != nil {
-					mu.Lock()
-					failed = true
-					turn.Broadcast()
-					mu.Unlock()
-				}
-			}()
-			in := make([]byte, chunkBlocks*VerityBlock)
-			hb := make([]byte, 0, chunkBlocks*verityDigest+VerityBlock)
-			for {
-				mu.Lock()
-				k := claim
-				claim++
-				mu.Unlock()
-				if k >= chunks {
-					return nil
-				}
-				if err := gctx.Err(); err != nil {
+	g.Go(func() error {
+		defer close(next)
+		for _, r := range regions {
+			select {
+			case next <- r:
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+		}
+		return nil
+	})
+	for range min(runtime.GOMAXPROCS(0), len(regions)) {
+		g.Go(func() error {
+			in := make([]byte, 256*VerityBlock) // 1 MiB: 8 KiB of digests
+			hb := make([]byte, 0, 256*verityDigest+VerityBlock)
+			for r := range next {
+				if err := hashRegion(gctx, src, n, salt, out, dst, r, in, hb, progress); err != nil {
 					return err
 				}
-				from := k * chunkBlocks
-				c := min(n-from, chunkBlocks)
-				buf := in[:c*VerityBlock]
-				if _, err := src.ReadAt(buf, from*VerityBlock); err != nil {
-					return fmt.Errorf("read block %d for the verity tree: %w", from, err)
-				}
-				hb = hb[:0]
-				for j := int64(0); j < c; j++ {
-					hb = append(hb, saltedHash(salt, buf[j*VerityBlock:(j+1)*VerityBlock])...)
-				}
-				if pad := len(hb) % VerityBlock; pad != 0 { // only the level's last chunk
-					hb = append(hb, make([]byte, VerityBlock-pad)...)
-				}
-				if _, err := out.WriteAt(hb, dst+from*verityDigest); err != nil {
-					return fmt.Errorf("write verity tree: %w", err)
-				}
-				mu.Lock()
-				for fedTo != k && !failed {
-					turn.Wait()
-				}
-				if failed {
-					mu.Unlock()
-					return nil // the failing worker's error is the one returned
-				}
-				mu.Unlock()
-				if ff != nil {
-					ff.feed(buf, from*VerityBlock)
-				}
-				if progress != nil {
-					progress.Write(buf)
-				}
-				mu.Lock()
-				fedTo++
-				turn.Broadcast()
-				mu.Unlock()
 			}
+			return nil
 		})
 	}
 	return g.Wait()
+}
+
+// levelRegion is blocks [from, to) of the data level for the tree, read on
+// to readTo (bytes) for the files starting in it.
+type levelRegion struct {
+	from, to, readTo int64
+	files            *fileFeeder
+}
+
+// levelRegions cuts n blocks into regions of about 32 MiB, each starting at
+// the block of a file's start (files sorted by start: each ends before the
+// next one starts, so a region's files end within one block past it).
+func levelRegions(n int64, ff *fileFeeder) []levelRegion {
+	const target = 8192 // blocks: 32 MiB
+	var regions []levelRegion
+	cur := levelRegion{files: &fileFeeder{}}
+	if ff != nil {
+		for _, f := range ff.files {
+			b := f.start / VerityBlock
+			if b >= n {
+				break // past the data: only sparse extents, fed by finish
+			}
+			if b-cur.from >= target {
+				cur.to = b
+				regions = append(regions, cur)
+				cur = levelRegion{from: b, files: &fileFeeder{}}
+			}
+			cur.files.files = append(cur.files.files, f)
+			for _, e := range f.extents {
+				if !e.sparse {
+					cur.readTo = max(cur.readTo, e.off+e.n)
+				}
+			}
+		}
+	}
+	for cur.from+target < n && len(cur.files.files) == 0 { // no files: plain cuts
+		cur.to = cur.from + target
+		regions = append(regions, cur)
+		cur = levelRegion{from: cur.to, files: &fileFeeder{}}
+	}
+	cur.to = n
+	regions = append(regions, cur)
+	for i := range regions {
+		r := &regions[i]
+		r.readTo = min(max(r.readTo, r.to*VerityBlock), n*VerityBlock)
+	}
+	return regions
+}
+
+// hashRegion reads region r in 1 MiB chunks, writes the digests of its
+// blocks at dst+block*32 (the level's last region pads its hash block with
+// zeros) and feeds each chunk to r's files.
+func hashRegion(ctx context.Context, src io.ReaderAt, n int64, salt []byte, out io.WriterAt, dst int64, r levelRegion, in, hb []byte, progress io.Writer) error {
+	for pos := r.from * VerityBlock; pos < r.readTo; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		buf := in[:min(int64(len(in)), alignUp(r.readTo, VerityBlock)-pos)]
+		if _, err := src.ReadAt(buf, pos); err != nil {
+			return fmt.Errorf("read block %d of the image partition: %w", pos/VerityBlock, err)
+		}
+		first := pos / VerityBlock
+		blocks := min(int64(len(buf))/VerityBlock, r.to-first) // the tree: only the region's own blocks
+		if blocks > 0 {
+			hb = hb[:0]
+			for j := int64(0); j < blocks; j++ {
+				hb = append(hb, saltedHash(salt, buf[j*VerityBlock:(j+1)*VerityBlock])...)
+			}
+			if first+blocks == n {
+				if pad := (n * verityDigest) % VerityBlock; pad != 0 {
+					hb = append(hb, make([]byte, VerityBlock-pad)...)
+				}
+			}
+			if _, err := out.WriteAt(hb, dst+first*verityDigest); err != nil {
+				return fmt.Errorf("write verity tree: %w", err)
+			}
+			if progress != nil {
+				progress.Write(buf[:blocks*VerityBlock])
+			}
+		}
+		r.files.feed(buf, pos)
+		pos += int64(len(buf))
+	}
+	return nil
+}
+
+// lockedWriter lets the workers share a progress task.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // hashFiles is the files' digests read through fsys (a filesystem the

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
@@ -118,5 +119,69 @@ func TestVerityNamesTheBadBlock(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The verity pass feeds files that start anywhere (not block aligned) and
+// span its regions' cuts: each digest is the file's, and the tree is the one
+// written without files.
+func TestVerityFeedsFiles(t *testing.T) {
+	const size = 80 << 20
+	data := make([]byte, size)
+	rand.Read(data)
+	path := filepath.Join(t.TempDir(), "part")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	salt := bytes.Repeat([]byte{7}, 32)
+	plain, err := writeVerity(context.Background(), f, f, size/VerityBlock, size, salt, uuid.UUID{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Contiguous files from byte 96 (after a superblock), one with a sparse
+	// block between its stored ones, one empty, one of a single byte.
+	ff := &fileFeeder{}
+	want := map[string]string{}
+	pos := int64(96)
+	for i, n := range []int64{10<<20 + 123, 1, 0, 33<<20 + 7, 5 << 20, 20<<20 - 999} {
+		fh := &fileHasher{path: fmt.Sprint(i), size: n, start: pos, h: sha256.New()}
+		content := data[pos : pos+n]
+		if i == 4 { // 2 MiB stored, a 1 MiB sparse block, 3 MiB stored
+			fh.size = n + MiB
+			fh.extents = []fileExtent{{off: pos, n: 2 * MiB}, {off: pos + 2*MiB, n: MiB, sparse: true}, {off: pos + 2*MiB, n: 3 * MiB}}
+			content = append(append(append([]byte{}, data[pos:pos+2*MiB]...), make([]byte, MiB)...), data[pos+2*MiB:pos+n]...)
+		} else if n > 0 {
+			fh.extents = []fileExtent{{off: pos, n: n}}
+		}
+		want[fh.path] = fmt.Sprintf("sha256:%x", sha256.Sum256(content))
+		ff.files = append(ff.files, fh)
+		pos += n
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil { // the tree above wrote past the data: start again
+		t.Fatal(err)
+	}
+	v, err := writeVerity(context.Background(), f, f, size/VerityBlock, size, salt, uuid.UUID{}, ff, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.RootHash != plain.RootHash {
+		t.Errorf("root hash with files %s, without %s", v.RootHash, plain.RootHash)
+	}
+	sums, err := ff.finish()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, d := range want {
+		if sums[name].Digest != d {
+			t.Errorf("file %s: digest %s, want %s", name, sums[name].Digest, d)
+		}
+	}
+	if len(levelRegions(size/VerityBlock, ff)) < 2 {
+		t.Error("the files fit one region: the test does not cross a cut")
 	}
 }
