@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -209,7 +210,7 @@ func (r *reflasher) write(ctx context.Context, rec *format.Record, image string,
 		return 0, targetError{err}
 	}
 	if !zero(old[:head]) {
-		if _, err := out.WriteAt(zeros[:head], 0); err != nil {
+		if _, err := out.WriteAt(zeros()[:head], 0); err != nil {
 			return 0, targetError{err}
 		}
 		if err := blockdev.Flush(out); err != nil {
@@ -308,9 +309,10 @@ func eachChunk(ctx context.Context, rec *format.Record, in io.ReaderAt, write fu
 	return ctx.Err()
 }
 
-var zeros = make([]byte, blockdev.Chunk)
+// zeros is made on first use, not at init: kiln serve links this package.
+var zeros = sync.OnceValue(func() []byte { return make([]byte, blockdev.Chunk) })
 
-func zero(b []byte) bool { return bytes.Equal(b, zeros[:len(b)]) }
+func zero(b []byte) bool { return bytes.Equal(b, zeros()[:len(b)]) }
 
 // readBack reads every byte of the target's first rec.Size back against
 // the record.

@@ -185,24 +185,26 @@ var ErrDamaged = errors.New("does not match the stick's record")
 // of zeros: such a chunk is checked by comparing with zeros, not hashed. A
 // disk is mostly zeros, and sha256 is slow where the stick boots without
 // SHA instructions (emulated CPUs).
+// The 4 MiB of zeros are made on first use, not at init: every node
+// program (kiln serve at boot too) links this package.
 var (
-	zeroChunk      = make([]byte, ChunkSize)
+	zeroChunk      = sync.OnceValue(func() []byte { return make([]byte, ChunkSize) })
 	zeroDigestOnce sync.Once
 	zeroDigest     string
 )
 
 // matches says whether chunk i holds what the record says.
 func (rec *Record) matches(i int, b []byte) bool {
-	zeroDigestOnce.Do(func() { s := sha256.Sum256(zeroChunk); zeroDigest = hex.EncodeToString(s[:]) })
+	zeroDigestOnce.Do(func() { s := sha256.Sum256(zeroChunk()); zeroDigest = hex.EncodeToString(s[:]) })
 	want := rec.Chunks[i]
 	if (len(b) == ChunkSize && want == zeroDigest) || (len(b) < ChunkSize && want == zeroHex(len(b))) {
-		return bytes.Equal(b, zeroChunk[:len(b)])
+		return bytes.Equal(b, zeroChunk()[:len(b)])
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:]) == want
 }
 
-func zeroHex(n int) string { s := sha256.Sum256(zeroChunk[:n]); return hex.EncodeToString(s[:]) }
+func zeroHex(n int) string { s := sha256.Sum256(zeroChunk()[:n]); return hex.EncodeToString(s[:]) }
 
 // CheckChunk says whether b holds chunk i as the record has it; the error
 // names the chunk's byte range, as Check's does.
