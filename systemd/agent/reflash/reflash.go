@@ -2,8 +2,8 @@
 // it picks the replacement disk, shows it, asks once (unless unattended),
 // writes the stick's copy of the appliance disk, each 4 MiB checked against
 // its record first (skipping zeros the target already holds), flushes each
-// 64 MiB written and reads it back from the disk against the record while
-// the next is written, and powers off.
+// 64 MiB written and reads it back from the disk, compared with the stick's
+// checked bytes, while the next is written, and powers off.
 package reflash
 
 import (
@@ -208,21 +208,25 @@ func (e readBackError) headNote() string {
 // regionChunks is how many chunks are written before they are flushed and
 // read back, while the next ones are written: the read-back overlaps the
 // write, and what is left after the last write is one region's read-back.
+// Each region costs a flush of the disk's cache, and the writer holds the
+// data chunks of at most two regions (128 MiB) for the read-back to compare
+// with.
 const regionChunks = 16 // 64 MiB
-
 // write copies the image onto the target and reads it back, each chunk of
 // the stick checked against the record just before it is written: the
 // stick is read once, as dd reads it. Every regionChunks chunks written are
 // flushed to the device (fdatasync: written out and the device's cache
-// flushed) and read back from it (O_DIRECT) against the record while the
-// next ones are written. The target's first chunk (where a partition table
-// lives) is zeroed before anything else, and the image's first chunk is
-// written, flushed and read back last, only once every other chunk read
-// back right: a stick found damaged half-way, a write that fails or a
-// read-back that differs leaves a disk with no partition table, never one
-// that looks bootable and is not (coreos-installer does the same). An
-// all-zero chunk is written only where the target does not already read
-// zero. It returns the bytes skipped.
+// flushed) and read back from it (O_DIRECT) while the next ones are
+// written, each chunk compared with the stick's bytes written there, which
+// were checked against the record (so the read-back is checked against the
+// record without hashing everything a second time). The target's first
+// chunk (where a partition table lives) is zeroed before anything else, and
+// the image's first chunk is written, flushed and read back last, only once
+// every other chunk read back right: a stick found damaged half-way, a
+// write that fails or a read-back that differs leaves a disk with no
+// partition table, never one that looks bootable and is not
+// (coreos-installer does the same). An all-zero chunk is written only where
+// the target does not already read zero. It returns the bytes skipped.
 func (r *reflasher) write(ctx context.Context, rec *format.Record, image string, d *blockdev.Device) (int64, error) {
 	in, err := os.Open(image)
 	if err != nil {
@@ -268,7 +272,7 @@ func (r *reflasher) write(ctx context.Context, rec *format.Record, image string,
 		if err == nil {
 			wt.Done(nil)
 			wt = nil
-			err = rec.Verify(ctx, back, 0, 1, func(_ int, b []byte) error { rt.Write(b); return nil })
+			err = rec.VerifyWith(ctx, back, 0, 1, sameAs(rec, [][]byte{first}, 0), counted(rt))
 			if err != nil {
 				// Best effort: a disk whose partition table did not stick must not look bootable.
 				_, zerr := out.WriteAt(zeros[:head], 0)
@@ -286,15 +290,26 @@ func (r *reflasher) write(ctx context.Context, rec *format.Record, image string,
 	return skipped, err
 }
 
+// region is chunks [from, to) written, with the stick's bytes of each data
+// chunk (nil: a zero chunk) for the read-back to compare with.
+type region struct {
+	from, to int
+	data     [][]byte
+}
+
 // writeAndReadBack writes every chunk but the first (which it returns) and
 // reads each region back once it is written, as write says.
 func (r *reflasher) writeAndReadBack(ctx context.Context, rec *format.Record, in io.ReaderAt, out *os.File, back io.ReaderAt,
 	wt, rt io.Writer) (skipped int64, first []byte, err error) {
 	n := len(rec.Chunks)
-	written := make(chan [2]int, n/r.region+2) // chunks [from, to) written: never blocks the writer
+	written := make(chan region, n/r.region+2) // never blocks the writer
+	held := make(chan []byte, 2*r.region)      // the writer's copies: two regions at most
+	for range cap(held) {
+		held <- nil // allocated on first use: a mostly-zero disk needs few
+	}
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		for span := range written {
+		for reg := range written {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -302,14 +317,19 @@ func (r *reflasher) writeAndReadBack(ctx context.Context, rec *format.Record, in
 				return targetError{err}
 			}
 			if r.beforeReadBack != nil {
-				r.beforeReadBack(span[0], span[1])
+				r.beforeReadBack(reg.from, reg.to)
 			}
-			err := rec.Verify(ctx, back, span[0], span[1], func(_ int, b []byte) error { rt.Write(b); return nil })
+			err := rec.VerifyWith(ctx, back, reg.from, reg.to, sameAs(rec, reg.data, reg.from), counted(rt))
 			if err != nil && ctx.Err() == nil {
 				return readBackError{err, true} // the head is still zero
 			}
 			if err != nil {
 				return err
+			}
+			for _, b := range reg.data {
+				if b != nil {
+					held <- b
+				}
 			}
 		}
 		return nil
@@ -317,45 +337,79 @@ func (r *reflasher) writeAndReadBack(ctx context.Context, rec *format.Record, in
 	g.Go(func() error {
 		defer close(written)
 		old := make([]byte, format.ChunkSize)
+		reg := region{from: 1, to: 1}
+		// put writes chunk i (b, checked against the record) unless it is
+		// zero and the target reads zero there, and keeps a copy of a data
+		// chunk for the read-back.
 		put := func(i int, b []byte) error {
 			off := int64(i) * format.ChunkSize
-			switch {
-			case i == 0:
-				first = append([]byte(nil), b...) // last
-				return nil
-			case zero(b):
+			if zero(b) {
+				reg.data = append(reg.data, nil)
 				if _, rerr := back.ReadAt(old[:len(b)], off); rerr == nil && zero(old[:len(b)]) {
 					skipped += int64(len(b))
 					return nil
 				}
+			} else {
+				var c []byte
+				select {
+				case c = <-held:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				if c == nil {
+					c = make([]byte, format.ChunkSize)
+				}
+				c = c[:copy(c[:cap(c)], b)]
+				reg.data = append(reg.data, c)
 			}
 			if _, err := out.WriteAt(b, off); err != nil {
 				return targetError{err}
 			}
 			return nil
 		}
-		from := 1
 		err := rec.Verify(ctx, in, 0, n, func(i int, b []byte) error {
-			if err := put(i, b); err != nil {
+			if i == 0 {
+				first = append([]byte(nil), b...) // last
+			} else if err := put(i, b); err != nil {
 				return err
 			}
 			wt.Write(b)
-			if i+1 == n || (i+1)%r.region == 0 {
-				if i+1 > from {
-					written <- [2]int{from, i + 1}
+			if reg.to = i + 1; reg.to == n || reg.to%r.region == 0 {
+				if reg.to > reg.from {
+					written <- reg
 				}
-				from = i + 1
+				reg = region{from: reg.to, to: reg.to}
 			}
 			return nil
 		})
 		var terr targetError
-		if err != nil && !errors.As(err, &terr) && !errors.Is(err, format.ErrDamaged) && ctx.Err() == nil {
+		if err != nil && !errors.As(err, &terr) && !errors.Is(err, format.ErrDamaged) && !errors.Is(err, context.Canceled) {
 			err = fmt.Errorf("read the stick's disk image: %w", err)
 		}
 		return err
 	})
 	err = g.Wait()
 	return skipped, first, err
+}
+
+// sameAs checks a chunk read back against data, the stick's bytes of the
+// chunks from on, already checked against the record (nil: zeros).
+func sameAs(rec *format.Record, data [][]byte, from int) func(i int, b []byte) error {
+	return func(i int, b []byte) error {
+		want := data[i-from]
+		if want == nil {
+			want = zeros[:len(b)]
+		}
+		if !bytes.Equal(b, want) {
+			return rec.Damaged(i)
+		}
+		return nil
+	}
+}
+
+// counted hands each chunk's bytes to a progress task.
+func counted(t io.Writer) func(int, []byte) error {
+	return func(_ int, b []byte) error { t.Write(b); return nil }
 }
 
 var zeros = make([]byte, blockdev.Chunk)

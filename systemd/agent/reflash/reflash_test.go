@@ -264,13 +264,13 @@ func TestReflashReadBackMismatchLeavesNoPartitionTable(t *testing.T) {
 		want   string
 	}{
 		{"in skipped zeros of a middle region", 2, 13*mib + 5, "bytes 12582912–16777216 (chunk 4 of 5) does not match"},
-		{"in a written middle region", 1, 9*mib + 1, "bytes 8388608–12582912 (chunk 3 of 5) does not match"},
-		{"in the last region", 2, 20*mib - 1, "bytes 16777216–20971520 (chunk 5 of 5) does not match"},
+		{"in zeros written in a middle region", 1, 9*mib + 1, "bytes 8388608–12582912 (chunk 3 of 5) does not match"},
+		{"in data in the last region", 2, 20*mib - 1, "bytes 16777216–20971520 (chunk 5 of 5) does not match"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := payload(t, img, format.Record{})
 			old := make([]byte, 24*mib)
-			copy(old, bytes.Repeat([]byte("old disk"), 3*mib/8)) // an old partition table, and old data where the image is zero
+			copy(old, bytes.Repeat([]byte("old disk"), 12*mib/8)) // an old partition table, old data at 4–12 MiB where the image is zero (written), none at 12–16 MiB (skipped)
 			dev := loop(t, 32*mib, old)
 			chunk := int(tc.at / format.ChunkSize)
 			changed := false

@@ -205,7 +205,9 @@ func (rec *Record) matches(i int, b []byte) bool {
 
 func zeroHex(n int) string { s := sha256.Sum256(zeroChunk[:n]); return hex.EncodeToString(s[:]) }
 
-func (rec *Record) damaged(i int) error {
+// Damaged is the error for chunk i not holding what the record says: it
+// names the chunk's bytes and wraps ErrDamaged.
+func (rec *Record) Damaged(i int) error {
 	off := int64(i) * ChunkSize
 	return fmt.Errorf("bytes %d–%d (chunk %d of %d) %w", off, off+min(ChunkSize, rec.Size-off), i+1, len(rec.Chunks), ErrDamaged)
 }
@@ -217,9 +219,17 @@ func (rec *Record) damaged(i int) error {
 // another) and fn, the writer, never waits for a hash. fn sees only chunks
 // that match: the first damaged chunk (errors.Is ErrDamaged) or failed read
 // stops Verify before fn sees it, and the error names its bytes. b is fn's
-// until it returns. Both passes use it: the stick's copy, checked as it is
-// written, and the target, read back.
+// until it returns.
 func (rec *Record) Verify(ctx context.Context, r io.ReaderAt, from, to int, fn func(i int, b []byte) error) error {
+	return rec.VerifyWith(ctx, r, from, to, rec.CheckChunk, fn)
+}
+
+// VerifyWith is Verify with another check of each chunk: check runs on the
+// reading goroutines, several chunks at once and in any order, and returns
+// nil or an error that names the chunk (Damaged). The read-back uses it to
+// compare what it reads with the stick's bytes it wrote, which Verify had
+// checked against the record, instead of hashing them again.
+func (rec *Record) VerifyWith(ctx context.Context, r io.ReaderAt, from, to int, check, fn func(i int, b []byte) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type result struct {
@@ -258,7 +268,7 @@ func (rec *Record) Verify(ctx context.Context, r io.ReaderAt, from, to int, fn f
 				n, err := r.ReadAt(b, off)
 				switch {
 				case n == len(b):
-					err = rec.checkChunk(i, b)
+					err = check(i, b)
 				case err == nil:
 					err = io.ErrUnexpectedEOF
 				}
@@ -301,10 +311,11 @@ var chunkBuffers = sync.Pool{New: func() any {
 	return b[skip : skip+ChunkSize : skip+ChunkSize]
 }}
 
-// checkChunk says whether b holds chunk i as the record has it.
-func (rec *Record) checkChunk(i int, b []byte) error {
+// CheckChunk says whether b holds chunk i as the record has it; the error
+// names the chunk's bytes (Damaged).
+func (rec *Record) CheckChunk(i int, b []byte) error {
 	if rec.matches(i, b) {
 		return nil
 	}
-	return rec.damaged(i)
+	return rec.Damaged(i)
 }

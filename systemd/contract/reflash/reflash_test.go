@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -95,6 +96,45 @@ func TestVerify(t *testing.T) {
 				t.Fatalf("got %v, want %q", err, tc.want)
 			case errors.Is(err, ErrDamaged) != tc.damaged:
 				t.Fatalf("errors.Is(%v, ErrDamaged) = %v", err, !tc.damaged)
+			}
+		})
+	}
+}
+
+// VerifyWith runs its own check instead of the record's, on every chunk,
+// and stops where it fails as Verify does.
+func TestVerifyWith(t *testing.T) {
+	t.Parallel()
+	data := testData()
+	rec := record(data)
+	other := bytes.Repeat([]byte{7}, len(data)) // matches no digest
+	for _, tc := range []struct {
+		name string
+		bad  int // the chunk the check refuses; -1: none
+		seen []int
+	}{
+		{"every chunk passes", -1, []int{0, 1, 2, 3}},
+		{"the third fails", 2, []int{0, 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var checked atomic.Int32
+			var seen []int
+			err := rec.VerifyWith(context.Background(), bytes.NewReader(other), 0, 4, func(i int, b []byte) error {
+				checked.Add(1)
+				if i == tc.bad {
+					return rec.Damaged(i)
+				}
+				return nil
+			}, func(i int, _ []byte) error { seen = append(seen, i); return nil })
+			if !slices.Equal(seen, tc.seen) {
+				t.Errorf("fn saw chunks %v, want %v", seen, tc.seen)
+			}
+			if tc.bad < 0 && (err != nil || checked.Load() != 4) {
+				t.Fatalf("err %v, %d chunks checked, want nil and 4", err, checked.Load())
+			}
+			if tc.bad >= 0 && !errors.Is(err, ErrDamaged) {
+				t.Fatalf("got %v, want the check's error", err)
 			}
 		})
 	}
