@@ -272,6 +272,9 @@ func (r *reflasher) write(ctx context.Context, rec *format.Record, image string,
 		if err == nil {
 			wt.Done(nil)
 			wt = nil
+			if r.beforeReadBack != nil {
+				r.beforeReadBack(0, 1)
+			}
 			err = rec.VerifyWith(ctx, back, 0, 1, sameAs(rec, [][]byte{first}, 0), counted(rt))
 			if err != nil {
 				// Best effort: a disk whose partition table did not stick must not look bootable.

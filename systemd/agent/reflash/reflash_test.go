@@ -254,7 +254,8 @@ func TestReflashSkipsTheBootDisk(t *testing.T) {
 // A target that does not keep what was written is found by the read-back
 // of the region it is in, while later regions are still being written: the
 // error names the chunk, and the target's first chunk, written only after
-// every other one read back right, is left zero.
+// every other one read back right, is left zero (or, when it is the chunk
+// that differs, zeroed again).
 func TestReflashReadBackMismatchLeavesNoPartitionTable(t *testing.T) {
 	img := testImage()
 	for _, tc := range []struct {
@@ -266,6 +267,7 @@ func TestReflashReadBackMismatchLeavesNoPartitionTable(t *testing.T) {
 		{"in skipped zeros of a middle region", 2, 13*mib + 5, "bytes 12582912–16777216 (chunk 4 of 5) does not match"},
 		{"in zeros written in a middle region", 1, 9*mib + 1, "bytes 8388608–12582912 (chunk 3 of 5) does not match"},
 		{"in data in the last region", 2, 20*mib - 1, "bytes 16777216–20971520 (chunk 5 of 5) does not match"},
+		{"in the first chunk, read back last", 2, 17, "bytes 0–4194304 (chunk 1 of 5) does not match"}, // zeroed again
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := payload(t, img, format.Record{})
