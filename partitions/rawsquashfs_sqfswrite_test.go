@@ -41,7 +41,7 @@ func TestRawSquashfsReadsWhatSqfswriteWrote(t *testing.T) {
 	must(err)
 	defer f.Close()
 	const offset = 5 * 4096
-	must(plan.Write(context.Background(), f, offset))
+	must(plan.Write(context.Background(), f, offset, nil))
 	raw, err := openRawSquashfs(&offsetFile{f, offset})
 	must(err)
 	n, err := readsTree(raw, tree)

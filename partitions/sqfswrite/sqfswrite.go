@@ -36,17 +36,12 @@ type File struct {
 type Option func(*config)
 
 type config struct {
-	mtime    int64
-	progress io.Writer
+	mtime int64
 }
 
 // WithModTime sets every inode's mtime and the filesystem's creation time
 // (seconds since 1970; SOURCE_DATE_EPOCH). The default is 0.
 func WithModTime(t int64) Option { return func(c *config) { c.mtime = t } }
-
-// WithProgress counts each byte of file contents written (the bytes passed
-// are zeros: only their number means anything).
-func WithProgress(w io.Writer) Option { return func(c *config) { c.progress = w } }
 
 // Plan is the filesystem of one tree, laid out but not yet written: its
 // size and every file's offset are final.
@@ -74,9 +69,6 @@ func Scan(tree string, opts ...Option) (*Plan, error) {
 	if p.cfg.mtime < 0 || p.cfg.mtime > math.MaxUint32 {
 		return nil, fmt.Errorf("modification time %d: squashfs stores seconds from 1970 to 2106", p.cfg.mtime)
 	}
-	if p.cfg.progress == nil {
-		p.cfg.progress = io.Discard
-	}
 	root, err := scan(tree)
 	if err != nil {
 		return nil, err
@@ -92,6 +84,15 @@ func Scan(tree string, opts ...Option) (*Plan, error) {
 // Size is the filesystem's size in bytes: bytes used, padded to 4 KiB.
 func (p *Plan) Size() int64 { return alignUp(p.bytesUse, 4096) }
 
+// DataBytes is the total size of the files' contents.
+func (p *Plan) DataBytes() int64 {
+	var n int64
+	for _, f := range p.files {
+		n += f.size
+	}
+	return n
+}
+
 // Files lists the regular files in the order their contents lie.
 func (p *Plan) Files() []File {
 	out := make([]File, 0, len(p.files))
@@ -105,7 +106,12 @@ func (p *Plan) Files() []File {
 // out's end (the gaps between files are left as holes, which read as
 // zeros). The superblock is written last, so a write cut short leaves no
 // filesystem that mounts. A file whose size changed since Scan is an error.
-func (p *Plan) Write(ctx context.Context, out *os.File, offset int64) error {
+// progress (may be nil) counts the bytes of file contents written; the
+// bytes passed are zeros, only their number means anything.
+func (p *Plan) Write(ctx context.Context, out *os.File, offset int64, progress io.Writer) error {
+	if progress == nil {
+		progress = io.Discard
+	}
 	st, err := out.Stat()
 	if err != nil {
 		return err
@@ -117,7 +123,7 @@ func (p *Plan) Write(ctx context.Context, out *os.File, offset int64) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := copyFile(ctx, out, offset+f.offset, f.path, f.size, p.cfg.progress); err != nil {
+		if err := copyFile(ctx, out, offset+f.offset, f.path, f.size, progress); err != nil {
 			return err
 		}
 	}

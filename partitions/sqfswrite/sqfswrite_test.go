@@ -80,8 +80,12 @@ func writeImage(t testing.TB, tree string, offset int64, opts ...Option) (string
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if err := p.Write(context.Background(), f, offset); err != nil {
+	var progress counter
+	if err := p.Write(context.Background(), f, offset, &progress); err != nil {
 		t.Fatal(err)
+	}
+	if int64(progress) != p.DataBytes() {
+		t.Errorf("progress counted %d bytes of the %d in files", progress, p.DataBytes())
 	}
 	st, err := f.Stat()
 	if err != nil {
@@ -92,6 +96,10 @@ func writeImage(t testing.TB, tree string, offset int64, opts ...Option) (string
 	}
 	return img, p
 }
+
+type counter int64
+
+func (c *counter) Write(b []byte) (int, error) { *c += counter(len(b)); return len(b), nil }
 
 // The real readers — unsquashfs and the kernel — see exactly the tree:
 // every directory and file with its mode, owner root, mtime, size and
@@ -389,7 +397,7 @@ func TestRefuses(t *testing.T) {
 		os.WriteFile(filepath.Join(tree, "f"), []byte("five!"), 0o644)
 		f, _ := os.Create(filepath.Join(t.TempDir(), "img"))
 		defer f.Close()
-		if err := p.Write(context.Background(), f, 0); err == nil || !strings.Contains(err.Error(), "changed while the filesystem was written") {
+		if err := p.Write(context.Background(), f, 0, nil); err == nil || !strings.Contains(err.Error(), "changed while the filesystem was written") {
 			t.Fatalf("Write: %v", err)
 		}
 	})
@@ -401,10 +409,10 @@ func TestRefuses(t *testing.T) {
 		f, _ := os.Create(filepath.Join(t.TempDir(), "img"))
 		defer f.Close()
 		f.Write(make([]byte, 8192))
-		if err := p.Write(context.Background(), f, 4096); err == nil || !strings.Contains(err.Error(), "written past its end") {
+		if err := p.Write(context.Background(), f, 4096, nil); err == nil || !strings.Contains(err.Error(), "written past its end") {
 			t.Fatalf("Write over existing bytes: %v", err)
 		}
-		if err := p.Write(context.Background(), f, 8192); err != nil {
+		if err := p.Write(context.Background(), f, 8192, nil); err != nil {
 			t.Fatalf("Write at the end: %v", err)
 		}
 	})
