@@ -46,7 +46,7 @@ func copyFile(ctx context.Context, out *os.File, at int64, path string, size int
 			countBytes(progress, min(data, size)-pos)
 			pos = min(data, size)
 		}
-		if hole, err := unix.Seek(in, pos, unix.SEEK_HOLE); err == nil && hole < end {
+		if hole, err := unix.Seek(in, pos, unix.SEEK_HOLE); err == nil && hole > pos && hole < end {
 			end = hole
 		}
 		for pos < end {
@@ -54,7 +54,11 @@ func copyFile(ctx context.Context, out *os.File, at int64, path string, size int
 				return err
 			}
 			roff, woff := pos, at+pos
-			n, err := unix.CopyFileRange(in, &roff, dst, &woff, int(min(end-pos, copyChunk)), 0)
+			var n int
+			var err error = unix.EXDEV
+			if buf == nil { // the kernel has not refused this pair yet
+				n, err = unix.CopyFileRange(in, &roff, dst, &woff, int(min(end-pos, copyChunk)), 0)
+			}
 			if err != nil && fallback(err) {
 				n, err = copyUser(f, out, pos, at+pos, min(end-pos, copyChunk), &buf)
 			}

@@ -505,3 +505,55 @@ func TestOver4GiB(t *testing.T) {
 		t.Errorf("kernel: a-big is %v bytes (%v), want %d", st.Size(), err, big)
 	}
 }
+
+// A directory of 33,000 empty files (their inodes fill 129 metadata
+// blocks exactly, 256 to a block: the most a directory run may hold), and
+// siblings of it whose inode numbers lie 33,000 apart. The kernel and
+// unsquashfs read them all, and the kernel numbers the inodes as written.
+func TestLargeDirectories(t *testing.T) {
+	tree := t.TempDir()
+	os.WriteFile(filepath.Join(tree, "a"), []byte("first"), 0o644)
+	os.Mkdir(filepath.Join(tree, "b"), 0o755)
+	const n = 33000
+	for i := range n {
+		f, err := os.Create(filepath.Join(tree, "b", fmt.Sprintf("%05d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	os.WriteFile(filepath.Join(tree, "c"), []byte("last"), 0o644)
+	img, plan := writeImage(t, tree, 0)
+
+	out, err := exec.Command("unsquashfs", "-lln", img).CombinedOutput()
+	if err != nil {
+		t.Fatalf("unsquashfs: %v\n%s", err, out)
+	}
+	if lines := strings.Count(string(out), "\n"); lines != n+4 { // root, a, b, c and the files
+		t.Errorf("unsquashfs lists %d entries, want %d", lines, n+4)
+	}
+	mnt := mount(t, img, 0, plan.Size())
+	for name, want := range map[string]string{"a": "first", "c": "last"} {
+		if b, err := os.ReadFile(filepath.Join(mnt, name)); err != nil || string(b) != want {
+			t.Errorf("%s: %q, %v", name, b, err)
+		}
+	}
+	entries, err := os.ReadDir(filepath.Join(mnt, "b"))
+	if err != nil || len(entries) != n {
+		t.Fatalf("readdir b: %d entries, %v", len(entries), err)
+	}
+	for i := 0; i < n; i += 97 {
+		if _, err := os.Stat(filepath.Join(mnt, "b", fmt.Sprintf("%05d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var st unix.Stat_t
+	for _, name := range []string{"a", "b", "c"} {
+		if err := unix.Stat(filepath.Join(mnt, name), &st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st.Ino != n+3 { // post-order: a, b's files, b, c
+		t.Errorf("c is inode %d, want %d", st.Ino, n+3)
+	}
+}

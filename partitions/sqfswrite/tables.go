@@ -2,6 +2,7 @@ package sqfswrite
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
 )
 
@@ -69,11 +70,13 @@ func (p *Plan) buildTables() error {
 		return err
 	}
 	var inodes, dirs metaTable
-	var visit func(d *node, parent uint32)
-	visit = func(d *node, parent uint32) {
+	var visit func(d *node, parent uint32) error
+	visit = func(d *node, parent uint32) error {
 		for _, c := range d.children {
 			if c.dir {
-				visit(c, d.ino)
+				if err := visit(c, d.ino); err != nil {
+					return err
+				}
 				continue
 			}
 			c.ref = ref(inodes.pos())
@@ -81,11 +84,17 @@ func (p *Plan) buildTables() error {
 		}
 		start := dirs.pos()
 		listing, index := dirListing(d)
+		if len(listing)+3 > math.MaxUint32 || len(index) > math.MaxUint16 {
+			return fmt.Errorf("squashfs tree: directory %q has too many entries (%d) for one squashfs directory", d.rel, len(d.children))
+		}
 		dirs.data = append(dirs.data, listing...)
 		d.ref = ref(inodes.pos())
 		inodes.data = p.dirInode(inodes.data, d, parent, start, len(listing), index)
+		return nil
 	}
-	visit(p.root, p.count+1) // the root's parent: one past the last inode, as mksquashfs writes
+	if err := visit(p.root, p.count+1); err != nil { // the root's parent: one past the last inode, as mksquashfs writes
+		return err
+	}
 	p.rootRef = p.root.ref
 	p.inodes, p.dirs = inodes.bytes(), dirs.bytes()
 	p.bytesUse = p.dataEnd + int64(len(p.inodes)+len(p.dirs)) + 6 + 8 // + id block and its index
@@ -172,7 +181,10 @@ const maxHeaderEntries = 256
 // behind a header naming the inode metadata block they share and a base
 // inode number they differ from by a 16-bit amount. A new run starts, and
 // is indexed, when the listing since the last index would pass a metadata
-// block's size (as mksquashfs does).
+// block's size (as mksquashfs does). As inodes are numbered in the order
+// they are written and none is under 32 bytes, a block holds at most 256 of
+// them and numbers within one block differ by less than 256: the count and
+// difference limits are checked all the same, as the format's rules.
 func dirListing(d *node) ([]byte, []dirIndex) {
 	le := binary.LittleEndian
 	var b []byte
