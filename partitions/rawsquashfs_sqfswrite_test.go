@@ -12,8 +12,8 @@ import (
 	"github.com/kiln-appliance/kiln/partitions/sqfswrite"
 )
 
-// kiln's raw reader reads what kiln's own squashfs writer (the bundle's)
-// wrote: a directory of 1,500 entries (extended inode, index, several
+// kiln's raw reader and go-diskfs's read what kiln's own squashfs writer
+// (the bundle's) wrote: a directory of 1,500 entries (extended inode, index, several
 // headers), files of one block, several and none, each byte as staged.
 func TestRawSquashfsReadsWhatSqfswriteWrote(t *testing.T) {
 	tree := t.TempDir()
@@ -48,6 +48,13 @@ func TestRawSquashfsReadsWhatSqfswriteWrote(t *testing.T) {
 	must(err)
 	if n != 1503 {
 		t.Fatalf("compared %d files", n)
+	}
+	// go-diskfs's reader, which `kiln verify` walks the bundle with.
+	fsys, closer, err := OpenSquashfs(f.Name(), offset, plan.Size())
+	must(err)
+	defer closer.Close()
+	if n, err = readsTree(fsys, tree); err != nil || n != 1503 {
+		t.Fatalf("go-diskfs: compared %d files: %v", n, err)
 	}
 }
 
