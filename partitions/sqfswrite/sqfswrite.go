@@ -217,4 +217,4 @@ func (p *Plan) layoutData() {
 
 func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }
 
-var errTooMany = errors.New("more than 2^32-2 entries")
+var errTooMany = errors.New("squashfs tree: more files and directories than squashfs numbers (2^32 - 2)")
