@@ -14,9 +14,9 @@ AGENT_BIN := out/kiln-agent
 
 # Debian packages the build and the tests need.
 APT_PKGS := gdisk squashfs-tools e2fsprogs dosfstools mtools fdisk skopeo podman \
-            ignition zstd xz-utils util-linux openssl cryptsetup-bin
+            ignition zstd xz-utils util-linux openssl cryptsetup-bin systemd
 # gcc + libc6-dev: the e2e fixture builds CRI-O's pinns helper (static C).
-APT_E2E  := qemu-system-x86 ovmf debootstrap systemd gcc libc6-dev make
+APT_E2E  := qemu-system-x86 ovmf debootstrap gcc libc6-dev make
 # The reference registry the benchmarks measure kiln serve against.
 APT_BENCH := docker-registry
 

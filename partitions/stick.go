@@ -1,7 +1,6 @@
 package partitions
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"io/fs"
@@ -15,28 +14,6 @@ import (
 // StickStart is where a stick image's one partition starts (1 MiB, as
 // partitioning tools align).
 const StickStart = MiB
-
-// FilesystemOptions is one squashfs written for a bundle.
-type FilesystemOptions struct {
-	Tree            string // directory to pack
-	Disk            string // file to write into (mksquashfs truncates it first)
-	Offset          int64  // byte offset in Disk
-	Compression     string // "" or "none", "zstd", "gzip", "xz", "lz4"
-	SourceDateEpoch int64
-	Progress        Reporter // may be nil
-}
-
-// WriteFilesystem packs the tree into Disk at Offset as a read-only squashfs,
-// every file owned by root, and returns the filesystem's size (a multiple
-// of 4 KiB). It is the image partition's writer (docs/FILESYSTEM.md). Sparse
-// blocks are stored as data: uncompressed, every file's contents are one
-// byte range of the filesystem (SquashfsDataStart, then file after file).
-func WriteFilesystem(ctx context.Context, o FilesystemOptions) (int64, error) {
-	return writeSquashfs(ctx, squashfsOptions{
-		Tree: o.Tree, Disk: o.Disk, Offset: o.Offset, Compression: o.Compression,
-		SourceDateEpoch: o.SourceDateEpoch, Progress: o.Progress, AllRoot: true, Contiguous: true,
-	})
-}
 
 // The stick's partition holds exactly the bundle's bytes (a multiple of
 // 4 KiB); the backup GPT (33 sectors) follows it, padded to 4 KiB. No MiB
@@ -76,9 +53,6 @@ func WriteStickTable(f *os.File, content int64, partType, name string, seed []by
 	}
 	return nil
 }
-
-// TreeSize is the total size of the regular files under root.
-func TreeSize(root string) (int64, error) { return treeSize(root) }
 
 // OpenSquashfs opens the squashfs at offset in the file at path (size bytes)
 // as an fs.FS, read with go-diskfs's reader: no root, no loop device.

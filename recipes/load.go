@@ -1,9 +1,11 @@
 package recipes
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -258,9 +260,28 @@ func (r *Recipe) validateUpgrade(v validator) {
 			v.errorf("upgrade.rebootDelay", "%q is not a whole number of minutes up to 24h; write e.g. 1m, 5m or 0m", u.RebootDelay)
 		}
 	}
-	if u.Reboot == RebootWindow && v.required("upgrade.rebootWindow", u.RebootWindow, `give a systemd calendar event, e.g. "Sun *-*-* 03:00:00" (systemd.time(7))`) &&
-		!unitSafe.MatchString(u.RebootWindow) {
-		v.errorf("upgrade.rebootWindow", "%q: a calendar event is letters, digits, spaces and * : , . / ~ + - only, e.g. \"Sun *-*-* 03:00:00\"", u.RebootWindow)
+	if u.Reboot == RebootWindow && v.required("upgrade.rebootWindow", u.RebootWindow, `give a systemd calendar event, e.g. "Sun *-*-* 03:00:00" (systemd.time(7))`) {
+		if !unitSafe.MatchString(u.RebootWindow) {
+			v.errorf("upgrade.rebootWindow", "%q: a calendar event is letters, digits, spaces and * : , . / ~ + - only, e.g. \"Sun *-*-* 03:00:00\"", u.RebootWindow)
+		} else if err := checkCalendar(u.RebootWindow); err != nil {
+			v.errorf("upgrade.rebootWindow", "%v", err)
+		}
+	}
+}
+
+// checkCalendar asks systemd whether it parses the calendar event: a window
+// the node's timer cannot parse would leave a staged release waiting for a
+// reboot that never comes. systemd's own parser is the judge, not a copy.
+func checkCalendar(event string) error {
+	out, err := exec.Command("systemd-analyze", "calendar", "--", event).CombinedOutput()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &exit):
+		return fmt.Errorf("%q is not a calendar event systemd can parse (%s); write e.g. \"Sun *-*-* 03:00:00\" or \"Mon..Fri 02:30\" (systemd.time(7))", event, strings.TrimSpace(string(out)))
+	default:
+		return fmt.Errorf("%q cannot be checked: %v (kiln needs systemd-analyze, Debian package systemd)", event, err)
 	}
 }
 

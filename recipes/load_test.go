@@ -195,6 +195,7 @@ func TestLoadErrors(t *testing.T) {
 		{"reboot delay without countdown", head + oneImage + "upgrade: {reboot: command, rebootDelay: 5m}\n", `r.yaml:7:41: upgrade.rebootDelay: only applies with reboot: countdown; remove it`},
 		{"window missing", head + oneImage + "upgrade: {reboot: window}\n", `r.yaml:7:10: upgrade.rebootWindow: required field is missing; give a systemd calendar event, e.g. "Sun *-*-* 03:00:00" (systemd.time(7))`},
 		{"window with a quote", head + oneImage + "upgrade: {reboot: window, rebootWindow: 'Sun \"03:00'}\n", `r.yaml:7:41: upgrade.rebootWindow: "Sun \"03:00": a calendar event is letters, digits, spaces and * : , . / ~ + - only, e.g. "Sun *-*-* 03:00:00"`},
+		{"window systemd cannot parse", head + oneImage + "upgrade: {reboot: window, rebootWindow: 'Sun 25:00'}\n", `r.yaml:7:41: upgrade.rebootWindow: "Sun 25:00" is not a calendar event systemd can parse (Failed to parse calendar specification 'Sun 25:00': Invalid argument); write e.g. "Sun *-*-* 03:00:00" or "Mon..Fri 02:30" (systemd.time(7))`},
 		{"window without window policy", head + oneImage + "upgrade: {rebootWindow: 'Sun 03:00'}\n", `r.yaml:7:25: upgrade.rebootWindow: only applies with reboot: window; remove it`},
 		{"reflash path not under /dev", head + oneImage + "reflash: {target: {path: 'disk/by-id/x'}}\n", `r.yaml:7:26: reflash.target.path: "disk/by-id/x" is not a device path pattern; write e.g. /dev/disk/by-path/pci-0000:00:17.0-ata-1 or /dev/disk/by-id/nvme-*`},
 		{"reflash path bad glob", head + oneImage + "reflash: {target: {path: '/dev/sd[a'}}\n", `r.yaml:7:26: reflash.target.path: "/dev/sd[a" is not a device path pattern; write e.g. /dev/disk/by-path/pci-0000:00:17.0-ata-1 or /dev/disk/by-id/nvme-*`},
@@ -269,6 +270,7 @@ func TestLoadAccepts(t *testing.T) {
 		"explicit tags":    head + "images:\n  - name: !!str quay.io/acme/app:1.2\n    serve: !!bool true\n",
 		"CRLF":             strings.ReplaceAll(head+oneImage, "\n", "\r\n"),
 		"version number":   head + oneImage + "version: 1.10\n",
+		"reboot window":    head + oneImage + "upgrade: {reboot: window, rebootWindow: 'Mon..Fri 02:30'}\n",
 	} {
 		r, err := Parse("r.yaml", []byte(y))
 		if err != nil {

@@ -26,6 +26,7 @@ import (
 	"github.com/kiln-appliance/kiln/builder/stage"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/sqfswrite"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
@@ -226,6 +227,9 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	if err := out.Close(); err != nil {
 		return nil, fmt.Errorf("write %s: %w", o.Output, err)
 	}
+	if err := ctx.Err(); err != nil { // interrupted after the last step looked: keep the previous output
+		return nil, err
+	}
 	if err := os.Rename(out.Name(), o.Output); err != nil {
 		return nil, fmt.Errorf("write %s: %w", o.Output, err)
 	}
@@ -385,21 +389,20 @@ func describeImages(m *bundle.Manifest, r *recipes.Recipe, images []*fetch.Image
 }
 
 // writeBundle writes header and filesystem (and, for an image, the GPT) into
-// out and returns its size. The header is sized before the filesystem
-// exists, from a manifest whose filesystem fields are placeholders at least
-// as long as the real ones (maxFilesystem bounds the size), so the
-// filesystem is written once, in place, and hashed while it is written.
+// out and returns its size. kiln lays the squashfs out itself (sqfswrite),
+// so its size and every file's offset are known before a byte is written:
+// the header is sized from the manifest with only the metadata digest a
+// placeholder of the same length, and the filesystem is written once, in
+// place, each file's contents copied by the kernel.
 func writeBundle(ctx context.Context, out *os.File, tree string, m *bundle.Manifest, priv ed25519.PrivateKey, epoch int64, o Options) (int64, error) {
-	bound, err := maxFilesystem(tree)
+	plan, err := sqfswrite.Scan(tree, sqfswrite.WithModTime(epoch))
 	if err != nil {
+		return 0, fmt.Errorf("bundle filesystem: %w", err)
+	}
+	if err := placeFiles(m, plan.Files()); err != nil {
 		return 0, err
 	}
-	// Placeholders at least as long as the real values, so the header is
-	// sized before the filesystem is written.
-	m.Filesystem = bundle.Filesystem{Size: bound, Metadata: "sha256:" + strings.Repeat("0", 64)}
-	for i := range m.Files {
-		m.Files[i].Offset = bound // no real offset is longer
-	}
+	m.Filesystem = bundle.Filesystem{Size: plan.Size(), Metadata: "sha256:" + strings.Repeat("0", 64)}
 	placeholder, err := bundle.Sign(m, priv)
 	if err != nil {
 		return 0, err
@@ -409,32 +412,16 @@ func writeBundle(ctx context.Context, out *os.File, tree string, m *bundle.Manif
 	if o.Format == FormatImage {
 		start = partitions.StickStart
 	}
-	fsSize, err := partitions.WriteFilesystem(ctx, partitions.FilesystemOptions{
-		Tree: tree, Disk: out.Name(), Offset: start + hdrSize,
-		SourceDateEpoch: epoch, Progress: o.Progress, // uncompressed: layers are compressed already
-	})
+	task := o.Progress.Task("write bundle filesystem", plan.DataBytes())
+	err = plan.Write(ctx, out, start+hdrSize, task)
+	task.Done(err)
 	if err != nil {
 		return 0, err
-	}
-	if fsSize > bound {
-		return 0, fmt.Errorf("kiln bug: the bundle filesystem (%d bytes) is larger than its bound (%d)", fsSize, bound)
 	}
 	// The files' contents are pinned by the digests the manifest has
 	// already (the blobs are named by theirs): only the bytes around them
 	// are read back and hashed, a few MiB of squashfs tables.
-	offsets, err := partitions.FileOffsets(tree, out.Name(), start+hdrSize)
-	if err != nil {
-		return 0, err
-	}
-	for i, f := range m.Files {
-		off, ok := offsets[f.Path]
-		if !ok {
-			return 0, fmt.Errorf("kiln bug: %s is not in the bundle filesystem", f.Path)
-		}
-		m.Files[i].Offset = off
-	}
-	m.Filesystem = bundle.Filesystem{Size: fsSize}
-	task := o.Progress.Task("hash bundle filesystem metadata", 0)
+	task = o.Progress.Task("hash bundle filesystem metadata", 0)
 	m.Filesystem.Metadata, err = m.HashMetadata(out, start+hdrSize, task)
 	task.Done(err)
 	if err != nil {
@@ -454,9 +441,9 @@ func writeBundle(ctx context.Context, out *os.File, tree string, m *bundle.Manif
 	if _, err := out.WriteAt(hdr, start); err != nil {
 		return 0, fmt.Errorf("write bundle header: %w", err)
 	}
-	content := hdrSize + fsSize
+	content := hdrSize + plan.Size()
 	if o.Format == FormatFile {
-		return content, out.Truncate(content)
+		return content, nil
 	}
 	if err := partitions.WriteStickTable(out, content, bundle.PartitionType, bundle.PartitionName, guidSeed(env)); err != nil {
 		return 0, err
@@ -464,11 +451,24 @@ func writeBundle(ctx context.Context, out *os.File, tree string, m *bundle.Manif
 	return partitions.StickSize(content), nil
 }
 
-// maxFilesystem bounds the size of the squashfs of tree: its files plus
-// 1/32 and 8 MiB for metadata, far more than squashfs needs.
-func maxFilesystem(tree string) (int64, error) {
-	total, err := partitions.TreeSize(tree)
-	return (total + total/32 + 8<<20 + 4095) &^ 4095, err
+// placeFiles sets each manifest file's offset from the filesystem's layout;
+// the two lists must name the same files with the same sizes.
+func placeFiles(m *bundle.Manifest, files []sqfswrite.File) error {
+	at := map[string]sqfswrite.File{}
+	for _, f := range files {
+		at[f.Path] = f
+	}
+	if len(at) != len(m.Files) {
+		return fmt.Errorf("kiln bug: the bundle filesystem holds %d files, the manifest lists %d", len(at), len(m.Files))
+	}
+	for i, f := range m.Files {
+		placed, ok := at[f.Path]
+		if !ok || placed.Size != f.Size {
+			return fmt.Errorf("kiln bug: %s (%d bytes) is not in the bundle filesystem as listed", f.Path, f.Size)
+		}
+		m.Files[i].Offset = placed.Offset
+	}
+	return nil
 }
 
 // guidSeed derives the stick's GUIDs from the signed envelope: the same

@@ -10,7 +10,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -23,6 +22,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/recipes"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	format "github.com/kiln-appliance/kiln/systemd/contract/reflash"
 	"github.com/kiln-appliance/kiln/systemd/units"
 )
@@ -30,9 +30,14 @@ import (
 // Options configure a stick.
 type Options struct {
 	// Disk is the appliance disk the stick carries: built by kiln from the
-	// recipe, and accepted by kiln verify. Required.
+	// recipe, and accepted by kiln verify. Empty: Write builds it from the
+	// recipe and its lock, as kiln build does (Build configures that build).
 	Disk   string
 	Output string
+	// Build configures the build of the disk when Disk is empty: the cache,
+	// the lock, the registries, the log. Its Output, Agent,
+	// SourceDateEpoch and Progress are the stick's.
+	Build builder.Options
 	// Unattended makes the stick write without asking, whatever the
 	// recipe's reflash.unattended says.
 	Unattended bool
@@ -46,6 +51,7 @@ type Options struct {
 // Result is what Write wrote.
 type Result struct {
 	Output string
+	Built  bool // the disk was built from the recipe, not given
 	Size   int64
 	Record *format.Record
 	Layout *partitions.Layout
@@ -58,9 +64,6 @@ type Result struct {
 func Write(ctx context.Context, recipePath string, o Options) (res *Result, err error) {
 	if o.Progress == nil {
 		o.Progress = progress.Discard()
-	}
-	if o.Disk == "" {
-		return nil, errors.New("no appliance disk given: build it first (kiln build RECIPE -o appliance.raw) and pass it with --disk")
 	}
 	if err := builder.CheckOutput(o.Output); err != nil {
 		return nil, err
@@ -79,6 +82,27 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	agent, err := builder.AgentBinary(o.Agent, r.Arch)
 	if err != nil {
 		return nil, err
+	}
+
+	log := o.Build.Log
+	if log == nil {
+		log = io.Discard
+	}
+	dir := filepath.Dir(o.Output)
+	builder.SweepLeftovers(o.Output, dir, workDirPrefix, log)
+	work, err := builder.MkdirWork(dir, workDirPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("work directory beside %s: %w", o.Output, err)
+	}
+	defer os.RemoveAll(work)
+	tree := filepath.Join(work, "payload")
+	built := o.Disk == ""
+	if built {
+		// Built in the work directory, so it goes with it, and on the
+		// same filesystem as the payload tree, which hard-links it.
+		if o.Disk, err = buildDisk(ctx, recipePath, filepath.Join(work, format.DiskFile), epoch, o); err != nil {
+			return nil, err
+		}
 	}
 	rep, err := builder.Verify(ctx, o.Disk, builder.VerifyOptions{}, o.Progress)
 	if err != nil {
@@ -99,14 +123,9 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 			os.Remove(out.Name())
 		}
 	}()
-	work, err := builder.MkdirWork(filepath.Dir(o.Output), ".kiln-reflash-")
-	if err != nil {
-		return nil, fmt.Errorf("work directory beside %s: %w", o.Output, err)
-	}
-	defer os.RemoveAll(work)
 
 	rec := &format.Record{DiskGUID: rep.Layout.GUID, Unattended: r.Reflash.Unattended || o.Unattended, Target: target(r.Reflash.Target)}
-	if err := stagePayload(ctx, work, o.Disk, agent, rec, o.Progress); err != nil {
+	if err := stagePayload(ctx, tree, o.Disk, agent, rec, o.Progress); err != nil {
 		return nil, err
 	}
 	seed := sha256.Sum256([]byte("kiln reflash stick\x00" + rec.SHA256))
@@ -114,7 +133,7 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 		Output:     out,
 		Base:       r.Resolve(r.Base.Path),
 		BaseDigest: r.Base.Digest,
-		ImageTree:  work,
+		ImageTree:  tree,
 		// The disk inside is mostly the image partition, already
 		// compressed; uncompressed, the stick reads at the medium's speed.
 		Compression:     "none",
@@ -143,7 +162,27 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 		return nil, fmt.Errorf("rename %s to %s: %w", out.Name(), o.Output, err)
 	}
 	builder.SyncDir(filepath.Dir(o.Output))
-	return &Result{Output: o.Output, Size: layout.Size, Record: rec, Layout: layout}, nil
+	return &Result{Output: o.Output, Built: built, Size: layout.Size, Record: rec, Layout: layout}, nil
+}
+
+// workDirPrefix names the work directory beside the output (the payload
+// tree, and the disk when the stick builds it).
+const workDirPrefix = ".kiln-reflash-"
+
+// buildDisk builds the recipe's appliance disk to path with kiln build's
+// pipeline and the stick's agent, timestamp and progress: the same bytes
+// kiln build writes.
+func buildDisk(ctx context.Context, recipePath, path string, epoch int64, o Options) (string, error) {
+	bo := o.Build
+	bo.Output, bo.Agent, bo.SourceDateEpoch, bo.Progress = path, o.Agent, epoch, o.Progress
+	res, err := builder.Build(ctx, recipePath, bo)
+	if err != nil {
+		return "", err
+	}
+	if bo.Log != nil {
+		fmt.Fprintf(bo.Log, "built the appliance disk (%s, %d images, disk GUID %s)\n", contract.Bytes(res.Layout.Size), len(res.Contents.Images), res.Layout.GUID)
+	}
+	return path, nil
 }
 
 func target(t recipes.ReflashTarget) format.Target {

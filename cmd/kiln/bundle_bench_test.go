@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/kiln-appliance/kiln/builder/bundle"
-	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 	"github.com/kiln-appliance/kiln/test/fixtures/images"
 	"github.com/kiln-appliance/kiln/test/paired"
 )
@@ -31,61 +30,34 @@ import (
 // KILN_BENCH_KEEP=1 keeps the inputs (cache, recipes, key) to time by hand.
 //
 //	go test -tags … -run '^$' -bench BenchmarkBundle -benchtime 1x ./cmd/kiln
-func BenchmarkBundle(b *testing.B) {
-	sizes := benchSizes(b, 1024)
-	for _, mib := range sizes {
-		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) { benchBundle(b, mib<<20) })
-	}
-}
+func BenchmarkBundle(b *testing.B) { benchBySize(b, benchBundle, 1024) }
 
 func benchBundle(b *testing.B, total int64) {
-	dir, err := os.MkdirTemp("/var/tmp", "kiln-bench-bundle-") // a real disk, not tmpfs
-	if err != nil {
-		b.Fatal(err)
-	}
-	if os.Getenv("KILN_BENCH_KEEP") == "" {
-		defer os.RemoveAll(dir)
-	} else {
-		b.Logf("keeping %s (KILN_BENCH_KEEP)", dir)
-	}
+	d := newBenchDir(b, "kiln-bench-bundle-")
+	dir, env := d.dir, d.env
 	const n, replaced = 24, 6
-	old, err := images.RandomImages(filepath.Join(dir, "oci10"), n, total, 0.3, 1)
+	old, err := images.RandomImages(d.path("oci10"), n, total, 0.3, 1)
 	if err != nil {
 		b.Fatal(err)
 	}
-	fresh, err := images.RandomImages(filepath.Join(dir, "oci11"), replaced, total*replaced/n, 0, 2)
+	fresh, err := images.RandomImages(d.path("oci11"), replaced, total*replaced/n, 0, 2)
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := basedisk.Write(filepath.Join(dir, "base.raw")); err != nil {
-		b.Fatal(err)
-	}
-	env := append(os.Environ(), "XDG_CACHE_HOME="+filepath.Join(dir, "cache"))
 	f := &fixture{dir: dir, cache: filepath.Join(dir, "cache")}
-	if out, err := command(env, kilnBin, "key", "generate", filepath.Join(dir, "k")).CombinedOutput(); err != nil {
-		b.Fatalf("key: %v\n%s", err, out)
-	}
-	recipe := func(version string, newImages int) string {
-		d := filepath.Join(dir, version)
-		os.MkdirAll(d, 0o755)
-		text := fmt.Sprintf("apiVersion: kiln.dev/v1alpha1\nkind: Appliance\nname: bench\nversion: %s\nbase:\n  path: ../base.raw\ntrust: [../k.pub]\nimages:\n", version)
+	// Release 1.x: the first n-newImages of 1.0's images, then newImages new ones.
+	release := func(newImages int) (out []benchImage) {
 		for _, img := range old[:n-newImages] {
-			text += fmt.Sprintf("  - name: %s\n    source: oci:../oci10:%s\n", img.Ref, img.Ref)
+			out = append(out, benchImage{img.Ref, "oci10", img.Ref})
 		}
 		for i, img := range fresh[:newImages] {
-			text += fmt.Sprintf("  - name: bench.local/new-%d:1\n    source: oci:../oci11:%s\n", i, img.Ref)
+			out = append(out, benchImage{fmt.Sprintf("bench.local/new-%d:1", i), "oci11", img.Ref})
 		}
-		p := filepath.Join(d, "bench.yaml")
-		os.WriteFile(p, []byte(text), 0o644)
-		return p
+		return out
 	}
-	r10, r11 := recipe("1.0.0", 0), recipe("1.1.0", replaced)
-	disk := filepath.Join(dir, "disk-1.0.raw")
-	for _, args := range [][]string{{"build", r10, "-o", disk}, {"lock", r11}} {
-		if out, err := command(env, kilnBin, args...).CombinedOutput(); err != nil {
-			b.Fatalf("%v: %v\n%s", args, err, out)
-		}
-	}
+	r10, r11 := d.recipe(b, "1.0.0", release(0)), d.recipe(b, "1.1.0", release(replaced))
+	disk := d.path("disk-1.0.raw")
+	d.kiln(b, []string{"build", r10, "-o", disk}, []string{"lock", r11})
 	key := filepath.Join(dir, "k.key")
 
 	b.ResetTimer()

@@ -458,7 +458,7 @@ func TestBundleInterruptLeavesNothing(t *testing.T) {
 	rs.mustKiln(t, "lock", r11)
 	out := filepath.Join(rs.dir, "out.img")
 	os.WriteFile(out, []byte("previous disk"), 0o644)
-	for _, step := range []string{"stage bundle", "write image filesystem"} {
+	for _, step := range []string{"stage bundle", "write bundle filesystem"} {
 		if code, log := interruptAt(t, rs.cache, step, "bundle", r11, "-o", out, "--key", rs.key); code != 130 {
 			t.Errorf("SIGINT when %q started: exit %d, want 130\n%s", step, code, log)
 		}

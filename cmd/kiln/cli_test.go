@@ -551,7 +551,8 @@ func interruptAt(t *testing.T, cache, step string, args ...string) (int, string)
 	sc := bufio.NewScanner(stderr)
 	for sc.Scan() {
 		log.WriteString(sc.Text() + "\n")
-		if strings.HasPrefix(sc.Text(), step+": started") {
+		// step names the task, or starts its name ("record " for "record DISK").
+		if line := sc.Text(); strings.HasPrefix(line, step) && strings.Contains(line, ": started") {
 			cmd.Process.Signal(syscall.SIGINT)
 			break
 		}

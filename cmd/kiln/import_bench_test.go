@@ -11,7 +11,6 @@ import (
 
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
-	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 	"github.com/kiln-appliance/kiln/test/fixtures/images"
 	"github.com/kiln-appliance/kiln/test/paired"
 )
@@ -30,57 +29,29 @@ import (
 // KILN_BENCH_KEEP=1 keeps the inputs (bundle, node tree) to time by hand.
 //
 //	go test -tags … -run '^$' -bench BenchmarkImport -benchtime 1x ./cmd/kiln
-func BenchmarkImport(b *testing.B) {
-	sizes := benchSizes(b, 512)
-	for _, mib := range sizes {
-		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) { benchImport(b, mib<<20) })
-	}
-}
+func BenchmarkImport(b *testing.B) { benchBySize(b, benchImport, 512) }
 
 func benchImport(b *testing.B, total int64) {
-	dir, err := os.MkdirTemp("/var/tmp", "kiln-bench-import-") // a real disk, not tmpfs
+	d := newBenchDir(b, "kiln-bench-import-")
+	dir, env := d.dir, d.env
+	factory, err := images.RandomImages(d.path("oci10"), 1, 1<<20, 0, 1)
 	if err != nil {
 		b.Fatal(err)
 	}
-	if os.Getenv("KILN_BENCH_KEEP") == "" {
-		defer os.RemoveAll(dir)
-	} else {
-		b.Logf("keeping %s (KILN_BENCH_KEEP)", dir)
-	}
-	factory, err := images.RandomImages(filepath.Join(dir, "oci10"), 1, 1<<20, 0, 1)
+	fresh, err := images.RandomImages(d.path("oci11"), 12, total, 0.3, 2)
 	if err != nil {
 		b.Fatal(err)
 	}
-	fresh, err := images.RandomImages(filepath.Join(dir, "oci11"), 12, total, 0.3, 2)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := basedisk.Write(filepath.Join(dir, "base.raw")); err != nil {
-		b.Fatal(err)
-	}
-	env := append(os.Environ(), "XDG_CACHE_HOME="+filepath.Join(dir, "cache"))
-	if out, err := command(env, kilnBin, "key", "generate", filepath.Join(dir, "k")).CombinedOutput(); err != nil {
-		b.Fatalf("key: %v\n%s", err, out)
-	}
-	recipe := func(version, layout string, imgs []images.RandomImage) string {
-		d := filepath.Join(dir, version)
-		os.MkdirAll(d, 0o755)
-		text := fmt.Sprintf("apiVersion: kiln.dev/v1alpha1\nkind: Appliance\nname: bench\nversion: %s\nbase:\n  path: ../base.raw\ntrust: [../k.pub]\nimages:\n", version)
+	named := func(layout string, imgs []images.RandomImage) (out []benchImage) {
 		for _, img := range imgs {
-			text += fmt.Sprintf("  - name: %s\n    source: oci:../%s:%s\n", img.Ref, layout, img.Ref)
+			out = append(out, benchImage{img.Ref, layout, img.Ref})
 		}
-		p := filepath.Join(d, "bench.yaml")
-		os.WriteFile(p, []byte(text), 0o644)
-		return p
+		return out
 	}
-	r10, r11 := recipe("1.0.0", "oci10", factory), recipe("1.1.0", "oci11", fresh)
-	disk, full := filepath.Join(dir, "disk-1.0.raw"), filepath.Join(dir, "full.kbundle")
-	for _, args := range [][]string{{"build", r10, "-o", disk}, {"lock", r11},
-		{"bundle", r11, "-o", full, "--key", filepath.Join(dir, "k.key"), "--format", "file"}} {
-		if out, err := command(env, kilnBin, args...).CombinedOutput(); err != nil {
-			b.Fatalf("%v: %v\n%s", args, err, out)
-		}
-	}
+	r10, r11 := d.recipe(b, "1.0.0", named("oci10", factory)), d.recipe(b, "1.1.0", named("oci11", fresh))
+	disk, full := d.path("disk-1.0.raw"), d.path("full.kbundle")
+	d.kiln(b, []string{"build", r10, "-o", disk}, []string{"lock", r11},
+		[]string{"bundle", r11, "-o", full, "--key", d.path("k.key"), "--format", "file"})
 	fi, err := os.Stat(full)
 	if err != nil {
 		b.Fatal(err)

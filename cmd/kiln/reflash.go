@@ -21,9 +21,10 @@ func newReflashCommand() *cobra.Command {
 		Long: `Run by the reflash stick's unit on the console. PAYLOAD is the stick's mounted payload partition
 (default ` + format.MountPoint + `). Picks the target disk by the stick's rule (default: the one
 non-removable disk that is neither the stick nor mounted), refusing when none or several fit, or
-when it is smaller than the appliance disk; shows it and asks once (unless unattended); checks the
-stick's disk image against its record; writes it, flushes, reads every byte back against the
-record; says "done — remove the stick and power on" and powers off.`,
+when it is smaller than the appliance disk; shows it and asks once (unless unattended); writes the
+stick's disk image, each 4 MiB checked against its record just before, and reads every 64 MiB back
+from the disk (flushed, O_DIRECT) while the next is written, the partition table last; says
+"done — remove the stick and power on" and powers off.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			payload := format.MountPoint

@@ -14,22 +14,34 @@ import (
 func init() { subcommands = append(subcommands, newReflashStickCommand) }
 
 func newReflashStickCommand() *cobra.Command {
-	var o reflashstick.Options
+	var (
+		o     reflashstick.Options
+		fetch fetchFlags
+	)
 	cmd := &cobra.Command{
-		Use:   "reflash-stick RECIPE --disk DISK -o STICK",
+		Use:   "reflash-stick RECIPE [--disk DISK] -o STICK",
 		Short: "Write a recovery stick image that reflashes a replaced disk with the appliance disk, proven by reading it back",
-		Long: `Reflash-stick checks DISK as kiln verify does (it must be the disk built from RECIPE), then writes
-STICK: the recipe's base OS, whose first boot runs kiln agent reflash on the console, and a
+		Long: `Reflash-stick builds the appliance disk from RECIPE and its lock exactly as kiln build does (the
+same bytes; the lock and the blob cache as kiln build uses them), or takes DISK, built before with
+kiln build. It checks the disk as kiln verify does (it must be the disk built from RECIPE), then
+writes STICK: the recipe's base OS, whose first boot runs kiln agent reflash on the console, and a
 payload partition with DISK, its record (size, sha256, a sha256 per 4 MiB) and the node edition
 of kiln. Booted, the stick picks the replacement disk (the recipe's reflash.target), shows it,
 asks once (unless reflash.unattended or --unattended), checks its copy of DISK, writes it, reads
-every byte back and powers off. Put STICK on a stick with kiln write. See docs/technician.md.`,
+every byte back and powers off. Put STICK on a stick with kiln write. STICK appears only when
+complete; the disk built on the way is a temporary file beside it, removed at the end and on
+any error. See docs/technician.md.`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if o.Output == "" || o.Disk == "" {
-				return usageError{fmt.Errorf("both --disk DISK and -o STICK are needed (usage: kiln %s)", cmd.Use)}
+			if o.Output == "" {
+				return usageError{fmt.Errorf("-o STICK is needed (usage: kiln %s)", cmd.Use)}
+			}
+			if o.Disk != "" && (o.Build.CacheDir != "" || o.Build.RefreshLock || fetch.insecure) {
+				return usageError{fmt.Errorf("--cache, --refresh-lock and --insecure-registries apply only when reflash-stick builds the disk: drop them, or drop --disk DISK")}
 			}
 			o.Progress = newProgress()
+			o.Build.Fetch = fetch.options()
+			o.Build.Log = cmd.ErrOrStderr()
 			res, err := reflashstick.Write(cmd.Context(), args[0], o)
 			if err != nil {
 				return err
@@ -38,14 +50,21 @@ every byte back and powers off. Put STICK on a stick with kiln write. See docs/t
 			if res.Record.Unattended {
 				mode = "unattended: writes without asking"
 			}
+			disk := o.Disk
+			if res.Built {
+				disk = "the disk built from " + args[0]
+			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%s), carrying %s (%s, %s); %s\n",
-				res.Output, contract.Bytes(res.Size), o.Disk, contract.Bytes(res.Record.Size), res.Record.SHA256, mode)
+				res.Output, contract.Bytes(res.Size), disk, contract.Bytes(res.Record.Size), res.Record.SHA256, mode)
 			return nil
 		},
 	}
 	cmd.Flags().StringVarP(&o.Output, "output", "o", "", "stick image to write (required)")
-	cmd.Flags().StringVar(&o.Disk, "disk", "", "the appliance disk built from RECIPE (kiln build -o; required)")
+	cmd.Flags().StringVar(&o.Disk, "disk", "", "the appliance disk built from RECIPE (kiln build -o); default: build it now, as kiln build does")
+	cmd.Flags().StringVar(&o.Build.CacheDir, "cache", "", "blob cache directory, when building the disk (default $XDG_CACHE_HOME/kiln)")
+	cmd.Flags().BoolVar(&o.Build.RefreshLock, "refresh-lock", false, "re-resolve the recipe's tags and rewrite its lock file, when building the disk")
 	cmd.Flags().BoolVar(&o.Unattended, "unattended", false, "write without asking on the console (default: the recipe's reflash.unattended)")
 	cmd.Flags().StringVar(&o.Agent, "agent", "", "kiln binary for the node's arch (default: kiln-agent beside this binary, else this binary)")
+	fetch.register(cmd)
 	return cmd
 }

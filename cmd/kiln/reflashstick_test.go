@@ -105,6 +105,72 @@ func TestReflashStick(t *testing.T) {
 	}
 }
 
+// Without --disk the stick builds the disk as kiln build does: its payload
+// is byte for byte the disk kiln build writes for the same recipe and lock,
+// and nothing of the build is left beside the stick.
+func TestReflashStickFromRecipe(t *testing.T) {
+	f := newFixture(t, "base.raw", "fit", "false")
+	stick := filepath.Join(f.dir, "stick.raw")
+	// No lock yet: written, as kiln build writes it.
+	out := mustKiln(t, f, "reflash-stick", f.recipe, "-o", stick)
+	for _, want := range []string{"wrote " + stick, "carrying the disk built from " + f.recipe, "stage image partition: started", "write image filesystem: done"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("reflash-stick does not say %q:\n%s", want, out)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(f.dir, "appliance.lock")); err != nil {
+		t.Errorf("no lock written beside the recipe: %v", err)
+	}
+	assertNoWork(t, f.dir)
+	if out := mustKiln(t, f, "verify", stick); !strings.Contains(out, "OK (exactly the bytes kiln reflash-stick wrote)") {
+		t.Errorf("kiln verify %s:\n%s", stick, out)
+	}
+	disk := filepath.Join(f.dir, "appliance.raw")
+	mustKiln(t, f, "build", f.recipe, "-o", disk)
+	mnt := mountPartition(t, stick, format.PartitionName)
+	if got, want := sha256File(t, filepath.Join(mnt, format.DiskFile)), sha256File(t, disk); got != want {
+		t.Fatalf("the payload's disk has sha256 %s, kiln build's disk %s", got, want)
+	}
+
+	// Interrupted while building the disk, and while recording it: nothing
+	// left, the previous stick untouched.
+	prev := filepath.Join(f.dir, "prev-stick.raw")
+	os.WriteFile(prev, []byte("previous disk"), 0o644)
+	for _, step := range []string{"write image filesystem", "record "} {
+		if code, log := interruptAt(t, f.cache, step, "reflash-stick", f.recipe, "-o", prev); code != 130 {
+			t.Errorf("SIGINT when %q started: exit %d, want 130\n%s", step, code, log)
+		}
+		assertUntouched(t, f.dir, prev)
+		assertNoWork(t, f.dir)
+	}
+
+	// A stale lock: kiln build's refusal, word for word.
+	replaceInFile(t, f.recipe, "registry.example.com/acme/tool:0.1\n    source", "registry.example.com/acme/tool:0.2\n    source")
+	want, code := kiln(t, f, "build", f.recipe, "-o", filepath.Join(f.dir, "stale.raw"))
+	if code != 1 || !strings.Contains(want, "out of date") {
+		t.Fatalf("kiln build with a stale lock: exit %d\n%s", code, want)
+	}
+	got, code := kiln(t, f, "reflash-stick", f.recipe, "-o", prev)
+	if code != 1 || !strings.Contains(got, lastLine(want)) {
+		t.Errorf("reflash-stick with a stale lock: exit %d, want 1 and kiln build's %q\n%s", code, lastLine(want), got)
+	}
+	assertUntouched(t, f.dir, prev)
+	assertNoWork(t, f.dir)
+}
+
+// assertNoWork checks no reflash-stick work directory is left in dir.
+func assertNoWork(t *testing.T, dir string) {
+	t.Helper()
+	if left, _ := filepath.Glob(filepath.Join(dir, ".kiln-reflash-*")); len(left) > 0 {
+		t.Errorf("work directories left behind: %v", left)
+	}
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
 func TestReflashStickRefuses(t *testing.T) {
 	f := newFixture(t, "base.raw", "fit", "false")
 	notDisk := filepath.Join(f.dir, "plain.raw")
@@ -117,7 +183,8 @@ func TestReflashStickRefuses(t *testing.T) {
 		code int
 		want string
 	}{
-		{"no disk", []string{"reflash-stick", f.recipe, "-o", stick}, 2, "both --disk DISK and -o STICK are needed"},
+		{"no output", []string{"reflash-stick", f.recipe, "--disk", notDisk}, 2, "-o STICK is needed"},
+		{"build flags with a disk", []string{"reflash-stick", f.recipe, "--disk", notDisk, "--refresh-lock", "-o", stick}, 2, "only when reflash-stick builds the disk"},
 		{"not a kiln disk", []string{"reflash-stick", f.recipe, "--disk", notDisk, "-o", stick}, 1, "not putting " + notDisk + " on a reflash stick"},
 	} {
 		out, code := kiln(t, f, tc.args...)

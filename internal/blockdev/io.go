@@ -10,19 +10,9 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kiln-appliance/kiln/internal/progress"
 )
-
-// Reporter starts progress tasks. internal/progress.Reporter satisfies it:
-// Task is an alias of the same unnamed interface.
-type Reporter interface {
-	Task(name string, total int64) Task
-}
-
-// Task counts bytes done (Write) and ends (Done).
-type Task = interface {
-	io.Writer
-	Done(err error)
-}
 
 // Chunk is the unit of every copy: large enough for full-speed sequential
 // I/O, small enough to keep memory flat.
@@ -42,7 +32,7 @@ func Flush(f *os.File) error {
 
 // ReadBack reads the first size bytes of the device and compares their
 // sha256 with want.
-func ReadBack(ctx context.Context, dev string, size int64, want []byte, p Reporter) error {
+func ReadBack(ctx context.Context, dev string, size int64, want []byte, p progress.Reporter) error {
 	rd, err := os.Open(dev)
 	if err != nil {
 		return fmt.Errorf("read back %s: %w", dev, err)

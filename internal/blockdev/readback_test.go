@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kiln-appliance/kiln/internal/progress"
 )
 
 // loop attaches a file of size bytes holding data at its start.
@@ -50,7 +52,7 @@ func TestReadBack(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dev := loop(t, tc.devSize, tc.holds)
-			err := ReadBack(context.Background(), dev, tc.size, want[:], discard{})
+			err := ReadBack(context.Background(), dev, tc.size, want[:], progress.Discard())
 			if tc.err == "" {
 				if err != nil {
 					t.Fatal(err)
@@ -63,9 +65,3 @@ func TestReadBack(t *testing.T) {
 		})
 	}
 }
-
-type discard struct{}
-
-func (discard) Task(string, int64) Task     { return discard{} }
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
-func (discard) Done(error)                  {}

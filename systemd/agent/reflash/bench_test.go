@@ -15,8 +15,9 @@ import (
 	"github.com/kiln-appliance/kiln/test/paired"
 )
 
-// BenchmarkReflashVsDD: kiln agent reflash (check the stick, write, flush,
-// read every byte back against the record) against `dd bs=4M conv=fsync`
+// BenchmarkReflashVsDD: kiln agent reflash (each chunk of the stick checked
+// and written, each region flushed and read back against the record while
+// the next is written, the first chunk last) against `dd bs=4M conv=fsync`
 // of the same image, each onto a fresh blank loop device backed by a file
 // on the same filesystem, in pairs. The image is half random data, half
 // zeros in 16 MiB runs, like a disk of partitions and free space. Reported:
@@ -97,8 +98,8 @@ func BenchmarkReflashVsDD(b *testing.B) {
 		for i, j := 0, len(r.Ratios)-1; i < j; i, j = i+1, j-1 {
 			r.Ratios[i], r.Ratios[j] = r.Ratios[j], r.Ratios[i]
 		}
-		b.Logf("%d MiB: dd median %s, reflash median %s; reflash/dd throughput %s", mibs,
-			paired.MedianDuration(r.Baseline), paired.MedianDuration(r.Candidate), r)
+		b.Logf("%d MiB: dd median %s, reflash median %s; reflash/dd throughput %s; load %s", mibs,
+			paired.MedianDuration(r.Baseline), paired.MedianDuration(r.Candidate), r, paired.LoadAverage())
 		paired.Report(b, "throughput-vs-dd", r)
 	}
 }

@@ -1,8 +1,9 @@
 // Package reflash is `kiln agent reflash`, run on a recovery stick's boot:
 // it picks the replacement disk, shows it, asks once (unless unattended),
-// checks the stick's copy of the appliance disk against its record, writes
-// it (skipping zeros the target already holds), flushes, reads every byte
-// back against the record, and powers off.
+// writes the stick's copy of the appliance disk, each 4 MiB checked against
+// its record first (skipping zeros the target already holds), flushes each
+// 64 MiB written and reads it back from the disk, compared with the stick's
+// checked bytes, while the next is written, and powers off.
 package reflash
 
 import (
@@ -15,13 +16,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
+	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
 	"github.com/kiln-appliance/kiln/internal/blockdev"
+	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	format "github.com/kiln-appliance/kiln/systemd/contract/reflash"
 )
@@ -68,8 +71,15 @@ type reflasher struct {
 	sysfs      string
 	bootMounts []string
 	powerOff   func() error
-	now        func() time.Time
+	progress   progress.Reporter
+	// region is regionChunks but in tests; beforeReadBack, when set, runs
+	// after chunks [from, to) are flushed and before they are read back.
+	region         int
+	beforeReadBack func(from, to int)
 }
+
+// progressEvery spaces the console's progress lines.
+const progressEvery = 5 * time.Second
 
 // Run reflashes from the mounted payload directory. Every refusal comes
 // before the first byte is written and says so; a failed write or
@@ -79,11 +89,12 @@ func Run(ctx context.Context, payload string, opts ...Option) error {
 		payload: payload, in: os.Stdin, out: os.Stdout, sysfs: "/sys",
 		bootMounts: []string{"/", "/boot", "/sysroot", "/usr"},
 		powerOff:   func() error { return exec.Command("systemctl", "poweroff").Run() },
-		now:        time.Now,
+		region:     regionChunks,
 	}
 	for _, o := range opts {
 		o(r)
 	}
+	r.progress = progress.New(r.out, false, progress.Every(progressEvery))
 	rec, err := format.Read(payload)
 	if err != nil {
 		return fmt.Errorf("%w; use another stick", err)
@@ -119,7 +130,10 @@ func Run(ctx context.Context, payload string, opts ...Option) error {
 
 	skipped, err := r.write(ctx, rec, image, target)
 	var werr targetError
+	var rerr readBackError
 	switch {
+	case errors.As(err, &rerr):
+		return fmt.Errorf("read back %s: %w: the disk did not keep what was written%s; run the reflash again, or use another disk", target.Path, rerr.error, rerr.headNote())
 	case errors.Is(err, format.ErrDamaged):
 		return fmt.Errorf("the stick is damaged: its disk image, %w; %s was left without a partition table, so it does not boot half-written; use another stick", err, target.Path)
 	case errors.As(err, &werr):
@@ -129,9 +143,6 @@ func Run(ctx context.Context, payload string, opts ...Option) error {
 	}
 	if skipped > 0 {
 		fmt.Fprintf(r.out, "kiln reflash: %s of zeros not written: %s already read zero there\n", contract.Bytes(skipped), target.Path)
-	}
-	if err := r.readBack(ctx, rec, target); err != nil {
-		return err
 	}
 	fmt.Fprintf(r.out, "kiln reflash: %s holds the appliance disk %s, read back and identical\n", target.Path, rec.SHA256)
 	fmt.Fprintln(r.out, "done — remove the stick and power on")
@@ -179,14 +190,44 @@ type targetError struct{ error }
 
 func (e targetError) Unwrap() error { return e.error }
 
-// write copies the image onto the target, each chunk checked against the
-// record just before it is written: the stick is read once, as dd reads it.
-// The target's first chunk (where a partition table lives) is zeroed before
-// anything else and the image's first chunk is written last, so a stick
-// found damaged half-way, or a write that fails, leaves a disk with no
-// partition table, never one that looks bootable and is not (what
-// coreos-installer does too). An all-zero chunk is written only where the
-// target does not already read zero. It returns the bytes skipped.
+// readBackError is a read-back that failed or did not match: the target did
+// not keep what was written. headZero says its first chunk reads zero.
+type readBackError struct {
+	error
+	headZero bool
+}
+
+func (e readBackError) Unwrap() error { return e.error }
+
+func (e readBackError) headNote() string {
+	if e.headZero {
+		return "; it was left without a partition table, so it does not boot"
+	}
+	return ""
+}
+
+// regionChunks is how many chunks are written before they are flushed and
+// read back, while the next ones are written: the read-back overlaps the
+// write, and what is left after the last write is one region's read-back.
+// Each region costs a flush of the disk's cache, and the writer holds the
+// data chunks of at most two regions (128 MiB) for the read-back to compare
+// with.
+const regionChunks = 16 // 64 MiB
+// write copies the image onto the target and reads it back, each chunk of
+// the stick checked against the record just before it is written: the
+// stick is read once, as dd reads it. Every regionChunks chunks written are
+// flushed to the device (fdatasync: written out and the device's cache
+// flushed) and read back from it (O_DIRECT) while the next ones are
+// written, each chunk compared with the stick's bytes written there, which
+// were checked against the record (so the read-back is checked against the
+// record without hashing everything a second time). The target's first
+// chunk (where a partition table lives) is zeroed before anything else, and
+// the image's first chunk is written, flushed and read back last, only once
+// every other chunk read back right: a stick found damaged half-way, a
+// write that fails or a read-back that differs leaves a disk with no
+// partition table, never one that looks bootable and is not
+// (coreos-installer does the same). An all-zero chunk is written only where
+// the target does not already read zero. It returns the bytes skipped.
 func (r *reflasher) write(ctx context.Context, rec *format.Record, image string, d *blockdev.Device) (int64, error) {
 	in, err := os.Open(image)
 	if err != nil {
@@ -199,132 +240,183 @@ func (r *reflasher) write(ctx context.Context, rec *format.Record, image string,
 		return 0, targetError{fmt.Errorf("open: %w (is it mounted or in use?)", err)}
 	}
 	defer out.Close()
-	// What the target reads must come from the disk, not from the cache.
-	if err := unix.IoctlSetInt(int(out.Fd()), unix.BLKFLSBUF, 0); err != nil {
-		return 0, targetError{fmt.Errorf("drop the cache: %w", err)}
+	// Every read of the target, the zero checks too, comes from the disk.
+	back, err := blockdev.OpenDirect(d.Path)
+	if err != nil {
+		return 0, targetError{err}
 	}
+	defer back.Close()
 	old := make([]byte, format.ChunkSize)
 	head := min(format.ChunkSize, rec.Size)
-	if _, err := out.ReadAt(old[:head], 0); err != nil {
+	if _, err := back.ReadAt(old[:head], 0); err != nil {
 		return 0, targetError{err}
 	}
 	if !zero(old[:head]) {
-		if _, err := out.WriteAt(zeros[:head], 0); err != nil {
+		if _, err := out.WriteAt(zeros()[:head], 0); err != nil {
 			return 0, targetError{err}
 		}
-		if err := blockdev.Flush(out); err != nil {
+		if err := blockdev.Sync(out); err != nil {
 			return 0, targetError{err}
 		}
 	}
 
-	var skipped int64
-	first := make([]byte, head)
-	t := r.task("write "+d.Path, rec.Size)
-	err = eachChunk(ctx, rec, in, func(i int, b []byte) error {
-		defer t.Write(b)
-		off := int64(i) * format.ChunkSize
-		switch {
-		case i == 0:
-			copy(first, b) // last
-			return nil
-		case zero(b):
-			if _, rerr := out.ReadAt(old[:len(b)], off); rerr == nil && zero(old[:len(b)]) {
-				skipped += int64(len(b))
-				return nil
-			}
-		}
-		if _, err := out.WriteAt(b, off); err != nil {
-			return targetError{err}
-		}
-		return nil
-	})
+	wt := r.progress.Task("write "+d.Path, rec.Size)
+	rt := r.progress.Task("read back "+d.Path, rec.Size)
+	skipped, first, err := r.writeAndReadBack(ctx, rec, in, out, back, wt, rt)
 	if err == nil {
+		// Last: the partition table, once every other byte read back right.
 		if _, err = out.WriteAt(first, 0); err != nil {
 			err = targetError{err}
-		}
-	}
-	if err == nil {
-		if err = blockdev.Flush(out); err != nil {
+		} else if err = blockdev.Sync(out); err != nil {
 			err = targetError{err}
 		}
+		if err == nil {
+			wt.Done(nil)
+			wt = nil
+			if r.beforeReadBack != nil {
+				r.beforeReadBack(0, 1)
+			}
+			err = rec.VerifyWith(ctx, back, 0, 1, sameAs(rec, [][]byte{first}, 0), counted(rt))
+			if err != nil {
+				// Best effort: a disk whose partition table did not stick must not look bootable.
+				_, zerr := out.WriteAt(zeros()[:head], 0)
+				if zerr == nil {
+					zerr = blockdev.Sync(out)
+				}
+				err = readBackError{err, zerr == nil}
+			}
+		}
 	}
-	t.Done(err)
+	if wt != nil {
+		wt.Done(err)
+	}
+	rt.Done(err)
 	return skipped, err
 }
 
-// eachChunk reads the image's chunks, each read and checked against the
-// record on a core of its own while earlier ones are written, and calls
-// write for each in order. A damaged chunk or a failed read stops it before
-// write sees that chunk.
-func eachChunk(ctx context.Context, rec *format.Record, in io.ReaderAt, write func(i int, b []byte) error) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	type result struct {
-		b   []byte
-		err error
+// region is chunks [from, to) written, with the stick's bytes of each data
+// chunk (nil: a zero chunk) for the read-back to compare with.
+type region struct {
+	from, to int
+	data     [][]byte
+}
+
+// writeAndReadBack writes every chunk but the first (which it returns) and
+// reads each region back once it is written, as write says.
+func (r *reflasher) writeAndReadBack(ctx context.Context, rec *format.Record, in io.ReaderAt, out *os.File, back io.ReaderAt,
+	wt, rt io.Writer) (skipped int64, first []byte, err error) {
+	n := len(rec.Chunks)
+	written := make(chan region, n/r.region+2) // never blocks the writer
+	held := make(chan []byte, 2*r.region)      // the writer's copies: two regions at most
+	for range cap(held) {
+		held <- nil // allocated on first use: a mostly-zero disk needs few
 	}
-	workers := runtime.GOMAXPROCS(0)
-	pool := make(chan []byte, workers+1) // bounds the chunks in memory
-	for range cap(pool) {
-		pool <- make([]byte, format.ChunkSize)
-	}
-	pending := make(chan chan result, cap(pool))
-	go func() {
-		defer close(pending)
-		for i := range rec.Chunks {
-			var buf []byte
-			select {
-			case buf = <-pool:
-			case <-ctx.Done():
-				return
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		for reg := range written {
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			c := make(chan result, 1)
-			pending <- c // never blocks: as many slots as buffers
-			go func() {
-				off := int64(i) * format.ChunkSize
-				b := buf[:min(format.ChunkSize, rec.Size-off)]
-				_, err := in.ReadAt(b, off)
-				if err != nil {
-					err = fmt.Errorf("read the stick's disk image at bytes %d–%d: %w", off, off+int64(len(b)), err)
-				} else {
-					err = rec.CheckChunk(i, b)
+			if err := blockdev.Sync(out); err != nil {
+				return targetError{err}
+			}
+			if r.beforeReadBack != nil {
+				r.beforeReadBack(reg.from, reg.to)
+			}
+			err := rec.VerifyWith(ctx, back, reg.from, reg.to, sameAs(rec, reg.data, reg.from), counted(rt))
+			if err != nil && ctx.Err() == nil {
+				return readBackError{err, true} // the head is still zero
+			}
+			if err != nil {
+				return err
+			}
+			for _, b := range reg.data {
+				if b != nil {
+					held <- b
 				}
-				c <- result{b, err}
-			}()
+			}
 		}
-	}()
-	i := 0
-	for c := range pending {
-		res := <-c
-		if res.err == nil {
-			res.err = write(i, res.b)
+		return nil
+	})
+	g.Go(func() error {
+		defer close(written)
+		old := make([]byte, format.ChunkSize)
+		reg := region{from: 1, to: 1}
+		// put writes chunk i (b, checked against the record) unless it is
+		// zero and the target reads zero there, and keeps a copy of a data
+		// chunk for the read-back.
+		put := func(i int, b []byte) error {
+			off := int64(i) * format.ChunkSize
+			if zero(b) {
+				reg.data = append(reg.data, nil)
+				if _, rerr := back.ReadAt(old[:len(b)], off); rerr == nil && zero(old[:len(b)]) {
+					skipped += int64(len(b))
+					return nil
+				}
+			} else {
+				var c []byte
+				select {
+				case c = <-held:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				if c == nil {
+					c = make([]byte, format.ChunkSize)
+				}
+				c = c[:copy(c[:cap(c)], b)]
+				reg.data = append(reg.data, c)
+			}
+			if _, err := out.WriteAt(b, off); err != nil {
+				return targetError{err}
+			}
+			return nil
 		}
-		pool <- res.b[:cap(res.b)]
-		if res.err != nil {
-			return res.err
+		err := rec.Verify(ctx, in, 0, n, func(i int, b []byte) error {
+			if i == 0 {
+				first = append([]byte(nil), b...) // last
+			} else if err := put(i, b); err != nil {
+				return err
+			}
+			wt.Write(b)
+			if reg.to = i + 1; reg.to == n || reg.to%r.region == 0 {
+				if reg.to > reg.from {
+					written <- reg
+				}
+				reg = region{from: reg.to, to: reg.to}
+			}
+			return nil
+		})
+		var terr targetError
+		if err != nil && !errors.As(err, &terr) && !errors.Is(err, format.ErrDamaged) && !errors.Is(err, context.Canceled) {
+			err = fmt.Errorf("read the stick's disk image: %w", err)
 		}
-		i++
-	}
-	return ctx.Err()
+		return err
+	})
+	err = g.Wait()
+	return skipped, first, err
 }
 
-var zeros = make([]byte, blockdev.Chunk)
-
-func zero(b []byte) bool { return bytes.Equal(b, zeros[:len(b)]) }
-
-// readBack reads every byte of the target's first rec.Size back against
-// the record.
-func (r *reflasher) readBack(ctx context.Context, rec *format.Record, d *blockdev.Device) error {
-	f, err := os.Open(d.Path)
-	if err != nil {
-		return fmt.Errorf("read back %s: %w: use another disk", d.Path, err)
+// sameAs checks a chunk read back against data, the stick's bytes of the
+// chunks from on, already checked against the record (nil: zeros).
+func sameAs(rec *format.Record, data [][]byte, from int) func(i int, b []byte) error {
+	return func(i int, b []byte) error {
+		want := data[i-from]
+		if want == nil {
+			want = zeros()[:len(b)]
+		}
+		if !bytes.Equal(b, want) {
+			return rec.Damaged(i)
+		}
+		return nil
 	}
-	defer f.Close()
-	t := r.task("read back "+d.Path, rec.Size)
-	err = rec.Check(ctx, f, t)
-	t.Done(err)
-	if err != nil {
-		return fmt.Errorf("read back %s: %w: the disk did not keep what was written; run the reflash again, or use another disk", d.Path, err)
-	}
-	return nil
 }
+
+// counted hands each chunk's bytes to a progress task.
+func counted(t io.Writer) func(int, []byte) error {
+	return func(_ int, b []byte) error { t.Write(b); return nil }
+}
+
+// zeros is made on first use, not at init: kiln serve links this package.
+var zeros = sync.OnceValue(func() []byte { return make([]byte, blockdev.Chunk) })
+
+func zero(b []byte) bool { return bytes.Equal(b, zeros()[:len(b)]) }

@@ -231,26 +231,8 @@ func TestReflashDamagedStickLeavesNoPartitionTable(t *testing.T) {
 			// The target held an old disk: its own first chunk, then data.
 			dev := loop(t, 32*mib, bytes.Repeat([]byte("old disk"), 3*mib))
 			out, powered, err := reflash(t, dir, WithCandidates(dev), WithUnattended())
-			if err == nil {
-				t.Fatalf("no error\n%s", out)
-			}
-			for _, w := range []string{"the stick is damaged", tc.want, dev + " was left without a partition table", "use another stick"} {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error lacks %q: %v", w, err)
-				}
-			}
-			if powered != 0 {
-				t.Error("powered off after a failure")
-			}
-			head := make([]byte, 4*mib)
-			g, _ := os.Open(dev)
-			defer g.Close()
-			if _, err := io.ReadFull(g, head); err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(head, make([]byte, len(head))) {
-				t.Error("the target's first chunk is not zero: it may look bootable")
-			}
+			failedWithHeadZero(t, dev, out, powered, err,
+				"the stick is damaged", tc.want, dev+" was left without a partition table", "use another stick")
 		})
 	}
 }
@@ -266,5 +248,89 @@ func TestReflashSkipsTheBootDisk(t *testing.T) {
 	}
 	if !strings.Contains(out, "will overwrite "+blank) || !strings.Contains(out, "unattended stick: not asking") {
 		t.Fatalf("console:\n%s", out)
+	}
+}
+
+// A target that does not keep what was written is found by the read-back
+// of the region it is in, while later regions are still being written: the
+// error names the chunk, and the target's first chunk, written only after
+// every other one read back right, is left zero (or, when it is the chunk
+// that differs, zeroed again).
+func TestReflashReadBackMismatchLeavesNoPartitionTable(t *testing.T) {
+	img := testImage()
+	for _, tc := range []struct {
+		name   string
+		region int   // chunks a region
+		at     int64 // the byte the target changes after its region is flushed
+		want   string
+	}{
+		{"in skipped zeros of a middle region", 2, 13*mib + 5, "bytes 12582912–16777216 (chunk 4 of 5) does not match"},
+		{"in zeros written in a middle region", 1, 9*mib + 1, "bytes 8388608–12582912 (chunk 3 of 5) does not match"},
+		{"in data in the last region", 2, 20*mib - 1, "bytes 16777216–20971520 (chunk 5 of 5) does not match"},
+		{"in the first chunk, read back last", 2, 17, "bytes 0–4194304 (chunk 1 of 5) does not match"}, // zeroed again
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := payload(t, img, format.Record{})
+			old := make([]byte, 24*mib)
+			copy(old, bytes.Repeat([]byte("old disk"), 12*mib/8)) // an old partition table, old data at 4–12 MiB where the image is zero (written), none at 12–16 MiB (skipped)
+			dev := loop(t, 32*mib, old)
+			chunk := int(tc.at / format.ChunkSize)
+			changed := false
+			corrupt := func(from, to int) {
+				if chunk < from || chunk >= to {
+					return
+				}
+				f, err := os.OpenFile(dev, os.O_WRONLY, 0)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer f.Close()
+				if _, err := f.WriteAt([]byte{0xA5}, tc.at); err != nil {
+					t.Error(err)
+				}
+				if err := f.Sync(); err != nil {
+					t.Error(err)
+				}
+				changed = true
+			}
+			out, powered, err := reflash(t, dir, WithCandidates(dev), WithUnattended(),
+				func(r *reflasher) { r.region, r.beforeReadBack = tc.region, corrupt })
+			if !changed {
+				t.Fatalf("the hook never ran for chunk %d\n%s", chunk, out)
+			}
+			failedWithHeadZero(t, dev, out, powered, err, "read back "+dev, tc.want,
+				"the disk did not keep what was written", "left without a partition table", "use another disk")
+		})
+	}
+}
+
+// failedWithHeadZero checks a failed reflash: err says each of want, the
+// machine stayed on, and the target's first chunk reads zero, so it does
+// not look bootable.
+func failedWithHeadZero(t *testing.T, dev, out string, powered int, err error, want ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("no error\n%s", out)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error lacks %q: %v", w, err)
+		}
+	}
+	if powered != 0 {
+		t.Error("powered off after a failure")
+	}
+	head := make([]byte, 4*mib)
+	g, err := os.Open(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := io.ReadFull(g, head); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(head, make([]byte, len(head))) {
+		t.Error("the target's first chunk is not zero: it may look bootable")
 	}
 }

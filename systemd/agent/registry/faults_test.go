@@ -382,6 +382,27 @@ func TestLoadErrors(t *testing.T) {
 			os.WriteFile(f.blobPath(f.appDigest), b, 0o644)
 			return f.dir
 		}, "does not match its digest"},
+		// Read with a buffer sized from the descriptor: a byte more or less shows.
+		{"manifest one byte longer", func(f *fixture) string {
+			appendTo(f.blobPath(f.appDigest), " ")
+			return f.dir
+		}, "does not match its digest"},
+		{"manifest one byte shorter", func(f *fixture) string {
+			p := f.blobPath(f.appDigest)
+			fi := must(os.Stat(p))
+			os.Truncate(p, fi.Size()-1)
+			return f.dir
+		}, "does not match its digest"},
+		{"manifest is a FIFO", func(f *fixture) string {
+			os.Remove(f.blobPath(f.appDigest))
+			syscall.Mkfifo(f.blobPath(f.appDigest), 0o644)
+			return f.dir
+		}, "not a regular file (p"},
+		{"manifest is a directory", func(f *fixture) string {
+			os.Remove(f.blobPath(f.appDigest))
+			os.Mkdir(f.blobPath(f.appDigest), 0o755)
+			return f.dir
+		}, "not a regular file (d"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
@@ -395,6 +416,12 @@ func TestLoadErrors(t *testing.T) {
 	if _, err := New(nil); err == nil {
 		t.Error("New(nil): no error")
 	}
+}
+
+func appendTo(path, s string) {
+	f := must(os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0))
+	f.WriteString(s)
+	f.Close()
 }
 
 func TestMissingIndexChild(t *testing.T) {

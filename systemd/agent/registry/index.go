@@ -206,7 +206,7 @@ func (l *loader) loadManifest(src blobSource, d ocispec.Descriptor, where string
 	if _, ok := l.ix.manifests[d.Digest.String()]; ok {
 		return nil
 	}
-	path, _, _, _ := src.locate(d.Digest.String())
+	path, store, fi, lerr := src.locate(d.Digest.String())
 	if path == "" {
 		return fmt.Errorf("%s: manifest %s is %s: %w", where, d.Digest, src.nowhere(), os.ErrNotExist)
 	}
@@ -237,7 +237,7 @@ func (l *loader) loadManifest(src blobSource, d ocispec.Descriptor, where string
 		m.artifactType = raw.Config.MediaType
 	}
 	l.ix.manifests[m.digest] = m
-	l.addBlob(src, d, where) // manifests are blobs too
+	l.recordBlob(src, d, where, path, store, fi, lerr) // manifests are blobs too; located above
 	for _, c := range raw.Manifests {
 		if !validDigest(c.Digest.String()) {
 			continue
@@ -276,6 +276,15 @@ func (l *loader) addBlob(src blobSource, d ocispec.Descriptor, where string) {
 		return
 	}
 	path, store, fi, err := src.locate(d.Digest.String())
+	l.recordBlob(src, d, where, path, store, fi, err)
+}
+
+// recordBlob records blob d where locate found it (path, store, its lstat
+// fi or the lstat's error), unless a source before already holds it.
+func (l *loader) recordBlob(src blobSource, d ocispec.Descriptor, where, path string, store bool, fi os.FileInfo, err error) {
+	if _, ok := l.ix.blobs[d.Digest.String()]; ok {
+		return
+	}
 	l.ix.blobs[d.Digest.String()] = blobFile{path: path, size: d.Size, store: store, missing: src.nowhere()}
 	if path == "" {
 		l.ix.damaged++
@@ -317,14 +326,9 @@ func readVerified(path string, d ocispec.Descriptor) ([]byte, error) {
 	if limit < 0 {
 		limit = maxManifestSize
 	}
-	f, err := openRegular(path)
+	data, err := readRegular(path, limit)
 	if err != nil {
 		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	sum := sha256.Sum256(data)
 	if int64(len(data)) > limit || (d.Size >= 0 && int64(len(data)) != d.Size) || "sha256:"+hex.EncodeToString(sum[:]) != d.Digest.String() {

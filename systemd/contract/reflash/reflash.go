@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"unsafe"
 )
 
 // PartitionType is the GPT partition type GUID of the stick's payload
@@ -185,92 +186,138 @@ var ErrDamaged = errors.New("does not match the stick's record")
 // of zeros: such a chunk is checked by comparing with zeros, not hashed. A
 // disk is mostly zeros, and sha256 is slow where the stick boots without
 // SHA instructions (emulated CPUs).
+// The 4 MiB of zeros are made on first use, not at init: every node
+// program (kiln serve at boot too) links this package.
 var (
-	zeroChunk      = make([]byte, ChunkSize)
+	zeroChunk      = sync.OnceValue(func() []byte { return make([]byte, ChunkSize) })
 	zeroDigestOnce sync.Once
 	zeroDigest     string
 )
 
 // matches says whether chunk i holds what the record says.
 func (rec *Record) matches(i int, b []byte) bool {
-	zeroDigestOnce.Do(func() { s := sha256.Sum256(zeroChunk); zeroDigest = hex.EncodeToString(s[:]) })
+	zeroDigestOnce.Do(func() { s := sha256.Sum256(zeroChunk()); zeroDigest = hex.EncodeToString(s[:]) })
 	want := rec.Chunks[i]
 	if (len(b) == ChunkSize && want == zeroDigest) || (len(b) < ChunkSize && want == zeroHex(len(b))) {
-		return bytes.Equal(b, zeroChunk[:len(b)])
+		return bytes.Equal(b, zeroChunk()[:len(b)])
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:]) == want
 }
 
-func zeroHex(n int) string { s := sha256.Sum256(zeroChunk[:n]); return hex.EncodeToString(s[:]) }
+func zeroHex(n int) string { s := sha256.Sum256(zeroChunk()[:n]); return hex.EncodeToString(s[:]) }
 
-// CheckChunk says whether b holds chunk i as the record has it; the error
-// names the chunk's byte range, as Check's does.
-func (rec *Record) CheckChunk(i int, b []byte) error {
-	if rec.matches(i, b) {
-		return nil
-	}
-	return rec.damaged(i)
-}
-
-func (rec *Record) damaged(i int) error {
+// Damaged is the error for chunk i not holding what the record says: it
+// names the chunk's bytes and wraps ErrDamaged.
+func (rec *Record) Damaged(i int) error {
 	off := int64(i) * ChunkSize
 	return fmt.Errorf("bytes %d–%d (chunk %d of %d) %w", off, off+min(ChunkSize, rec.Size-off), i+1, len(rec.Chunks), ErrDamaged)
 }
 
-// Check reads rec.Size bytes from r and compares each chunk with the
-// record; the chunks cover every byte, so the whole-image digest adds
-// nothing. Every core reads and hashes chunks of its own, so reads are in
-// flight while others hash (a device answers several reads at once faster
-// than one after another). The error names the first damaged chunk's byte
-// range; progress counts the bytes checked.
-func (rec *Record) Check(ctx context.Context, r io.ReaderAt, progress io.Writer) error {
+// Verify reads the chunks from..to-1 of the image from r, checks each
+// against the record and hands each to fn, in order. Every core reads and
+// hashes chunks of its own ahead of fn, so reads are in flight while others
+// hash (a device answers several reads at once faster than one after
+// another) and fn, the writer, never waits for a hash. fn sees only chunks
+// that match: the first damaged chunk (errors.Is ErrDamaged) or failed read
+// stops Verify before fn sees it, and the error names its bytes. b is fn's
+// until it returns.
+func (rec *Record) Verify(ctx context.Context, r io.ReaderAt, from, to int, fn func(i int, b []byte) error) error {
+	return rec.VerifyWith(ctx, r, from, to, rec.CheckChunk, fn)
+}
+
+// VerifyWith is Verify with another check of each chunk: check runs on the
+// reading goroutines, several chunks at once and in any order, and returns
+// nil or an error that names the chunk (Damaged). The read-back uses it to
+// compare what it reads with the stick's bytes it wrote, which Verify had
+// checked against the record, instead of hashing them again.
+func (rec *Record) VerifyWith(ctx context.Context, r io.ReaderAt, from, to int, check, fn func(i int, b []byte) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		b   []byte
+		err error
+	}
 	workers := runtime.GOMAXPROCS(0)
-	next := make(chan int)
-	var (
-		mu      sync.Mutex
-		bad     = -1
-		readErr error
-		readAt  = -1
-		wg      sync.WaitGroup
-	)
-	stop := func() bool { mu.Lock(); defer mu.Unlock(); return bad >= 0 || readErr != nil }
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, ChunkSize)
-			for i := range next {
+	free := make(chan []byte, workers+1) // bounds the chunks in memory
+	for range cap(free) {
+		free <- chunkBuffers.Get().([]byte)
+	}
+	defer func() {
+		for range cap(free) {
+			chunkBuffers.Put(<-free)
+		}
+	}()
+	pending := make(chan chan result, cap(free))
+	go func() {
+		defer close(pending)
+		for i := from; i < to; i++ {
+			var buf []byte
+			select {
+			case buf = <-free:
+			case <-ctx.Done():
+				return
+			}
+			if ctx.Err() != nil { // select picks at random when both are ready
+				free <- buf
+				return
+			}
+			c := make(chan result, 1)
+			pending <- c // never blocks: as many slots as buffers
+			go func() {
 				off := int64(i) * ChunkSize
 				b := buf[:min(ChunkSize, rec.Size-off)]
-				_, err := r.ReadAt(b, off)
-				ok := err == nil && rec.matches(i, b)
-				mu.Lock()
+				n, err := r.ReadAt(b, off)
 				switch {
-				case err != nil && (readAt < 0 || i < readAt):
-					readAt, readErr = i, fmt.Errorf("bytes %d–%d: %w", off, off+int64(len(b)), err)
-				case err == nil && !ok && (bad < 0 || i < bad):
-					bad = i
+				case n == len(b):
+					err = check(i, b)
+				case err == nil:
+					err = io.ErrUnexpectedEOF
 				}
-				progress.Write(b)
-				mu.Unlock()
-			}
-		}()
-	}
-	var err error
-	for i := range rec.Chunks {
-		if err = ctx.Err(); err != nil || stop() {
-			break
+				if err != nil && !errors.Is(err, ErrDamaged) {
+					err = fmt.Errorf("bytes %d–%d: %w", off, off+int64(len(b)), err)
+				}
+				c <- result{b, err}
+			}()
 		}
-		next <- i
+	}()
+	i := from
+	var err error
+	for c := range pending {
+		res := <-c
+		if err == nil {
+			if err = res.err; err == nil {
+				if err = ctx.Err(); err == nil {
+					err = fn(i, res.b)
+				}
+			}
+			if err != nil {
+				cancel() // no more reads; drain those under way
+			}
+		}
+		free <- res.b[:cap(res.b)]
+		i++
 	}
-	close(next)
-	wg.Wait()
-	switch { // every chunk before the one named was checked: it is the first
-	case bad >= 0 && (readAt < 0 || bad < readAt):
-		return rec.damaged(bad)
-	case readErr != nil:
-		return readErr
+	if err == nil && i < to {
+		err = ctx.Err()
 	}
 	return err
+}
+
+// chunkBuffers holds ChunkSize buffers aligned to 4 KiB, so that a reader
+// may read into them with O_DIRECT (the target's read-back does).
+var chunkBuffers = sync.Pool{New: func() any {
+	const align = 4096
+	b := make([]byte, ChunkSize+align)
+	skip := (align - int(uintptr(unsafe.Pointer(&b[0]))%align)) % align
+	return b[skip : skip+ChunkSize : skip+ChunkSize]
+}}
+
+// CheckChunk says whether b holds chunk i as the record has it; the error
+// names the chunk's bytes (Damaged).
+func (rec *Record) CheckChunk(i int, b []byte) error {
+	if rec.matches(i, b) {
+		return nil
+	}
+	return rec.Damaged(i)
 }

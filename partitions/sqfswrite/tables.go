@@ -1,0 +1,227 @@
+package sqfswrite
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+)
+
+// Inode types (squashfs_fs.h).
+const (
+	typeDir     = 1
+	typeReg     = 2
+	typeLongDir = 8
+	typeLongReg = 9
+)
+
+// metaTable builds a metadata table: its bytes cut into 8 KiB blocks, each
+// stored uncompressed behind a 2-byte header. As every block but the last
+// is full, a position in the uncompressed bytes maps to its block by
+// arithmetic.
+type metaTable struct{ data []byte }
+
+func (t *metaTable) pos() int64 { return int64(len(t.data)) }
+
+// block is the on-disk start (relative to the table) of the block holding
+// uncompressed position pos.
+func block(pos int64) uint32 { return uint32(pos / metaSize * (metaSize + 2)) }
+
+// ref is the squashfs reference (block << 16 | offset) of position pos.
+func ref(pos int64) uint64 { return uint64(block(pos))<<16 | uint64(pos%metaSize) }
+
+// bytes is the table as stored.
+func (t *metaTable) bytes() []byte {
+	out := make([]byte, 0, len(t.data)+2*(len(t.data)/metaSize+1))
+	for at := 0; at < len(t.data); at += metaSize {
+		chunk := t.data[at:min(at+metaSize, len(t.data))]
+		out = binary.LittleEndian.AppendUint16(out, uint16(metaUncompressed|len(chunk)))
+		out = append(out, chunk...)
+	}
+	return out
+}
+
+// buildTables numbers the inodes and writes the inode and directory
+// tables as mksquashfs orders them: depth first, a directory's children
+// before it (its listing names their inodes), the root last.
+func (p *Plan) buildTables() error {
+	var number func(d *node) error
+	number = func(d *node) error {
+		for _, c := range d.children {
+			if c.dir {
+				if err := number(c); err != nil {
+					return err
+				}
+				continue
+			}
+			if p.count == math.MaxUint32-1 {
+				return errTooMany
+			}
+			p.count++
+			c.ino = p.count
+		}
+		if p.count == math.MaxUint32-1 {
+			return errTooMany
+		}
+		p.count++
+		d.ino = p.count
+		return nil
+	}
+	if err := number(p.root); err != nil {
+		return err
+	}
+	var inodes, dirs metaTable
+	var visit func(d *node, parent uint32) error
+	visit = func(d *node, parent uint32) error {
+		for _, c := range d.children {
+			if c.dir {
+				if err := visit(c, d.ino); err != nil {
+					return err
+				}
+				continue
+			}
+			c.ref = ref(inodes.pos())
+			inodes.data = p.fileInode(inodes.data, c)
+		}
+		start := dirs.pos()
+		listing, index := dirListing(d)
+		if len(listing)+3 > math.MaxUint32 || len(index) > math.MaxUint16 {
+			return fmt.Errorf("squashfs tree: directory %q has too many entries (%d) for one squashfs directory", d.rel, len(d.children))
+		}
+		dirs.data = append(dirs.data, listing...)
+		d.ref = ref(inodes.pos())
+		inodes.data = p.dirInode(inodes.data, d, parent, start, len(listing), index)
+		return nil
+	}
+	if err := visit(p.root, p.count+1); err != nil { // the root's parent: one past the last inode, as mksquashfs writes
+		return err
+	}
+	p.rootRef = p.root.ref
+	p.inodes, p.dirs = inodes.bytes(), dirs.bytes()
+	p.bytesUse = p.dataEnd + int64(len(p.inodes)+len(p.dirs)) + 6 + 8 // + id block and its index
+	return nil
+}
+
+func (p *Plan) inodeHeader(b []byte, typ uint16, n *node) []byte {
+	le := binary.LittleEndian
+	b = le.AppendUint16(b, typ)
+	b = le.AppendUint16(b, n.mode)
+	b = le.AppendUint16(b, 0) // uid: id 0 (root)
+	b = le.AppendUint16(b, 0) // gid
+	b = le.AppendUint32(b, uint32(p.cfg.mtime))
+	return le.AppendUint32(b, n.ino)
+}
+
+// fileInode appends a regular file's inode: basic while start and size fit
+// 32 bits, else extended; then one uncompressed block size per 1 MiB.
+func (p *Plan) fileInode(b []byte, f *node) []byte {
+	le := binary.LittleEndian
+	if f.offset <= math.MaxUint32 && f.size <= math.MaxUint32 {
+		b = p.inodeHeader(b, typeReg, f)
+		b = le.AppendUint32(b, uint32(f.offset))
+		b = le.AppendUint32(b, math.MaxUint32) // no fragment
+		b = le.AppendUint32(b, 0)
+		b = le.AppendUint32(b, uint32(f.size))
+	} else {
+		b = p.inodeHeader(b, typeLongReg, f)
+		b = le.AppendUint64(b, uint64(f.offset))
+		b = le.AppendUint64(b, uint64(f.size))
+		b = le.AppendUint64(b, 0) // sparse bytes
+		b = le.AppendUint32(b, 1) // nlink
+		b = le.AppendUint32(b, math.MaxUint32)
+		b = le.AppendUint32(b, 0)
+		b = le.AppendUint32(b, math.MaxUint32) // no xattr
+	}
+	for left := f.size; left > 0; left -= blockSize {
+		b = le.AppendUint32(b, uint32(min(left, blockSize))|dataUncompressed)
+	}
+	return b
+}
+
+// dirIndex marks a directory header the kernel's lookup may start at, so
+// it need not read a large listing from its beginning.
+type dirIndex struct {
+	at   int // the header's position in the listing
+	name string
+}
+
+// dirInode appends a directory's inode: basic, or extended when the listing
+// is too long for one or carries an index.
+func (p *Plan) dirInode(b []byte, d *node, parent uint32, start int64, listing int, index []dirIndex) []byte {
+	le := binary.LittleEndian
+	size := listing + 3 // squashfs counts "." and ".." as 3 bytes
+	if len(index) == 0 && size <= math.MaxUint16 {
+		b = p.inodeHeader(b, typeDir, d)
+		b = le.AppendUint32(b, block(start))
+		b = le.AppendUint32(b, 2+d.subdirs)
+		b = le.AppendUint16(b, uint16(size))
+		b = le.AppendUint16(b, uint16(start%metaSize))
+		return le.AppendUint32(b, parent)
+	}
+	b = p.inodeHeader(b, typeLongDir, d)
+	b = le.AppendUint32(b, 2+d.subdirs)
+	b = le.AppendUint32(b, uint32(size))
+	b = le.AppendUint32(b, block(start))
+	b = le.AppendUint32(b, parent)
+	b = le.AppendUint16(b, uint16(len(index)))
+	b = le.AppendUint16(b, uint16(start%metaSize))
+	b = le.AppendUint32(b, math.MaxUint32) // no xattr
+	for _, ix := range index {
+		b = le.AppendUint32(b, uint32(ix.at))
+		b = le.AppendUint32(b, block(start+int64(ix.at)))
+		b = le.AppendUint32(b, uint32(len(ix.name)-1))
+		b = append(b, ix.name...)
+	}
+	return b
+}
+
+// maxHeaderEntries is the most entries one directory header holds.
+const maxHeaderEntries = 256
+
+// dirListing encodes a directory's entries: runs of up to 256 entries
+// behind a header naming the inode metadata block they share and a base
+// inode number they differ from by a 16-bit amount. A new run starts, and
+// is indexed, when the listing since the last index would pass a metadata
+// block's size (as mksquashfs does). As inodes are numbered in the order
+// they are written and none is under 32 bytes, a block holds at most 256 of
+// them and numbers within one block differ by less than 256: the count and
+// difference limits are checked all the same, as the format's rules.
+func dirListing(d *node) ([]byte, []dirIndex) {
+	le := binary.LittleEndian
+	var b []byte
+	var index []dirIndex
+	hdr, count, lastIndex := -1, 0, 0
+	var hdrBlock, hdrIno uint32
+	for _, c := range d.children {
+		blk, off := uint32(c.ref>>16), uint16(c.ref&0xffff)
+		entry := 8 + len(c.name)
+		diff := int64(c.ino) - int64(hdrIno)
+		if hdr < 0 || count == maxHeaderEntries || blk != hdrBlock || diff < math.MinInt16 || diff > math.MaxInt16 ||
+			len(b)+entry-lastIndex > metaSize {
+			if hdr >= 0 {
+				le.PutUint32(b[hdr:], uint32(count-1))
+				if len(b)+12+entry-lastIndex > metaSize {
+					index = append(index, dirIndex{at: len(b), name: c.name})
+					lastIndex = len(b)
+				}
+			}
+			hdr, count, hdrBlock, hdrIno, diff = len(b), 0, blk, c.ino, 0
+			b = le.AppendUint32(b, 0) // count - 1, filled in when the run ends
+			b = le.AppendUint32(b, blk)
+			b = le.AppendUint32(b, c.ino)
+		}
+		typ := uint16(typeReg)
+		if c.dir {
+			typ = typeDir // entries name the basic type, whatever the inode is
+		}
+		b = le.AppendUint16(b, off)
+		b = le.AppendUint16(b, uint16(int16(diff)))
+		b = le.AppendUint16(b, typ)
+		b = le.AppendUint16(b, uint16(len(c.name)-1))
+		b = append(b, c.name...)
+		count++
+	}
+	if hdr >= 0 {
+		le.PutUint32(b[hdr:], uint32(count-1))
+	}
+	return b, index
+}
