@@ -76,6 +76,51 @@ func TestReflash(t *testing.T) {
 		}
 	})
 
+	// The attended stick asks once on the serial console; the test types
+	// "yes" and Enter as a technician would, only once the question shows.
+	t.Run("attended", func(t *testing.T) {
+		t.Parallel()
+		asking := filepath.Join(t.TempDir(), "stick.raw")
+		if out, err := exec.Command(a.kiln, "reflash-stick", filepath.Join(dir, "appliance.yaml"), "--disk", a.disk,
+			"-o", asking).CombinedOutput(); err != nil {
+			t.Fatalf("kiln reflash-stick (attended): %v\n%s", err, out)
+		}
+		target := blankDisk(t, size+64<<20)
+		const prompt = `type "yes"`
+		asked := false
+		res, err := vm.Run(t, asking, vm.WithName("reflash-attended"), vm.WithFailOn(reflashFailed),
+			vm.WithQEMUArgs("-drive", "if=virtio,format=raw,file="+target), vm.WithTimeout(applianceTimeout(10*time.Minute)),
+			vm.OnPrompt(prompt, func(m *vm.Monitor, line string) error {
+				asked = true
+				t.Logf("console asks: %s", line)
+				return m.Type("yes\r")
+			}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("attended reflash boot took %s", res.Duration.Round(time.Second))
+		if !asked {
+			t.Fatalf("the stick never asked %q (console: %s)", prompt, res.Console)
+		}
+		for _, want := range []string{"kiln reflash: will overwrite /dev/vd", prompt + " and press Enter to overwrite /dev/vd",
+			"write /dev/vd", "read back /dev/vd", "done — remove the stick and power on"} {
+			if len(res.Lines(want)) == 0 {
+				t.Errorf("console lacks %q (%s)", want, res.Console)
+			}
+		}
+		for _, done := range []string{"write /dev/vd", "read back /dev/vd"} {
+			if !anyLineHas(res, done, ": done") {
+				t.Errorf("console lacks the %q done line (%s)", done, res.Console)
+			}
+		}
+		if anyLineHas(res, "unattended stick: not asking") {
+			t.Errorf("the attended stick did not ask (%s)", res.Console)
+		}
+		if got, want := prefixDigest(t, target, size), prefixDigest(t, a.disk, size); got != want {
+			t.Fatalf("the target's first %d bytes differ from the factory disk", size)
+		}
+	})
+
 	t.Run("target-too-small", func(t *testing.T) {
 		t.Parallel()
 		own := filepath.Join(t.TempDir(), "stick.raw")
@@ -98,6 +143,20 @@ func TestReflash(t *testing.T) {
 		requireRefused(t, res, err, "the stick is damaged", "(chunk 1 of", "use another stick")
 		requireBlank(t, target)
 	})
+}
+
+// anyLineHas: one console line holds every part.
+func anyLineHas(res *vm.Result, parts ...string) bool {
+	for _, l := range res.All() {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(l, p)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
 }
 
 func blankDisk(t *testing.T, size int64) string {

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"time"
@@ -34,6 +35,7 @@ type Monitor struct {
 	replies chan qmpMessage
 	events  chan qmpMessage
 	ports   map[string]string // disk id -> root port in use
+	console io.Writer         // QEMU's stdin: the guest's serial port
 }
 
 type qmpMessage struct {
@@ -93,6 +95,15 @@ func (m *Monitor) read(sc *bufio.Scanner) {
 		}
 		m.replies <- msg
 	}
+}
+
+// Type sends s to the guest's serial console as a technician's keyboard
+// would ("\r" is Enter).
+func (m *Monitor) Type(s string) error {
+	if _, err := io.WriteString(m.console, s); err != nil {
+		return fmt.Errorf("type on the serial console: %w", err)
+	}
+	return nil
 }
 
 // Execute runs one QMP command and returns its result.

@@ -11,6 +11,7 @@ package vm
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -54,6 +55,7 @@ type config struct {
 	monitor bool // a QMP socket and hot-plug ports (WithMonitor, OnConsole)
 	reboots bool
 	hooks   []hook
+	prompts []hook // OnPrompt: matched on the unended console line
 }
 
 // hook is an OnConsole callback.
@@ -107,6 +109,16 @@ func OnConsole(substr string, fn func(m *Monitor, line string) error) Option {
 	return func(c *config) {
 		c.monitor = true
 		c.hooks = append(c.hooks, hook{substr, fn})
+	}
+}
+
+// OnPrompt is OnConsole for a question: fn runs once when the console's
+// current, not yet ended line contains substr (a prompt waits for its answer
+// without a newline); answer it with m.Type.
+func OnPrompt(substr string, fn func(m *Monitor, line string) error) Option {
+	return func(c *config) {
+		c.monitor = true
+		c.prompts = append(c.prompts, hook{substr, fn})
 	}
 }
 
@@ -293,6 +305,14 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	// -serial stdio: what a callback types (Monitor.Type) reaches the
+	// guest's serial port. Without a monitor stdin stays /dev/null.
+	var stdin io.WriteCloser
+	if c.monitor {
+		if stdin, err = cmd.StdinPipe(); err != nil {
+			return nil, err
+		}
+	}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	start := time.Now()
@@ -313,10 +333,15 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 			return nil, err
 		}
 		defer mon.close()
+		mon.console = stdin
 		hooks = newHookRunner(mon, c.hooks, cancel)
 		sc.onLine = hooks.line
 	}
-	sc.scan(io.TeeReader(stdout, logFile), cancel)
+	var console io.Writer = logFile
+	if len(c.prompts) > 0 {
+		console = io.MultiWriter(logFile, &promptWatcher{prompts: c.prompts, fire: hooks.queueHook})
+	}
+	sc.scan(io.TeeReader(stdout, console), cancel)
 	hookErr := hooks.stop()
 	waitErr := cmd.Wait()
 	res := &Result{Console: logPath, Duration: time.Since(start), lines: sc.lines, at: sc.at}
@@ -475,10 +500,47 @@ func newHookRunner(mon *Monitor, hooks []hook, cancel func()) *hookRunner {
 func (h *hookRunner) line(l string) {
 	for _, hk := range h.hooks {
 		if strings.Contains(l, hk.substr) {
-			hk := hk
-			h.queue <- func() error { return hk.fn(h.mon, l) }
+			h.queueHook(hk, l)
 		}
 	}
+}
+
+func (h *hookRunner) queueHook(hk hook, l string) {
+	h.queue <- func() error { return hk.fn(h.mon, l) }
+}
+
+// promptWatcher sees the console's raw bytes as they arrive and fires an
+// OnPrompt hook once when the line not yet ended contains its substring.
+type promptWatcher struct {
+	prompts []hook
+	fire    func(hook, string)
+	tail    []byte // the console since its last newline
+	fired   []bool // per prompt, for the current tail
+}
+
+func (w *promptWatcher) Write(p []byte) (int, error) {
+	if w.fired == nil {
+		w.fired = make([]bool, len(w.prompts))
+	}
+	if i := bytes.LastIndexByte(p, '\n'); i >= 0 {
+		w.tail = append(w.tail[:0], p[i+1:]...)
+		clear(w.fired)
+	} else {
+		w.tail = append(w.tail, p...)
+	}
+	if len(w.tail) == 0 {
+		return len(p), nil
+	}
+	// The last \r-separated redraw, escape sequences removed (as scan).
+	parts := strings.Split(ansi.ReplaceAllString(string(w.tail), ""), "\r")
+	l := strings.TrimRight(parts[len(parts)-1], "\x00 ")
+	for i, pr := range w.prompts {
+		if !w.fired[i] && strings.Contains(l, pr.substr) {
+			w.fired[i] = true
+			w.fire(pr, l)
+		}
+	}
+	return len(p), nil
 }
 
 // stop waits for the queued callbacks and returns the first error.

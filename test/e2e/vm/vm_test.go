@@ -64,3 +64,36 @@ func TestScanner(t *testing.T) {
 		}
 	}
 }
+
+// A prompt waits on an unended line, may arrive in pieces and in colour, and
+// is answered once; the same words on a later line are a new prompt.
+func TestPromptWatcher(t *testing.T) {
+	tests := []struct {
+		name   string
+		writes []string
+		want   []string
+	}{
+		{"whole", []string{"boot\nkiln: type \"yes\" and press Enter: "}, []string{`kiln: type "yes" and press Enter:`}},
+		{"in pieces", []string{"boot\nkiln: ty", "pe \"y", "es\" and press Enter: "}, []string{`kiln: type "yes" and press Enter:`}},
+		{"escapes and redraw", []string{"x\r\x1b[0mkiln: type \x1b[1m\"yes\"\x1b[0m: "}, []string{`kiln: type "yes":`}},
+		{"once per line", []string{"type \"yes\": ", "y", "es"}, []string{`type "yes":`}},
+		{"again on a new line", []string{"type \"yes\": ", "no\n", "type \"yes\": "}, []string{`type "yes":`, `type "yes":`}},
+		{"an ended line is not a prompt", []string{"type \"yes\" or not\n", "next"}, nil},
+		{"no prompt", []string{"hello\n", "world"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []string
+			w := &promptWatcher{prompts: []hook{{substr: `type "yes"`}},
+				fire: func(_ hook, l string) { got = append(got, l) }}
+			for _, s := range tt.writes {
+				if n, err := w.Write([]byte(s)); n != len(s) || err != nil {
+					t.Fatalf("Write = %d, %v", n, err)
+				}
+			}
+			if strings.Join(got, "|") != strings.Join(tt.want, "|") {
+				t.Errorf("fired %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
