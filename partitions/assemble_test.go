@@ -22,6 +22,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
+	"github.com/kiln-appliance/kiln/test/loopmount"
 )
 
 const epoch = 1700000000
@@ -244,23 +245,10 @@ func TestAssemble(t *testing.T) {
 	overlayOnTop(t, mnt)
 }
 
-// loopMount attaches partition p of the disk read-only (a loop device over
-// its byte range: containers have no udev for -P partition nodes) and mounts
-// it read-only.
+// loopMount mounts partition p of the disk read-only with the kernel's
+// squashfs driver.
 func loopMount(t *testing.T, disk string, p Partition) string {
-	t.Helper()
-	out, err := exec.Command("losetup", "-r", "-f", "--show", "-o", fmt.Sprint(p.Offset), "--sizelimit", fmt.Sprint(p.Size), disk).Output()
-	if err != nil {
-		t.Fatalf("losetup: %v", err)
-	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
-	mnt := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "squashfs", "-o", "ro", dev, mnt).CombinedOutput(); err != nil {
-		t.Fatalf("mount %s: %v\n%s", dev, err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", mnt).Run() })
-	return mnt
+	return loopmount.Squashfs(t, disk, p.Offset, p.Size)
 }
 
 // overlayOnTop mounts an overlay with the image partition as lower layer

@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -21,6 +20,7 @@ import (
 	contract "github.com/kiln-appliance/kiln/systemd/contract/bundle"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 	"github.com/kiln-appliance/kiln/test/fixtures/layers"
+	"github.com/kiln-appliance/kiln/test/loopmount"
 )
 
 // releases is one set of inputs: a base disk, a layout with every image
@@ -113,19 +113,7 @@ func mountBundle(t *testing.T, p string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	off := rep.Offset + rep.Header
-	loop := strings.TrimSpace(run(t, "losetup", "--find", "--show", "--read-only",
-		"--offset", fmt.Sprint(off), "--sizelimit", fmt.Sprint(rep.Manifest.Filesystem.Size), p))
-	mnt := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "squashfs", "-o", "ro,nodev,nosuid,noexec", loop, mnt).CombinedOutput(); err != nil {
-		exec.Command("losetup", "-d", loop).Run()
-		t.Fatalf("mount bundle: %v\n%s", err, out)
-	}
-	t.Cleanup(func() {
-		exec.Command("umount", mnt).Run()
-		exec.Command("losetup", "-d", loop).Run()
-	})
-	return mnt
+	return loopmount.Squashfs(t, p, rep.Offset+rep.Header, rep.Manifest.Filesystem.Size)
 }
 
 func blobsIn(t *testing.T, dir string) map[string]bool {

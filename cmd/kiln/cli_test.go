@@ -25,6 +25,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 	"github.com/kiln-appliance/kiln/test/fixtures/images"
+	"github.com/kiln-appliance/kiln/test/loopmount"
 )
 
 var kilnBin string
@@ -195,20 +196,7 @@ func mountPartition(t testing.TB, disk, name string) string {
 	if !ok {
 		t.Fatalf("no %s partition", name)
 	}
-	loop := strings.TrimSpace(run(t, "losetup", "--find", "--show", "--read-only",
-		"--offset", fmt.Sprint(p.Offset), "--sizelimit", fmt.Sprint(p.Size), disk))
-	mnt := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "squashfs", "-o", "ro", loop, mnt).CombinedOutput(); err != nil {
-		exec.Command("losetup", "-d", loop).Run()
-		t.Fatalf("mount image partition: %v\n%s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v\n%s", mnt, err, out)
-		}
-		exec.Command("losetup", "-d", loop).Run()
-	})
-	return mnt
+	return loopmount.Squashfs(t, disk, p.Offset, p.Size)
 }
 
 func TestBuildDiskIsRealAndReadable(t *testing.T) {

@@ -17,6 +17,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kiln-appliance/kiln/test/loopmount"
 )
 
 const (
@@ -299,19 +301,7 @@ func hashFile(t testing.TB, p string) string {
 // mount mounts the filesystem at offset of img read-only through a loop
 // device, as the bundle docs tell a person to look inside.
 func mount(t *testing.T, img string, offset, size int64) string {
-	t.Helper()
-	out, err := exec.Command("losetup", "-r", "-f", "--show", "-o", fmt.Sprint(offset), "--sizelimit", fmt.Sprint(size), img).CombinedOutput()
-	if err != nil {
-		t.Fatalf("losetup: %v\n%s", err, out)
-	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
-	mnt := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "squashfs", "-o", "ro,nodev,nosuid,noexec", dev, mnt).CombinedOutput(); err != nil {
-		t.Fatalf("mount %s: %v\n%s", dev, err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", mnt).Run() })
-	return mnt
+	return loopmount.Squashfs(t, img, offset, size)
 }
 
 // The same tree gives the same bytes; another mtime gives others.
