@@ -13,6 +13,8 @@ import (
 	"sync"
 
 	"golang.org/x/sync/errgroup"
+
+	kprogress "github.com/kiln-appliance/kiln/internal/progress"
 )
 
 // FileDigest is a file's size and sha256 ("sha256:…") as written into the
@@ -167,7 +169,7 @@ func (ff *fileFeeder) finish() (map[string]FileDigest, error) {
 func hashLevel0(ctx context.Context, src io.ReaderAt, n int64, salt []byte, out io.WriterAt, dst int64, ff *fileFeeder, progress io.Writer) error {
 	regions := levelRegions(n, ff)
 	if progress != nil {
-		progress = &lockedWriter{w: progress}
+		progress = kprogress.Shared(progress) // one task, every worker
 	}
 	next := make(chan levelRegion)
 	g, gctx := errgroup.WithContext(ctx)
@@ -281,23 +283,14 @@ func hashRegion(ctx context.Context, src io.ReaderAt, n int64, salt []byte, out 
 	return nil
 }
 
-// lockedWriter lets the workers share a progress task.
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
-
 // hashFiles is the files' digests read through fsys (a filesystem the
 // verity pass cannot feed: compressed, or without verity), one reader per
 // CPU, biggest files first.
 func hashFiles(ctx context.Context, open func() (fs.FS, error), paths []string, progress io.Writer) (map[string]FileDigest, error) {
 	sums := make(map[string]FileDigest, len(paths))
+	if progress != nil {
+		progress = kprogress.Shared(progress) // one task, every reader
+	}
 	var mu sync.Mutex
 	next := make(chan string)
 	g, gctx := errgroup.WithContext(ctx)
