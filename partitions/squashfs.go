@@ -27,12 +27,6 @@ var compressionFlags = map[string][]string{
 
 // squashfsOptions is one mksquashfs run.
 type squashfsOptions struct {
-	// AllRoot makes every file owned by root whoever staged it (bundles:
-	// the same inputs give the same bytes on any factory host).
-	AllRoot bool
-	// Contiguous stores every block, zeros too (-no-sparse): uncompressed,
-	// each file's contents are then one byte range of the filesystem.
-	Contiguous      bool
 	Tree            string // directory to pack
 	Disk            string // file to write into
 	Offset          int64  // byte offset in Disk
@@ -82,9 +76,6 @@ func writeSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
 		// 360 MB RSS); 64M keeps it small and measured no slower.
 		"-mem", "64M"}
 	args = append(args, flags...)
-	if o.AllRoot {
-		args = append(args, "-all-root")
-	}
 	if len(o.Attrs) > 0 {
 		pf, err := writeAttrs(o.Attrs)
 		if err != nil {
@@ -92,9 +83,6 @@ func writeSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
 		}
 		defer os.Remove(pf)
 		args = append(args, "-pf", pf)
-	}
-	if o.Contiguous {
-		args = append(args, "-no-sparse")
 	}
 	cmd := exec.CommandContext(ctx, "mksquashfs", args...)
 	cmd.Env = append(envWithout("SOURCE_DATE_EPOCH"), "SOURCE_DATE_EPOCH="+strconv.FormatInt(o.SourceDateEpoch, 10))
