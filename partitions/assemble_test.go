@@ -7,14 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,6 +20,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 	"github.com/kiln-appliance/kiln/test/loopmount"
+	"github.com/kiln-appliance/kiln/test/treecmp"
 )
 
 const epoch = 1700000000
@@ -96,13 +94,15 @@ func stageTree(t testing.TB) string {
 	must(os.WriteFile(filepath.Join(diff, "ping"), []byte("#!/bin/sh\n"), 0o755))
 	// security.capability v2: cap_net_raw (bit 13) permitted+effective.
 	capv2 := []byte{0x01, 0x00, 0x00, 0x02, 0x00, 0x20, 0x00, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
-	must(unix.Setxattr(filepath.Join(diff, "ping"), "security.capability", capv2, 0))
 	must(unix.Setxattr(filepath.Join(diff, "etc"), "trusted.overlay.opaque", []byte("y"), 0))
 	must(unix.Setxattr(filepath.Join(diff, "etc/passwd"), "user.kiln", []byte("x"), 0))
 	must(os.Chown(filepath.Join(diff, "ping"), 1000, 1001))
-	must(os.Chmod(filepath.Join(diff, "ping"), 0o4755))
+	// unix.Chmod: os.Chmod takes Go's mode bits, where 0o4000 is not
+	// setuid; and chown drops setuid and security.capability, so both last.
+	must(unix.Chmod(filepath.Join(diff, "ping"), 0o4755))
+	must(unix.Setxattr(filepath.Join(diff, "ping"), "security.capability", capv2, 0))
 	must(os.Mkdir(filepath.Join(diff, "tmp"), 0o1777))
-	must(os.Chmod(filepath.Join(diff, "tmp"), 0o1777))
+	must(unix.Chmod(filepath.Join(diff, "tmp"), 0o1777))
 	return root
 }
 
@@ -242,41 +242,13 @@ func TestAssemble(t *testing.T) {
 	// The kernel mounts the image partition and sees the staged tree.
 	mnt := loopMount(t, disk, img)
 	compareTrees(t, tree, mnt)
-	overlayOnTop(t, mnt)
+	treecmp.OverlayLayer(t, filepath.Join(mnt, "storage/overlay/l1/diff"))
 }
 
 // loopMount mounts partition p of the disk read-only with the kernel's
 // squashfs driver.
 func loopMount(t *testing.T, disk string, p Partition) string {
 	return loopmount.Squashfs(t, disk, p.Offset, p.Size)
-}
-
-// overlayOnTop mounts an overlay with the image partition as lower layer
-// (as containers/storage does) and checks the opaque dir and whiteout work.
-func overlayOnTop(t *testing.T, lower string) {
-	t.Helper()
-	d := t.TempDir()
-	upper, work, merged := filepath.Join(d, "u"), filepath.Join(d, "w"), filepath.Join(d, "m")
-	for _, p := range []string{upper, work, merged} {
-		if err := os.Mkdir(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	l := filepath.Join(lower, "storage/overlay/l1/diff")
-	opt := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", l, upper, work)
-	if out, err := exec.Command("mount", "-t", "overlay", "overlay", "-o", opt, merged).CombinedOutput(); err != nil {
-		t.Fatalf("overlay mount: %v\n%s", err, out)
-	}
-	defer exec.Command("umount", merged).Run()
-	if _, err := os.Lstat(filepath.Join(merged, "whiteout")); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("whiteout (char 0:0) not hidden by overlay: %v", err)
-	}
-	if b, err := os.ReadFile(filepath.Join(merged, "etc/passwd")); err != nil || !bytes.HasPrefix(b, []byte("root:")) {
-		t.Errorf("read through overlay: %v", err)
-	}
-	if err := os.WriteFile(filepath.Join(merged, "etc/new"), []byte("x"), 0o644); err != nil {
-		t.Errorf("write through overlay: %v", err)
-	}
 }
 
 // compareTrees checks type, mode, owner, size, content, link target,
@@ -290,71 +262,7 @@ func compareTrees(t *testing.T, want, got string) {
 		}
 		return err
 	})
-	w, g := describeTree(t, want), describeTree(t, got)
-	if len(w) != len(g) {
-		t.Errorf("tree has %d entries, staged %d", len(g), len(w))
-	}
-	for p, d := range w {
-		if g[p] != d {
-			t.Errorf("%s:\n staged  %s\n on disk %s", p, d, g[p])
-		}
-	}
-}
-
-func describeTree(t *testing.T, root string) map[string]string {
-	t.Helper()
-	m := map[string]string{}
-	err := filepath.Walk(root, func(p string, info os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, p)
-		st := info.Sys().(*syscall.Stat_t)
-		d := fmt.Sprintf("mode=%o uid=%d gid=%d", st.Mode, st.Uid, st.Gid)
-		switch {
-		case info.Mode().IsRegular():
-			d += fmt.Sprintf(" size=%d nlink=%d sha=%s", st.Size, st.Nlink, hashRange(t, p, 0, st.Size))
-		case info.Mode()&fs.ModeSymlink != 0:
-			target, _ := os.Readlink(p)
-			d += " -> " + target
-		case info.Mode()&fs.ModeCharDevice != 0:
-			d += fmt.Sprintf(" dev=%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
-		}
-		if rel != "." {
-			d += " xattrs=" + xattrs(t, p)
-		}
-		m[rel] = d
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
-
-func xattrs(t *testing.T, p string) string {
-	buf := make([]byte, 4096)
-	n, err := unix.Llistxattr(p, buf)
-	if err != nil {
-		t.Fatalf("listxattr %s: %v", p, err)
-	}
-	var names []string
-	for _, name := range strings.Split(string(buf[:n]), "\x00") {
-		if name != "" {
-			names = append(names, name)
-		}
-	}
-	sort.Strings(names)
-	var s []string
-	for _, name := range names {
-		v := make([]byte, 256)
-		vn, err := unix.Lgetxattr(p, name, v)
-		if err != nil {
-			t.Fatalf("getxattr %s %s: %v", p, name, err)
-		}
-		s = append(s, fmt.Sprintf("%s=%x", name, v[:vn]))
-	}
-	return strings.Join(s, ",")
+	treecmp.Compare(t, want, got)
 }
 
 func hashRange(t *testing.T, path string, off, size int64) string {

@@ -1,7 +1,10 @@
-// Package sqfswrite writes an uncompressed squashfs 4.0 of a tree that holds
-// only directories and regular files — what a kiln bundle is — with each
+// Package sqfswrite writes an uncompressed squashfs 4.0 of a tree with each
 // file's contents copied into place by the kernel (copy_file_range), where
-// mksquashfs reads and writes every byte in user space.
+// mksquashfs reads and writes every byte in user space. By default it
+// stores directories and regular files owned by root, without xattrs, hard
+// links as separate files — what a kiln bundle is; with AsIs it stores the
+// tree as it is (what the image partition's containers/storage needs):
+// symlinks, devices, FIFOs, sockets, hard links, owners and xattrs.
 //
 // Layout (the kernel's fs/squashfs/squashfs_fs.h): the 96-byte superblock,
 // then the file contents one after the other, each starting on a 4 KiB
@@ -9,10 +12,11 @@
 // blocks) and stored as uncompressed 1 MiB blocks with no fragments and no
 // sparse blocks, so every file is one byte range whose offset is known
 // before a byte is written; then the inode table, the directory table and
-// the id table (one id: root), all in uncompressed metadata blocks. No
-// export table, no xattrs. Entries are sorted by name, every inode has the
-// same mtime and is owned by root, modes are the tree's: the same tree
-// gives the same bytes.
+// the id table (every uid and gid, ascending) and, if any file has xattrs,
+// the xattr table (each distinct set once) and its id table, all in
+// uncompressed metadata blocks. No export table. Entries are sorted by
+// name, every inode has the same mtime, modes are the tree's: the same
+// tree gives the same bytes.
 package sqfswrite
 
 import (
@@ -21,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 )
@@ -36,7 +41,31 @@ type File struct {
 type Option func(*config)
 
 type config struct {
-	mtime int64
+	mtime     int64
+	asIs      bool
+	overrides map[string]Attrs
+}
+
+// Attrs are the mode and owner a file gets in the filesystem.
+type Attrs struct {
+	Mode     fs.FileMode
+	UID, GID uint32
+}
+
+// AsIs stores the tree as it is: every file type, hard links as one inode,
+// owners and xattrs (user.*, trusted.*, security.*; any other is refused).
+func AsIs() Option { return func(c *config) { c.asIs = true } }
+
+// WithAttrs gives the files named (slash-separated paths relative to the
+// tree) their mode and owner in the filesystem, whatever the tree's file
+// has. A path that names no file is an error.
+func WithAttrs(attrs map[string]Attrs) Option {
+	return func(c *config) {
+		c.overrides = make(map[string]Attrs, len(attrs))
+		for k, v := range attrs {
+			c.overrides[k] = v
+		}
+	}
 }
 
 // WithModTime sets every inode's mtime and the filesystem's creation time
@@ -50,17 +79,21 @@ type Plan struct {
 	root     *node
 	files    []*node // in the order their contents lie
 	dataEnd  int64
-	inodes   []byte // inode table, as written
-	dirs     []byte // directory table, as written
+	tables   []byte // everything after the data, as written
 	count    uint32 // inodes
 	rootRef  uint64
+	ids      int   // entries of the id table
+	idStart  int64 // where the id table's blocks are
+	idIndex  int64 // where the id table's index is
+	xattrIDs int64 // where the xattr id table's header is, or -1
+	dirStart int64 // where the directory table is
 	bytesUse int64
+	xattrs   xattrSets
 }
 
-// Scan reads the tree and lays the filesystem out. It refuses anything
-// squashfs-by-kiln does not store (symlinks, devices, sockets, FIFOs, names
-// longer than 256 bytes) with the path that is wrong. Hard links are stored
-// as separate files.
+// Scan reads the tree and lays the filesystem out. It refuses anything it
+// does not store (without AsIs: symlinks, devices, sockets, FIFOs; names
+// longer than 256 bytes) with the path that is wrong.
 func Scan(tree string, opts ...Option) (*Plan, error) {
 	p := &Plan{}
 	for _, o := range opts {
@@ -69,9 +102,13 @@ func Scan(tree string, opts ...Option) (*Plan, error) {
 	if p.cfg.mtime < 0 || p.cfg.mtime > math.MaxUint32 {
 		return nil, fmt.Errorf("modification time %d: squashfs stores seconds from 1970 to 2106", p.cfg.mtime)
 	}
-	root, err := scan(tree)
+	s := &scanner{cfg: &p.cfg, links: map[[2]uint64]*node{}, xattrs: &p.xattrs}
+	root, err := s.scan(tree)
 	if err != nil {
 		return nil, err
+	}
+	for rel := range p.cfg.overrides {
+		return nil, fmt.Errorf("squashfs tree: attributes given for %s, which is not in the tree", rel)
 	}
 	p.root = root
 	p.layoutData()
@@ -127,20 +164,13 @@ func (p *Plan) Write(ctx context.Context, out *os.File, offset int64, progress i
 			return err
 		}
 	}
-	tables := make([]byte, 0, int(p.bytesUse-p.dataEnd))
-	tables = append(tables, p.inodes...)
-	tables = append(tables, p.dirs...)
-	idBlock := p.dataEnd + int64(len(tables))
-	tables = binary.LittleEndian.AppendUint16(tables, metaUncompressed|4)
-	tables = binary.LittleEndian.AppendUint32(tables, 0) // the one id: root
-	tables = binary.LittleEndian.AppendUint64(tables, uint64(idBlock))
-	if _, err := out.WriteAt(tables, offset+p.dataEnd); err != nil {
+	if _, err := out.WriteAt(p.tables, offset+p.dataEnd); err != nil {
 		return fmt.Errorf("write squashfs tables: %w", err)
 	}
 	if err := out.Truncate(offset + p.Size()); err != nil { // the 4 KiB padding
 		return fmt.Errorf("pad squashfs: %w", err)
 	}
-	if _, err := out.WriteAt(p.superblock(idBlock), offset); err != nil {
+	if _, err := out.WriteAt(p.superblock(), offset); err != nil {
 		return fmt.Errorf("write squashfs superblock: %w", err)
 	}
 	return nil
@@ -165,8 +195,15 @@ const (
 	invalidBlk = math.MaxUint64
 )
 
-func (p *Plan) superblock(idBlock int64) []byte {
+func (p *Plan) superblock() []byte {
 	le := binary.LittleEndian
+	flags := uint16(flagNoI | flagNoD | flagNoF | flagNoFrag | flagNoX)
+	xattrIDs := uint64(invalidBlk)
+	if p.xattrIDs >= 0 {
+		xattrIDs = uint64(p.xattrIDs)
+	} else {
+		flags |= flagNoXattr
+	}
 	b := make([]byte, 0, superblockSize)
 	b = append(b, "hsqs"...)
 	b = le.AppendUint32(b, p.count)
@@ -175,18 +212,18 @@ func (p *Plan) superblock(idBlock int64) []byte {
 	b = le.AppendUint32(b, 0) // fragments
 	b = le.AppendUint16(b, zlib)
 	b = le.AppendUint16(b, blockLog)
-	b = le.AppendUint16(b, flagNoI|flagNoD|flagNoF|flagNoFrag|flagNoX|flagNoXattr)
-	b = le.AppendUint16(b, 1) // ids
+	b = le.AppendUint16(b, flags)
+	b = le.AppendUint16(b, uint16(p.ids))
 	b = le.AppendUint16(b, 4) // version 4.0
 	b = le.AppendUint16(b, 0)
 	b = le.AppendUint64(b, p.rootRef)
 	b = le.AppendUint64(b, uint64(p.bytesUse))
-	b = le.AppendUint64(b, uint64(idBlock+6)) // id table: the index after its one block
-	b = le.AppendUint64(b, invalidBlk)        // xattr id table
+	b = le.AppendUint64(b, uint64(p.idIndex))
+	b = le.AppendUint64(b, xattrIDs)
 	b = le.AppendUint64(b, uint64(p.dataEnd)) // inode table
-	b = le.AppendUint64(b, uint64(p.dataEnd+int64(len(p.inodes))))
-	b = le.AppendUint64(b, uint64(idBlock)) // fragment table: empty, where it would start (as mksquashfs)
-	b = le.AppendUint64(b, invalidBlk)      // lookup (export) table
+	b = le.AppendUint64(b, uint64(p.dirStart))
+	b = le.AppendUint64(b, uint64(p.idStart)) // fragment table: empty, where it would start (as mksquashfs)
+	b = le.AppendUint64(b, invalidBlk)        // lookup (export) table
 	return b
 }
 
@@ -199,8 +236,11 @@ func (p *Plan) layoutData() {
 	var walk func(d *node)
 	walk = func(d *node) {
 		for _, c := range d.children {
-			if c.dir {
+			if c.typ == typeDir {
 				walk(c)
+				continue
+			}
+			if c.typ != typeReg || c.link != nil {
 				continue
 			}
 			if c.size > 0 {

@@ -4,14 +4,21 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"sort"
 )
 
 // Inode types (squashfs_fs.h).
 const (
 	typeDir     = 1
 	typeReg     = 2
-	typeLongDir = 8
-	typeLongReg = 9
+	typeSymlink = 3
+	typeBlk     = 4
+	typeChr     = 5
+	typeFifo    = 6
+	typeSocket  = 7
+	typeLong    = 7 // extended type = basic + 7
+	typeLongDir = typeDir + typeLong
+	typeLongReg = typeReg + typeLong
 )
 
 // metaTable builds a metadata table: its bytes cut into 8 KiB blocks, each
@@ -42,15 +49,19 @@ func (t *metaTable) bytes() []byte {
 
 // buildTables numbers the inodes and writes the inode and directory
 // tables as mksquashfs orders them: depth first, a directory's children
-// before it (its listing names their inodes), the root last.
+// before it (its listing names their inodes), the root last; a hard-linked
+// inode where its first name is. Then the id table and the xattr tables.
 func (p *Plan) buildTables() error {
 	var number func(d *node) error
 	number = func(d *node) error {
 		for _, c := range d.children {
-			if c.dir {
+			if c.typ == typeDir {
 				if err := number(c); err != nil {
 					return err
 				}
+				continue
+			}
+			if c.link != nil {
 				continue
 			}
 			if p.count == math.MaxUint32-1 {
@@ -69,18 +80,25 @@ func (p *Plan) buildTables() error {
 	if err := number(p.root); err != nil {
 		return err
 	}
+	ids, err := p.idTable()
+	if err != nil {
+		return err
+	}
 	var inodes, dirs metaTable
 	var visit func(d *node, parent uint32) error
 	visit = func(d *node, parent uint32) error {
 		for _, c := range d.children {
-			if c.dir {
+			if c.typ == typeDir {
 				if err := visit(c, d.ino); err != nil {
 					return err
 				}
 				continue
 			}
+			if c.link != nil {
+				continue
+			}
 			c.ref = ref(inodes.pos())
-			inodes.data = p.fileInode(inodes.data, c)
+			inodes.data = p.inode(inodes.data, c, ids)
 		}
 		start := dirs.pos()
 		listing, index := dirListing(d)
@@ -89,47 +107,131 @@ func (p *Plan) buildTables() error {
 		}
 		dirs.data = append(dirs.data, listing...)
 		d.ref = ref(inodes.pos())
-		inodes.data = p.dirInode(inodes.data, d, parent, start, len(listing), index)
+		inodes.data = p.dirInode(inodes.data, d, parent, start, len(listing), index, ids)
 		return nil
 	}
 	if err := visit(p.root, p.count+1); err != nil { // the root's parent: one past the last inode, as mksquashfs writes
 		return err
 	}
 	p.rootRef = p.root.ref
-	p.inodes, p.dirs = inodes.bytes(), dirs.bytes()
-	p.bytesUse = p.dataEnd + int64(len(p.inodes)+len(p.dirs)) + 6 + 8 // + id block and its index
+
+	le := binary.LittleEndian
+	t := append(inodes.bytes(), dirs.bytes()...)
+	p.dirStart = p.dataEnd + int64(len(t)-len(dirs.bytes()))
+	var idt metaTable
+	for _, id := range ids.list {
+		idt.data = le.AppendUint32(idt.data, id)
+	}
+	p.idStart = p.dataEnd + int64(len(t))
+	t = append(t, idt.bytes()...)
+	p.idIndex = p.dataEnd + int64(len(t))
+	for b := int64(0); b < int64(len(idt.data)); b += metaSize {
+		t = le.AppendUint64(t, uint64(p.idStart+int64(block(b))))
+	}
+	p.ids = len(ids.list)
+	p.xattrIDs = -1
+	if len(p.xattrs.sets) > 0 {
+		table, xids, header := p.xattrs.tables(p.dataEnd + int64(len(t)))
+		t = append(append(t, table...), xids...)
+		p.xattrIDs = header
+	}
+	p.tables = t
+	p.bytesUse = p.dataEnd + int64(len(t))
 	return nil
 }
 
-func (p *Plan) inodeHeader(b []byte, typ uint16, n *node) []byte {
+// ids maps every uid and gid to its index in the id table.
+type ids struct {
+	index map[uint32]uint16
+	list  []uint32 // ascending
+}
+
+func (p *Plan) idTable() (*ids, error) {
+	set := map[uint32]bool{}
+	var walk func(n *node)
+	walk = func(n *node) {
+		set[n.uid], set[n.gid] = true, true
+		for _, c := range n.children {
+			walk(c)
+		}
+	}
+	walk(p.root)
+	if len(set) > math.MaxUint16 {
+		return nil, fmt.Errorf("squashfs tree: %d distinct uids and gids; squashfs holds at most %d", len(set), math.MaxUint16)
+	}
+	t := &ids{index: map[uint32]uint16{}}
+	for id := range set {
+		t.list = append(t.list, id)
+	}
+	sort.Slice(t.list, func(i, j int) bool { return t.list[i] < t.list[j] })
+	for i, id := range t.list {
+		t.index[id] = uint16(i)
+	}
+	return t, nil
+}
+
+func (p *Plan) inodeHeader(b []byte, typ uint16, n *node, ids *ids) []byte {
 	le := binary.LittleEndian
 	b = le.AppendUint16(b, typ)
 	b = le.AppendUint16(b, n.mode)
-	b = le.AppendUint16(b, 0) // uid: id 0 (root)
-	b = le.AppendUint16(b, 0) // gid
+	b = le.AppendUint16(b, ids.index[n.uid])
+	b = le.AppendUint16(b, ids.index[n.gid])
 	b = le.AppendUint32(b, uint32(p.cfg.mtime))
 	return le.AppendUint32(b, n.ino)
 }
 
-// fileInode appends a regular file's inode: basic while start and size fit
-// 32 bits, else extended; then one uncompressed block size per 1 MiB.
-func (p *Plan) fileInode(b []byte, f *node) []byte {
+// inode appends the inode of anything but a directory: basic, or extended
+// where it has xattrs (or, a file, more than one name or 32-bit limits).
+func (p *Plan) inode(b []byte, n *node, ids *ids) []byte {
 	le := binary.LittleEndian
-	if f.offset <= math.MaxUint32 && f.size <= math.MaxUint32 {
-		b = p.inodeHeader(b, typeReg, f)
+	nlink := max(n.nlink, 1)
+	long := n.xattr != noXattr
+	typ := n.typ
+	if long {
+		typ += typeLong
+	}
+	switch n.typ {
+	case typeReg:
+		return p.fileInode(b, n, ids)
+	case typeSymlink:
+		b = p.inodeHeader(b, typ, n, ids)
+		b = le.AppendUint32(b, nlink)
+		b = le.AppendUint32(b, uint32(len(n.target)))
+		b = append(b, n.target...)
+	case typeBlk, typeChr:
+		b = p.inodeHeader(b, typ, n, ids)
+		b = le.AppendUint32(b, nlink)
+		b = le.AppendUint32(b, n.rdev)
+	default: // FIFO, socket
+		b = p.inodeHeader(b, typ, n, ids)
+		b = le.AppendUint32(b, nlink)
+	}
+	if long {
+		b = le.AppendUint32(b, n.xattr)
+	}
+	return b
+}
+
+// fileInode appends a regular file's inode: basic while start and size fit
+// 32 bits and it has one name and no xattrs, else extended; then one
+// uncompressed block size per 1 MiB.
+func (p *Plan) fileInode(b []byte, f *node, ids *ids) []byte {
+	le := binary.LittleEndian
+	if f.offset <= math.MaxUint32 && f.size <= math.MaxUint32 && f.nlink <= 1 && f.xattr == noXattr {
+		b = p.inodeHeader(b, typeReg, f, ids)
 		b = le.AppendUint32(b, uint32(f.offset))
 		b = le.AppendUint32(b, math.MaxUint32) // no fragment
 		b = le.AppendUint32(b, 0)
 		b = le.AppendUint32(b, uint32(f.size))
 	} else {
-		b = p.inodeHeader(b, typeLongReg, f)
+		b = p.inodeHeader(b, typeLongReg, f, ids)
 		b = le.AppendUint64(b, uint64(f.offset))
 		b = le.AppendUint64(b, uint64(f.size))
 		b = le.AppendUint64(b, 0) // sparse bytes
-		b = le.AppendUint32(b, 1) // nlink
-		b = le.AppendUint32(b, math.MaxUint32)
+		b = le.AppendUint32(b, max(f.nlink, 1))
+		b = le.AppendUint32(b, math.MaxUint32) // no fragment
 		b = le.AppendUint32(b, 0)
-		b = le.AppendUint32(b, math.MaxUint32) // no xattr
+		b = le.AppendUint32(b, f.xattr)
 	}
 	for left := f.size; left > 0; left -= blockSize {
 		b = le.AppendUint32(b, uint32(min(left, blockSize))|dataUncompressed)
@@ -146,25 +248,25 @@ type dirIndex struct {
 
 // dirInode appends a directory's inode: basic, or extended when the listing
 // is too long for one or carries an index.
-func (p *Plan) dirInode(b []byte, d *node, parent uint32, start int64, listing int, index []dirIndex) []byte {
+func (p *Plan) dirInode(b []byte, d *node, parent uint32, start int64, listing int, index []dirIndex, ids *ids) []byte {
 	le := binary.LittleEndian
 	size := listing + 3 // squashfs counts "." and ".." as 3 bytes
-	if len(index) == 0 && size <= math.MaxUint16 {
-		b = p.inodeHeader(b, typeDir, d)
+	if len(index) == 0 && size <= math.MaxUint16 && d.xattr == noXattr {
+		b = p.inodeHeader(b, typeDir, d, ids)
 		b = le.AppendUint32(b, block(start))
 		b = le.AppendUint32(b, 2+d.subdirs)
 		b = le.AppendUint16(b, uint16(size))
 		b = le.AppendUint16(b, uint16(start%metaSize))
 		return le.AppendUint32(b, parent)
 	}
-	b = p.inodeHeader(b, typeLongDir, d)
+	b = p.inodeHeader(b, typeLongDir, d, ids)
 	b = le.AppendUint32(b, 2+d.subdirs)
 	b = le.AppendUint32(b, uint32(size))
 	b = le.AppendUint32(b, block(start))
 	b = le.AppendUint32(b, parent)
 	b = le.AppendUint16(b, uint16(len(index)))
 	b = le.AppendUint16(b, uint16(start%metaSize))
-	b = le.AppendUint32(b, math.MaxUint32) // no xattr
+	b = le.AppendUint32(b, d.xattr)
 	for _, ix := range index {
 		b = le.AppendUint32(b, uint32(ix.at))
 		b = le.AppendUint32(b, block(start+int64(ix.at)))
@@ -192,9 +294,10 @@ func dirListing(d *node) ([]byte, []dirIndex) {
 	hdr, count, lastIndex := -1, 0, 0
 	var hdrBlock, hdrIno uint32
 	for _, c := range d.children {
-		blk, off := uint32(c.ref>>16), uint16(c.ref&0xffff)
+		in := c.inode()
+		blk, off := uint32(in.ref>>16), uint16(in.ref&0xffff)
 		entry := 8 + len(c.name)
-		diff := int64(c.ino) - int64(hdrIno)
+		diff := int64(in.ino) - int64(hdrIno)
 		if hdr < 0 || count == maxHeaderEntries || blk != hdrBlock || diff < math.MinInt16 || diff > math.MaxInt16 ||
 			len(b)+entry-lastIndex > metaSize {
 			if hdr >= 0 {
@@ -204,18 +307,14 @@ func dirListing(d *node) ([]byte, []dirIndex) {
 					lastIndex = len(b)
 				}
 			}
-			hdr, count, hdrBlock, hdrIno, diff = len(b), 0, blk, c.ino, 0
+			hdr, count, hdrBlock, hdrIno, diff = len(b), 0, blk, in.ino, 0
 			b = le.AppendUint32(b, 0) // count - 1, filled in when the run ends
 			b = le.AppendUint32(b, blk)
-			b = le.AppendUint32(b, c.ino)
-		}
-		typ := uint16(typeReg)
-		if c.dir {
-			typ = typeDir // entries name the basic type, whatever the inode is
+			b = le.AppendUint32(b, in.ino)
 		}
 		b = le.AppendUint16(b, off)
 		b = le.AppendUint16(b, uint16(int16(diff)))
-		b = le.AppendUint16(b, typ)
+		b = le.AppendUint16(b, c.typ) // entries name the basic type, whatever the inode is
 		b = le.AppendUint16(b, uint16(len(c.name)-1))
 		b = append(b, c.name...)
 		count++
