@@ -12,7 +12,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
-// inPlaceBlob is a blob mksquashfs reads straight from a local oci: source
+// inPlaceBlob is a blob the squashfs writer reads straight from a local oci: source
 // (fetch.Request.InPlace) rather than from the cache: the source's bytes are
 // not trusted, the partition's are checked (checkInPlace).
 type inPlaceBlob struct {
@@ -82,7 +82,7 @@ func blobName(h v1.Hash) string { return path.Join(contract.OCIDir, "blobs", h.A
 
 // checkInPlace compares every in-place blob as written into the image
 // filesystem with its locked digest: a source changed or damaged after
-// locking (even while mksquashfs read it) fails the build, as a bad download
+// locking (even while the squashfs writer read it) fails the build, as a bad download
 // fails the fetch.
 func (b *build) checkInPlace(sums map[string]partitions.FileDigest) error {
 	var blobs []inPlaceBlob

@@ -27,7 +27,7 @@ import (
 type AssembleOptions struct {
 	// Output is the disk file, created empty by the caller (a temp file it
 	// renames on success and removes on failure). Assemble writes it through
-	// its path too (mksquashfs), so it must be a named file.
+	// its path too (the squashfs writers), so it must be a named file.
 	Output *os.File
 	// Base is the base disk image (raw, gzip, xz or zstd); BaseDigest, if
 	// not "", is the expected "sha256:…" of the file's bytes.
@@ -72,7 +72,7 @@ type AssembleOptions struct {
 	Attrs []FileAttrs
 	// CheckFilesystem, if set, is called as soon as the image filesystem is
 	// written, with that filesystem open read-only: the builder checks there
-	// the blobs mksquashfs read straight from their source (the bytes
+	// the blobs the squashfs writer read straight from their source (the bytes
 	// written, not the source's, which could change in between). It runs
 	// alongside the rest of the assembly (CPU while the disk is busy) and
 	// Assemble returns only after it; an error fails the assembly.
@@ -81,7 +81,7 @@ type AssembleOptions struct {
 	CheckFilesystem func(ctx context.Context, open func() (fs.FS, error)) error
 	// HashFiles names files of the image filesystem (slash-separated
 	// paths) whose size and sha256 as written FilesHashed receives: the
-	// builder checks there the blobs mksquashfs read straight from their
+	// builder checks there the blobs the squashfs writer read straight from their
 	// source (the bytes written, not the source's, which could change in
 	// between). With an uncompressed filesystem and verity on, the files
 	// are hashed in the same read of the partition as the verity tree's
@@ -160,7 +160,8 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 		return nil, fmt.Errorf("base image %s: %w", opts.Base, err)
 	}
 
-	// 2. The filesystem first: mksquashfs truncates its output file.
+	// 2. The filesystem first: mksquashfs truncates its output file, and
+	// sqfswrite writes only past its end.
 	fsSize, err := writeSquashfs(ctx, squashfsOptions{
 		Tree: opts.ImageTree, Disk: disk, Offset: place.start,
 		Compression: opts.Compression, SourceDateEpoch: opts.SourceDateEpoch, Attrs: opts.Attrs, Progress: opts.Progress,

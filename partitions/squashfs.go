@@ -13,12 +13,14 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kiln-appliance/kiln/partitions/sqfswrite"
 )
 
 // Compression values of the image filesystem (recipes.ImagePartition.Compression).
 var compressionFlags = map[string][]string{
-	"":     {"-noI", "-noD", "-noF", "-noX", "-no-fragments"},
-	"none": {"-noI", "-noD", "-noF", "-noX", "-no-fragments"},
+	"":     nil, // uncompressed: sqfswrite
+	"none": nil,
 	"gzip": {"-comp", "gzip"},
 	"xz":   {"-comp", "xz"},
 	"zstd": {"-comp", "zstd"},
@@ -46,14 +48,13 @@ type FileAttrs struct {
 	UID, GID uint32
 }
 
-// writeSquashfs packs the tree into the disk file at offset with mksquashfs
-// and returns the filesystem size in bytes (a multiple of 4 KiB).
-//
-// Why mksquashfs: it is the fastest writer measured (docs/FILESYSTEM.md),
-// keeps everything overlay layers need, and is reproducible with
-// SOURCE_DATE_EPOCH. Beware: with -noappend, mksquashfs 4.5.1 truncates a
-// regular destination file to zero first, so callers write anything that
-// goes before Offset only after this returns.
+// writeSquashfs packs the tree into the disk file at offset and returns the
+// filesystem size in bytes (a multiple of 4 KiB): uncompressed with kiln's
+// own writer (sqfswrite: the kernel copies the files' bytes, nothing passes
+// through user space), compressed with mksquashfs (docs/FILESYSTEM.md).
+// Beware: with -noappend, mksquashfs 4.5.1 truncates a regular destination
+// file to zero first, and sqfswrite writes only past the file's end, so
+// callers write anything that goes before Offset only after this returns.
 func writeSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
 	flags, ok := compressionFlags[o.Compression]
 	if !ok {
@@ -65,6 +66,9 @@ func writeSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
 	}
 	if !st.IsDir() {
 		return 0, fmt.Errorf("image partition tree %s is not a directory", o.Tree)
+	}
+	if o.Compression == "" || o.Compression == "none" {
+		return writeOwnSquashfs(ctx, o)
 	}
 	total, err := treeSize(o.Tree)
 	if err != nil {
@@ -108,6 +112,31 @@ func writeSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
 	}
 	task.Done(err)
 	return size, err
+}
+
+// writeOwnSquashfs writes the uncompressed filesystem with sqfswrite: the
+// tree as it is (owners, xattrs, hard links, devices), o.Attrs applied.
+func writeOwnSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
+	attrs := make(map[string]sqfswrite.Attrs, len(o.Attrs))
+	for _, a := range o.Attrs {
+		attrs[a.Path] = sqfswrite.Attrs{Mode: a.Mode, UID: a.UID, GID: a.GID}
+	}
+	plan, err := sqfswrite.Scan(o.Tree, sqfswrite.AsIs(), sqfswrite.WithModTime(o.SourceDateEpoch), sqfswrite.WithAttrs(attrs))
+	if err != nil {
+		return 0, fmt.Errorf("image partition: %w", err)
+	}
+	out, err := os.OpenFile(o.Disk, os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		return 0, fmt.Errorf("image partition: %w", err)
+	}
+	defer out.Close()
+	task := progressOf(o.Progress).Task("write image filesystem", plan.DataBytes())
+	err = plan.Write(ctx, out, o.Offset, task)
+	task.Done(err)
+	if err != nil {
+		return 0, fmt.Errorf("image partition: %w", err)
+	}
+	return plan.Size(), nil
 }
 
 // writeAttrs writes attrs as mksquashfs "modify" pseudo definitions

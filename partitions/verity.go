@@ -23,7 +23,7 @@ import (
 // read the data device from byte 0 of a file, but the image partition sits
 // inside the disk file, so either would need a loop device (root) or a copy
 // of the whole partition. Reading the partition in place costs one pass of
-// sha256 over data mksquashfs has just written (still in the page cache).
+// sha256 over data the squashfs writer has just written (still in the page cache).
 // The tests check kiln's bytes and root hash against veritysetup's own.
 const (
 	VerityBlock    = 4096
