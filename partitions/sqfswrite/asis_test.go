@@ -2,6 +2,8 @@ package sqfswrite
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -188,5 +190,32 @@ func TestAsIsRefusesOtherXattrs(t *testing.T) {
 	}
 	if _, err := x.read(f, "dir/f"); err == nil || !strings.Contains(err.Error(), `dir/f has xattr "system.posix_acl_access"`) {
 		t.Errorf("read an ACL: %v", err)
+	}
+}
+
+// WriteFile writes a new file, refuses to overwrite one and leaves nothing
+// when the write fails.
+func TestWriteFile(t *testing.T) {
+	tree, dir := stageGeneral(t), t.TempDir()
+	img := filepath.Join(dir, "fs.sqfs")
+	if err := WriteFile(context.Background(), tree, img, AsIs()); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	treecmp.Compare(t, tree, mount(t, img, 0, st.Size()))
+	if err := WriteFile(context.Background(), tree, img, AsIs()); err == nil || !strings.Contains(err.Error(), "exists") {
+		t.Errorf("WriteFile over an existing file: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	failed := filepath.Join(dir, "cancelled.sqfs")
+	if err := WriteFile(ctx, tree, failed, AsIs()); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled WriteFile: %v", err)
+	}
+	if _, err := os.Lstat(failed); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a failed WriteFile left %s: %v", failed, err)
 	}
 }

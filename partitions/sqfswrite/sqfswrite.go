@@ -258,3 +258,24 @@ func (p *Plan) layoutData() {
 func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }
 
 var errTooMany = errors.New("squashfs tree: more files and directories than squashfs numbers (2^32 - 2)")
+
+// WriteFile writes tree's filesystem into a new file at path (an existing
+// one is an error), removed again if the write fails.
+func WriteFile(ctx context.Context, tree, path string, opts ...Option) error {
+	p, err := Scan(tree, opts...)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("squashfs: %w", err)
+	}
+	err = p.Write(ctx, f, 0, nil)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(path)
+	}
+	return err
+}

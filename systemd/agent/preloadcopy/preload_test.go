@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	bpreload "github.com/kiln-appliance/kiln/builder/preload"
+	"github.com/kiln-appliance/kiln/partitions/sqfswrite"
 	"github.com/kiln-appliance/kiln/test/fixtures/layers"
 	"go.podman.io/storage/pkg/reexec"
 	"golang.org/x/sys/unix"
@@ -55,7 +56,9 @@ func squashed(t testing.TB, dir, oci string, written []layers.Written) string {
 		t.Fatal(err)
 	}
 	img := filepath.Join(dir, "storage.sqfs")
-	run(t, nil, "mksquashfs", store, img, "-noI", "-noD", "-noF", "-noX", "-no-fragments", "-quiet", "-no-progress")
+	if err := sqfswrite.WriteFile(context.Background(), store, img, sqfswrite.AsIs()); err != nil { // as the image partition is written
+		t.Fatal(err)
+	}
 	mnt := filepath.Join(dir, "mnt")
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)
