@@ -161,61 +161,25 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	}
 
 	// 2. The filesystem first: mksquashfs truncates its output file, and
-	// sqfswrite writes only past its end. Uncompressed with verity, kiln's
-	// writer lays it out first and writes it alongside the verity pass,
-	// which hashes (and checks the files) behind it (trail.go).
-	sq := squashfsOptions{
+	// sqfswrite writes only past its end.
+	fsSize, err := writeSquashfs(ctx, squashfsOptions{
 		Tree: opts.ImageTree, Disk: disk, Offset: place.start,
 		Compression: opts.Compression, SourceDateEpoch: opts.SourceDateEpoch, Attrs: opts.Attrs, Progress: opts.Progress,
-	}
-	var (
-		fsSize int64
-		files  *fileFeeder // the files to hash, fed by the verity pass
-		gate   *trailGate  // the writer, while it writes alongside
-	)
-	if (opts.Compression == "" || opts.Compression == "none") && !opts.NoVerity {
-		if err := checkTree(opts.ImageTree); err != nil {
-			return nil, err
-		}
-		plan, err := planOwnSquashfs(sq)
-		if err != nil {
-			return nil, err
-		}
-		if files, err = plannedFileHashes(plan, opts.HashFiles); err != nil {
-			return nil, err
-		}
-		fsSize, gate = plan.Size(), newTrailGate()
-		writeCtx, cancel := context.WithCancel(ctx)
-		go func() { gate.finish(writePlanned(writeCtx, sq, plan, gate.passed)) }()
-		defer func() { // on an early return: stop it, and never leave it writing
-			cancel()
-			gate.wait()
-		}()
-	} else {
-		fsSize, err = writeSquashfs(ctx, sq)
-		if err != nil {
-			return nil, err
-		}
-		// The files to hash are fed by the verity pass when it can read
-		// them raw; else they are read through the filesystem alongside
-		// the rest.
-		if files, err = planHashFiles(opts, place.start, fsSize); err != nil {
-			return nil, err
-		}
+	})
+	if err != nil {
+		return nil, err
 	}
 	var checked chan error
+	// The files to hash are fed by the verity pass when it can read them
+	// raw; else they are read through the filesystem alongside the rest.
+	files, err := planHashFiles(opts, place.start, fsSize)
+	if err != nil {
+		return nil, err
+	}
 	if opts.CheckFilesystem != nil || (len(opts.HashFiles) > 0 && files == nil) {
 		checkCtx, cancel := context.WithCancel(ctx)
 		checked = make(chan error, 1)
-		go func() {
-			if gate != nil { // it reads the written filesystem's tables
-				if err := gate.wait(); err != nil {
-					checked <- err
-					return
-				}
-			}
-			checked <- checkFilesystem(checkCtx, opts, place.start, fsSize, files == nil)
-		}()
+		go func() { checked <- checkFilesystem(checkCtx, opts, place.start, fsSize, files == nil) }()
 		defer func() { // on an early return: stop it, and never leave it reading
 			cancel()
 			if checked != nil {
@@ -241,34 +205,15 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	// byte for byte, at once: disjoint ranges of the disk file, one mostly
 	// CPU, the other mostly I/O.
 	steps, stepsCtx := errgroup.WithContext(ctx)
-	steps.Go(func() error {
-		if gate != nil { // root may go after the filesystem, which must be written first
-			if err := gate.wait(); err != nil {
-				return err
-			}
-		}
-		return copyBase(stepsCtx, opts, g.segments())
-	})
+	steps.Go(func() error { return copyBase(stepsCtx, opts, g.segments()) })
 	if !opts.NoVerity {
 		steps.Go(func() (err error) {
-			var data io.ReaderAt = &offsetFile{opts.Output, start}
-			if gate != nil {
-				if err := gate.waitStarted(); err != nil { // it refuses a file written past its start
-					return err
-				}
-				data = trailReader{gate, data}
-			}
-			id.Verity, err = writeImageVerity(stepsCtx, opts, data, start, fsSize, files)
+			id.Verity, err = writeImageVerity(stepsCtx, opts, start, fsSize, files)
 			return err
 		})
 	}
 	if err := steps.Wait(); err != nil {
 		return nil, err
-	}
-	if gate != nil {
-		if err := gate.wait(); err != nil {
-			return nil, err
-		}
 	}
 	if id.Verity != nil {
 		g, err := RootHashGUID(id.Verity.RootHash)
@@ -402,7 +347,7 @@ func planHashFiles(opts AssembleOptions, start, fsSize int64) (*fileFeeder, erro
 // writeImageVerity writes the hash tree right after the filesystem, with a
 // salt and superblock UUID derived from the build's inputs (reproducible),
 // and hands files (if not nil) to opts.FilesHashed, hashed in the same read.
-func writeImageVerity(ctx context.Context, opts AssembleOptions, data io.ReaderAt, start, fsSize int64, files *fileFeeder) (*Verity, error) {
+func writeImageVerity(ctx context.Context, opts AssembleOptions, start, fsSize int64, files *fileFeeder) (*Verity, error) {
 	part := &offsetFile{opts.Output, start}
 	salt := sha256.Sum256(append([]byte("kiln verity salt\x00"), opts.GUIDSeed...))
 	id := uuid.MustParse(DeriveGUID(opts.GUIDSeed, "verity"))
@@ -410,7 +355,7 @@ func writeImageVerity(ctx context.Context, opts AssembleOptions, data io.ReaderA
 	if files != nil { // the step that reads the partition is the files' check
 		task = progressOf(opts.Progress).Task(opts.HashFilesStep, fsSize)
 	}
-	v, err := writeVerity(ctx, data, part, fsSize/VerityBlock, fsSize, salt[:], id, files, task)
+	v, err := writeVerity(ctx, part, part, fsSize/VerityBlock, fsSize, salt[:], id, files, task)
 	if err == nil && files != nil {
 		var sums map[string]FileDigest
 		if sums, err = files.finish(); err == nil {

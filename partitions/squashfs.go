@@ -60,8 +60,12 @@ func writeSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
 	if !ok {
 		return 0, fmt.Errorf("image partition compression %q is not supported; use none, zstd, gzip, xz or lz4", o.Compression)
 	}
-	if err := checkTree(o.Tree); err != nil {
-		return 0, err
+	st, err := os.Stat(o.Tree)
+	if err != nil {
+		return 0, fmt.Errorf("image partition tree: %w", err)
+	}
+	if !st.IsDir() {
+		return 0, fmt.Errorf("image partition tree %s is not a directory", o.Tree)
 	}
 	if o.Compression == "" || o.Compression == "none" {
 		return writeOwnSquashfs(ctx, o)
@@ -110,57 +114,29 @@ func writeSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
 	return size, err
 }
 
-// checkTree says clearly when the tree is not a directory.
-func checkTree(tree string) error {
-	st, err := os.Stat(tree)
-	if err != nil {
-		return fmt.Errorf("image partition tree: %w", err)
-	}
-	if !st.IsDir() {
-		return fmt.Errorf("image partition tree %s is not a directory", tree)
-	}
-	return nil
-}
-
 // writeOwnSquashfs writes the uncompressed filesystem with sqfswrite: the
 // tree as it is (owners, xattrs, hard links, devices), o.Attrs applied.
 func writeOwnSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
-	plan, err := planOwnSquashfs(o)
-	if err != nil {
-		return 0, err
-	}
-	return plan.Size(), writePlanned(ctx, o, plan, nil)
-}
-
-// planOwnSquashfs lays the uncompressed filesystem out: its size and every
-// file's place are known before a byte is written.
-func planOwnSquashfs(o squashfsOptions) (*sqfswrite.Plan, error) {
 	attrs := make(map[string]sqfswrite.Attrs, len(o.Attrs))
 	for _, a := range o.Attrs {
 		attrs[a.Path] = sqfswrite.Attrs{Mode: a.Mode, UID: a.UID, GID: a.GID}
 	}
 	plan, err := sqfswrite.Scan(o.Tree, sqfswrite.AsIs(), sqfswrite.WithModTime(o.SourceDateEpoch), sqfswrite.WithAttrs(attrs))
 	if err != nil {
-		return nil, fmt.Errorf("image partition: %w", err)
+		return 0, fmt.Errorf("image partition: %w", err)
 	}
-	return plan, nil
-}
-
-// writePlanned writes plan into o.Disk at o.Offset; passed (may be nil)
-// follows the writer (sqfswrite.Plan.WriteTrailed).
-func writePlanned(ctx context.Context, o squashfsOptions, plan *sqfswrite.Plan, passed func(int64)) error {
 	out, err := os.OpenFile(o.Disk, os.O_WRONLY|os.O_CREATE, 0o644)
 	if err != nil {
-		return fmt.Errorf("image partition: %w", err)
+		return 0, fmt.Errorf("image partition: %w", err)
 	}
 	defer out.Close()
 	task := progressOf(o.Progress).Task("write image filesystem", plan.DataBytes())
-	err = plan.WriteTrailed(ctx, out, o.Offset, task, passed)
+	err = plan.Write(ctx, out, o.Offset, task)
 	task.Done(err)
 	if err != nil {
-		return fmt.Errorf("image partition: %w", err)
+		return 0, fmt.Errorf("image partition: %w", err)
 	}
-	return nil
+	return plan.Size(), nil
 }
 
 // writeAttrs writes attrs as mksquashfs "modify" pseudo definitions

@@ -28,8 +28,6 @@ import (
 	"io/fs"
 	"math"
 	"os"
-	"sort"
-	"strings"
 )
 
 // File is one regular file of the filesystem.
@@ -148,22 +146,8 @@ func (p *Plan) Files() []File {
 // progress (may be nil) counts the bytes of file contents written; the
 // bytes passed are zeros, only their number means anything.
 func (p *Plan) Write(ctx context.Context, out *os.File, offset int64, progress io.Writer) error {
-	return p.WriteTrailed(ctx, out, offset, progress, nil)
-}
-
-// WriteTrailed is Write that also says, through passed (may be nil), how
-// far the filesystem is final as it goes: passed(pos) means every byte
-// before pos but the superblock's 96 (written last) holds what it will
-// hold; passed(Size()) comes once everything does. So a reader can hash the
-// contents behind the writer while it copies the rest. passed(0) comes once
-// out's size is checked: from then on, bytes past the filesystem may be
-// written meanwhile (a hash tree), and are kept.
-func (p *Plan) WriteTrailed(ctx context.Context, out *os.File, offset int64, progress io.Writer, passed func(pos int64)) error {
 	if progress == nil {
 		progress = io.Discard
-	}
-	if passed == nil {
-		passed = func(int64) {}
 	}
 	st, err := out.Stat()
 	if err != nil {
@@ -172,49 +156,24 @@ func (p *Plan) WriteTrailed(ctx context.Context, out *os.File, offset int64, pro
 	if st.Size() > offset {
 		return fmt.Errorf("squashfs at byte %d of %s: the file already has %d bytes there; the filesystem is written past its end", offset, out.Name(), st.Size())
 	}
-	passed(0)
-	tw := &trail{w: progress, passed: passed}
 	for _, f := range p.files {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		tw.base, tw.done = f.offset, 0
-		if err := copyFile(ctx, out, offset+f.offset, f.path, f.size, tw); err != nil {
+		if err := copyFile(ctx, out, offset+f.offset, f.path, f.size, progress); err != nil {
 			return err
 		}
 	}
-	passed(p.dataEnd)
 	if _, err := out.WriteAt(p.tables, offset+p.dataEnd); err != nil {
 		return fmt.Errorf("write squashfs tables: %w", err)
 	}
-	if st, err = out.Stat(); err != nil {
-		return err
-	}
-	if st.Size() < offset+p.Size() { // the 4 KiB padding, unless written past already
-		if err := out.Truncate(offset + p.Size()); err != nil {
-			return fmt.Errorf("pad squashfs: %w", err)
-		}
+	if err := out.Truncate(offset + p.Size()); err != nil { // the 4 KiB padding
+		return fmt.Errorf("pad squashfs: %w", err)
 	}
 	if _, err := out.WriteAt(p.superblock(), offset); err != nil {
 		return fmt.Errorf("write squashfs superblock: %w", err)
 	}
-	passed(p.Size())
 	return nil
-}
-
-// trail counts a file's bytes as they are copied and tells passed where
-// the copy is.
-type trail struct {
-	w          io.Writer
-	passed     func(int64)
-	base, done int64
-}
-
-func (t *trail) Write(b []byte) (int, error) {
-	n, err := t.w.Write(b)
-	t.done += int64(len(b))
-	t.passed(t.base + t.done)
-	return n, err
 }
 
 const (
@@ -319,22 +278,4 @@ func WriteFile(ctx context.Context, tree, path string, opts ...Option) error {
 		os.Remove(path)
 	}
 	return err
-}
-
-// File finds the regular file at path (slash-separated, relative to the
-// tree), any of a hard link's names.
-func (p *Plan) File(path string) (File, bool) {
-	n := p.root
-	for _, name := range strings.Split(path, "/") {
-		i := sort.Search(len(n.children), func(i int) bool { return n.children[i].name >= name })
-		if i == len(n.children) || n.children[i].name != name {
-			return File{}, false
-		}
-		n = n.children[i]
-	}
-	if n.typ != typeReg {
-		return File{}, false
-	}
-	in := n.inode()
-	return File{Path: path, Offset: in.offset, Size: in.size}, true
 }
