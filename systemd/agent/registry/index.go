@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/specs-go"
@@ -38,11 +39,16 @@ type blobFile struct {
 }
 
 // manifest is one manifest or index, held in memory (they are small and
-// served on every pull), with what it references.
+// served on every pull), with what it references. A manifest known from a
+// prebuilt index is read on its first request (bytes): data is nil until
+// then.
 type manifest struct {
 	digest       string
 	mediaType    string
+	size         int64
 	data         []byte
+	read         sync.Once
+	readErr      error             // why the file does not give the indexed bytes, once read
 	artifactType string            // for referrers: artifactType, or the config media type
 	annotations  map[string]string // for referrers
 	subject      string            // digest of the manifest it refers to, if any
@@ -67,15 +73,19 @@ type index struct {
 	blobs     map[string]blobFile
 	referrers map[string][]string // subject digest → referrer digests, sorted
 	damaged   int                 // blobs missing or of the wrong size at start
+	prebuilt  int                 // layouts served from the factory's prebuilt index
 }
 
 // Stats counts what a server serves (for logs and sd_notify STATUS=).
+// Damaged counts what the start found damaged; a layout with a prebuilt
+// index (Prebuilt) is not looked at before READY, its manifests and blobs
+// are checked when first served.
 type Stats struct {
-	Repositories, Tags, Manifests, Blobs, Damaged int
+	Repositories, Tags, Manifests, Blobs, Damaged, Prebuilt int
 }
 
 func (ix *index) stats() Stats {
-	st := Stats{Repositories: len(ix.repos), Manifests: len(ix.manifests), Blobs: len(ix.blobs), Damaged: ix.damaged}
+	st := Stats{Repositories: len(ix.repos), Manifests: len(ix.manifests), Blobs: len(ix.blobs), Damaged: ix.damaged, Prebuilt: ix.prebuilt}
 	for _, r := range ix.repos {
 		st.Tags += len(r.tags)
 	}
@@ -110,8 +120,9 @@ func layoutRoot(dir string) (string, error) {
 
 // loader builds an index from one or more layouts.
 type loader struct {
-	ix  *index
-	log *slog.Logger
+	ix    *index
+	log   *slog.Logger
+	named []contract.IndexedImage // every addToRepo, in order (for a prebuilt index)
 }
 
 func loadIndex(dirs []string, rs *releaseSource, log *slog.Logger) (*index, error) {
@@ -126,15 +137,7 @@ func loadIndex(dirs []string, rs *releaseSource, log *slog.Logger) (*index, erro
 		}
 		roots[i] = root
 	}
-	l := &loader{
-		ix: &index{
-			repos:     map[string]*repository{},
-			manifests: map[string]*manifest{},
-			blobs:     map[string]blobFile{},
-			referrers: map[string][]string{},
-		},
-		log: log,
-	}
+	l := &loader{ix: newIndex(), log: log}
 	// Releases first: the first source to tag a repo:tag wins, and the
 	// active release must win over the partition's factory content.
 	if rs != nil {
@@ -143,12 +146,24 @@ func loadIndex(dirs []string, rs *releaseSource, log *slog.Logger) (*index, erro
 		}
 	}
 	for _, root := range roots {
+		if l.loadPrebuilt(root) {
+			continue
+		}
 		if err := l.loadLayout(root); err != nil {
 			return nil, err
 		}
 	}
 	l.finish()
 	return l.ix, nil
+}
+
+func newIndex() *index {
+	return &index{
+		repos:     map[string]*repository{},
+		manifests: map[string]*manifest{},
+		blobs:     map[string]blobFile{},
+		referrers: map[string][]string{},
+	}
 }
 
 // rawManifest is what the server reads of a manifest or an index (Docker's
@@ -222,7 +237,7 @@ func (l *loader) loadManifest(src blobSource, d ocispec.Descriptor, where string
 	// Content-Type is the manifest's own mediaType when it has one (clients
 	// reject a response whose Content-Type differs from it), else the
 	// descriptor's.
-	m := &manifest{digest: d.Digest.String(), mediaType: raw.MediaType, data: data, annotations: raw.Annotations, artifactType: raw.ArtifactType}
+	m := &manifest{digest: d.Digest.String(), mediaType: raw.MediaType, size: d.Size, data: data, annotations: raw.Annotations, artifactType: raw.ArtifactType}
 	if m.mediaType == "" {
 		m.mediaType = d.MediaType
 	}
@@ -341,6 +356,7 @@ func readVerified(path string, d ocispec.Descriptor) ([]byte, error) {
 // tag if set. The first source to tag repo:tag wins the tag; the other
 // manifest stays pullable by digest (a rollback target's image, say).
 func (l *loader) addToRepo(repoName, tag, digest, where string) {
+	l.named = append(l.named, contract.IndexedImage{Repository: repoName, Tag: tag, Digest: digest})
 	r := l.ix.repos[repoName]
 	if r == nil {
 		r = &repository{tags: map[string]string{}, manifests: map[string]bool{}, blobs: map[string]bool{}}
@@ -424,7 +440,7 @@ func (ix *index) referrersIndex(r *repository, subject, artifactType string) []b
 			continue
 		}
 		out.Manifests = append(out.Manifests, ocispec.Descriptor{
-			MediaType: m.mediaType, Digest: digest.Digest(d), Size: int64(len(m.data)),
+			MediaType: m.mediaType, Digest: digest.Digest(d), Size: m.size,
 			ArtifactType: m.artifactType, Annotations: m.annotations,
 		})
 	}
