@@ -46,15 +46,17 @@ func TestWriteRegistryIndex(t *testing.T) {
 	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o644 {
 		t.Errorf("%s mode %v, want 0644 (the node's registry runs unprivileged)", path, fi.Mode().Perm())
 	}
-	want := []contract.IndexedImage{
-		{Repository: "quay.io/acme/app", Tag: "1.2", Digest: imgs[0].Manifest.Digest.String()},
-		{Repository: "registry.example:5000/team/tool", Tag: "v3", Digest: imgs[1].Manifest.Digest.String()},
+	if ix.BlobCount() != 2*4 || len(ix.Manifests) != 2 || len(ix.Images) != 2 {
+		t.Fatalf("%d blobs, %d manifests, %d images; want 8, 2, 2", ix.BlobCount(), len(ix.Manifests), len(ix.Images))
 	}
-	if len(ix.Images) != 2 || ix.Images[0] != want[0] || ix.Images[1] != want[1] {
-		t.Errorf("images %+v, want %+v", ix.Images, want)
-	}
-	if len(ix.Manifests) != 2 || len(ix.Blobs) != 2*4 {
-		t.Errorf("%d manifests, %d blobs; want 2 and 8", len(ix.Manifests), len(ix.Blobs))
+	for i, want := range []struct{ repo, tag, digest string }{
+		{"quay.io/acme/app", "1.2", imgs[0].Manifest.Digest.String()},
+		{"registry.example:5000/team/tool", "v3", imgs[1].Manifest.Digest.String()},
+	} {
+		im := ix.Images[i]
+		if got := ix.BlobDigest(ix.Manifests[im.Manifest].Blob); im.Repository != want.repo || im.Tag != want.tag || got != want.digest {
+			t.Errorf("image %d: %s:%s → %s, want %s:%s → %s", i, im.Repository, im.Tag, got, want.repo, want.tag, want.digest)
+		}
 	}
 
 	// A blob gone from the layout: no index, no temp file.

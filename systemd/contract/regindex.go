@@ -25,44 +25,52 @@ const RegistryIndexVersion = 1
 var ErrRegistryIndexVersion = errors.New("registry index of an unknown version")
 
 // RegistryIndex is everything the node's registry serves from one OCI
-// layout, as its own start-time indexing of that layout finds it.
+// layout, as its own start-time indexing of that layout finds it. It is
+// shaped to be parsed fast (the node parses it before it answers): each
+// digest is written once, in Blobs, and referred to by its position.
 type RegistryIndex struct {
 	SchemaVersion int `json:"schemaVersion"`
-	// Images are the layout's named images in index.json order (the first to
-	// name a repo:tag wins it); Tag is empty for an image named by digest.
-	Images []IndexedImage `json:"images"`
-	// Manifests are every manifest and index served, sorted by digest.
+	// Blobs is the lowercase hex sha256 of every blob served (manifests
+	// included), 64 characters each, concatenated, in ascending order.
+	// Blob i is Blobs[64*i : 64*i+64]; Sizes[i] is the size its descriptors
+	// promise.
+	Blobs string  `json:"blobs"`
+	Sizes []int64 `json:"sizes"`
+	// MediaTypes are the distinct media types of the manifests.
+	MediaTypes []string `json:"mediaTypes"`
+	// Manifests are every manifest and index served, in the order of their
+	// blobs.
 	Manifests []IndexedManifest `json:"manifests"`
-	// Blobs are every blob served (manifests included) with the size
-	// their descriptors promise, sorted by digest.
-	Blobs []IndexedBlob `json:"blobs"`
+	// Images are the layout's named images in index.json order (the first
+	// to name a repo:tag wins it); Tag is empty for an image named by digest.
+	Images []IndexedImage `json:"images"`
 }
 
 // IndexedImage is one name under which a manifest is served.
 type IndexedImage struct {
 	Repository string `json:"repository"`
 	Tag        string `json:"tag,omitempty"`
-	Digest     string `json:"digest"`
+	Manifest   int    `json:"manifest"` // position in Manifests
 }
 
 // IndexedManifest is one manifest or index: what is needed to answer for it
 // without reading it (its bytes are read on first request).
 type IndexedManifest struct {
-	Digest       string            `json:"digest"`
-	MediaType    string            `json:"mediaType"`
-	Size         int64             `json:"size"`
+	Blob         int               `json:"blob"`                   // its own bytes: position in Blobs
+	MediaType    int               `json:"mediaType"`              // position in MediaTypes
 	ArtifactType string            `json:"artifactType,omitempty"` // for referrers
 	Annotations  map[string]string `json:"annotations,omitempty"`  // for referrers
 	Subject      string            `json:"subject,omitempty"`      // digest of the manifest it refers to
-	Children     []string          `json:"children,omitempty"`     // an index's manifests held in the layout
-	Blobs        []string          `json:"blobs,omitempty"`        // config and layers
+	Children     []int             `json:"children,omitempty"`     // an index's manifests in the layout: positions in Manifests
+	Layers       []int             `json:"blobs,omitempty"`        // config and layers: positions in Blobs
 }
 
-// IndexedBlob is one blob file of the layout (blobs/sha256/<hex>).
-type IndexedBlob struct {
-	Digest string `json:"digest"`
-	Size   int64  `json:"size"`
-}
+// BlobCount is how many blobs the index holds (len(Sizes)).
+func (ix *RegistryIndex) BlobCount() int { return len(ix.Sizes) }
+
+// BlobDigest is blob i's digest, "sha256:<hex>"; i must be below
+// BlobCount and Blobs 64 characters per blob (checked by the reader).
+func (ix *RegistryIndex) BlobDigest(i int) string { return "sha256:" + ix.Blobs[64*i:64*i+64] }
 
 // DecodeRegistryIndex parses a registry index. Another schema version is
 // ErrRegistryIndexVersion (wrapped).

@@ -118,11 +118,14 @@ func layoutRoot(dir string) (string, error) {
 	return dir, nil
 }
 
+// named is one name a manifest was served under.
+type named struct{ repo, tag, digest string }
+
 // loader builds an index from one or more layouts.
 type loader struct {
 	ix    *index
 	log   *slog.Logger
-	named []contract.IndexedImage // every addToRepo, in order (for a prebuilt index)
+	named []named // every addToRepo, in order (for a prebuilt index)
 }
 
 func loadIndex(dirs []string, rs *releaseSource, log *slog.Logger) (*index, error) {
@@ -356,7 +359,7 @@ func readVerified(path string, d ocispec.Descriptor) ([]byte, error) {
 // tag if set. The first source to tag repo:tag wins the tag; the other
 // manifest stays pullable by digest (a rollback target's image, say).
 func (l *loader) addToRepo(repoName, tag, digest, where string) {
-	l.named = append(l.named, contract.IndexedImage{Repository: repoName, Tag: tag, Digest: digest})
+	l.named = append(l.named, named{repoName, tag, digest})
 	r := l.ix.repos[repoName]
 	if r == nil {
 		r = &repository{tags: map[string]string{}, manifests: map[string]bool{}, blobs: map[string]bool{}}
@@ -454,9 +457,31 @@ func sortLexical(list []string) { slices.SortFunc(list, lexicalOrder) }
 // lexicalOrder is the order the spec wants tag lists in: "lexical order
 // (i.e. case-insensitive alphanumeric order)"; byte order breaks ties, so
 // the order is total and pagination by `last` is exact.
+//
+// Names and tags are ASCII (their grammars): compared byte by byte without
+// allocating, as a start sorts thousands of them; anything else through
+// strings.ToLower.
 func lexicalOrder(a, b string) int {
-	if c := strings.Compare(strings.ToLower(a), strings.ToLower(b)); c != 0 {
-		return c
+	for i := 0; i < len(a) && i < len(b); i++ {
+		ca, cb := a[i], b[i]
+		if ca >= 0x80 || cb >= 0x80 {
+			if c := strings.Compare(strings.ToLower(a[i:]), strings.ToLower(b[i:])); c != 0 {
+				return c
+			}
+			return strings.Compare(a, b)
+		}
+		if 'A' <= ca && ca <= 'Z' {
+			ca += 'a' - 'A'
+		}
+		if 'A' <= cb && cb <= 'Z' {
+			cb += 'a' - 'A'
+		}
+		if ca != cb {
+			return int(ca) - int(cb)
+		}
+	}
+	if len(a) != len(b) {
+		return len(a) - len(b)
 	}
 	return strings.Compare(a, b)
 }

@@ -29,20 +29,53 @@ func BuildIndex(dir string, log *slog.Logger) (*contract.RegistryIndex, error) {
 	if l.ix.damaged > 0 {
 		return nil, fmt.Errorf("%s: %d blobs missing or of the wrong size (see the log above)", dir, l.ix.damaged)
 	}
-	out := &contract.RegistryIndex{SchemaVersion: contract.RegistryIndexVersion, Images: l.named}
-	for d, m := range l.ix.manifests {
+	out := &contract.RegistryIndex{SchemaVersion: contract.RegistryIndexVersion, MediaTypes: []string{},
+		Manifests: []contract.IndexedManifest{}, Images: []contract.IndexedImage{}}
+	digests := make([]string, 0, len(l.ix.blobs))
+	for d := range l.ix.blobs {
+		digests = append(digests, d)
+	}
+	sort.Strings(digests)
+	blobAt := make(map[string]int, len(digests))
+	var hexes strings.Builder
+	for i, d := range digests {
+		blobAt[d] = i
+		hexes.WriteString(strings.TrimPrefix(d, "sha256:"))
+		out.Sizes = append(out.Sizes, l.ix.blobs[d].size)
+	}
+	out.Blobs = hexes.String()
+	manifestAt := map[string]int{}
+	for _, d := range digests {
+		if l.ix.manifests[d] != nil {
+			manifestAt[d] = len(manifestAt)
+		}
+	}
+	mediaTypeAt := map[string]int{}
+	positions := func(ds []string, at map[string]int) []int {
+		var ps []int
+		for _, d := range ds {
+			ps = append(ps, at[d])
+		}
+		return ps
+	}
+	for _, d := range digests {
+		m := l.ix.manifests[d]
+		if m == nil {
+			continue
+		}
+		mt, ok := mediaTypeAt[m.mediaType]
+		if !ok {
+			mt = len(out.MediaTypes)
+			mediaTypeAt[m.mediaType] = mt
+			out.MediaTypes = append(out.MediaTypes, m.mediaType)
+		}
 		out.Manifests = append(out.Manifests, contract.IndexedManifest{
-			Digest: d, MediaType: m.mediaType, Size: m.size, ArtifactType: m.artifactType,
-			Annotations: m.annotations, Subject: m.subject, Children: m.children, Blobs: m.blobs,
+			Blob: blobAt[d], MediaType: mt, ArtifactType: m.artifactType, Annotations: m.annotations, Subject: m.subject,
+			Children: positions(m.children, manifestAt), Layers: positions(m.blobs, blobAt),
 		})
 	}
-	sort.Slice(out.Manifests, func(i, j int) bool { return out.Manifests[i].Digest < out.Manifests[j].Digest })
-	for d, b := range l.ix.blobs {
-		out.Blobs = append(out.Blobs, contract.IndexedBlob{Digest: d, Size: b.size})
-	}
-	sort.Slice(out.Blobs, func(i, j int) bool { return out.Blobs[i].Digest < out.Blobs[j].Digest })
-	if out.Images == nil {
-		out.Images = []contract.IndexedImage{}
+	for _, im := range l.named {
+		out.Images = append(out.Images, contract.IndexedImage{Repository: im.repo, Tag: im.tag, Manifest: manifestAt[im.digest]})
 	}
 	return out, nil
 }
@@ -67,24 +100,33 @@ func (l *loader) loadPrebuilt(root string) bool {
 			"file", path, "error", err)
 		return false
 	}
-	dir := layoutBlobs(root).dirs[0]
-	for _, b := range pi.Blobs {
-		if _, ok := l.ix.blobs[b.Digest]; ok {
+	dir := layoutBlobs(root).dirs[0] + string(filepath.Separator)
+	digests := make([]string, pi.BlobCount())
+	for i := range digests {
+		digests[i] = pi.BlobDigest(i)
+		if _, ok := l.ix.blobs[digests[i]]; ok {
 			continue // a release before holds it: the first source wins
 		}
-		l.ix.blobs[b.Digest] = blobFile{path: filepath.Join(dir, strings.TrimPrefix(b.Digest, "sha256:")), size: b.Size, missing: "not in the layout"}
+		l.ix.blobs[digests[i]] = blobFile{path: dir + digests[i][len("sha256:"):], size: pi.Sizes[i], missing: "not in the layout"}
 	}
+	manifestDigest := func(m int) string { return digests[pi.Manifests[m].Blob] }
 	for _, m := range pi.Manifests {
-		if _, ok := l.ix.manifests[m.Digest]; ok {
+		d := digests[m.Blob]
+		if _, ok := l.ix.manifests[d]; ok {
 			continue // read already, from a release
 		}
-		l.ix.manifests[m.Digest] = &manifest{
-			digest: m.Digest, mediaType: m.MediaType, size: m.Size, artifactType: m.ArtifactType,
-			annotations: m.Annotations, subject: m.Subject, children: m.Children, blobs: m.Blobs,
+		mf := &manifest{digest: d, mediaType: pi.MediaTypes[m.MediaType], size: pi.Sizes[m.Blob],
+			artifactType: m.ArtifactType, annotations: m.Annotations, subject: m.Subject}
+		for _, c := range m.Children {
+			mf.children = append(mf.children, manifestDigest(c))
 		}
+		for _, b := range m.Layers {
+			mf.blobs = append(mf.blobs, digests[b])
+		}
+		l.ix.manifests[d] = mf
 	}
 	for _, im := range pi.Images {
-		l.addToRepo(im.Repository, im.Tag, im.Digest, path)
+		l.addToRepo(im.Repository, im.Tag, manifestDigest(im.Manifest), path)
 	}
 	l.ix.prebuilt++
 	return true
@@ -101,38 +143,39 @@ func readPrebuilt(path string) (*contract.RegistryIndex, error) {
 }
 
 // checkPrebuilt checks that every digest is sha256:<64 hex> (blob paths are
-// made from them) and that everything named is in the index: a damaged
+// made from them) and every position points into its list: a damaged
 // index is never half used.
 func checkPrebuilt(pi *contract.RegistryIndex) error {
-	blobs := make(map[string]bool, len(pi.Blobs))
-	for _, b := range pi.Blobs {
-		if !validDigest(b.Digest) || b.Size < 0 {
-			return fmt.Errorf("blob %q (size %d) is not sha256:<64 hex> with a size", b.Digest, b.Size)
-		}
-		blobs[b.Digest] = true
+	n := pi.BlobCount()
+	if len(pi.Blobs) != 64*n {
+		return fmt.Errorf("blobs: %d characters for %d sizes, want 64 each", len(pi.Blobs), n)
 	}
-	manifests := make(map[string]bool, len(pi.Manifests))
-	for _, m := range pi.Manifests {
-		if !blobs[m.Digest] || m.MediaType == "" || m.Size < 0 || m.Size > maxManifestSize {
-			return fmt.Errorf("manifest %q: not among the blobs, or no media type, or size %d out of bounds", m.Digest, m.Size)
+	for i := 0; i < n; i++ {
+		if d := pi.BlobDigest(i); !validDigest(d) || pi.Sizes[i] < 0 {
+			return fmt.Errorf("blob %d: %q (size %d) is not sha256:<64 hex> with a size", i, d, pi.Sizes[i])
 		}
-		manifests[m.Digest] = true
 	}
-	for _, m := range pi.Manifests {
-		for _, b := range m.Blobs {
-			if !blobs[b] {
-				return fmt.Errorf("manifest %s references blob %q, which the index does not hold", m.Digest, b)
-			}
+	inBlobs := func(i int) bool { return i >= 0 && i < n }
+	inManifests := func(i int) bool { return i >= 0 && i < len(pi.Manifests) }
+	for i, m := range pi.Manifests {
+		if !inBlobs(m.Blob) || m.MediaType < 0 || m.MediaType >= len(pi.MediaTypes) || pi.Sizes[m.Blob] > maxManifestSize ||
+			(m.Subject != "" && !validDigest(m.Subject)) {
+			return fmt.Errorf("manifest %d: blob, media type or subject out of bounds", i)
 		}
 		for _, c := range m.Children {
-			if !manifests[c] {
-				return fmt.Errorf("index %s references manifest %q, which the index does not hold", m.Digest, c)
+			if !inManifests(c) {
+				return fmt.Errorf("manifest %d references manifest %d, which the index does not hold", i, c)
+			}
+		}
+		for _, b := range m.Layers {
+			if !inBlobs(b) {
+				return fmt.Errorf("manifest %d references blob %d, which the index does not hold", i, b)
 			}
 		}
 	}
 	for _, im := range pi.Images {
-		if !manifests[im.Digest] {
-			return fmt.Errorf("image %s:%s names manifest %q, which the index does not hold", im.Repository, im.Tag, im.Digest)
+		if !inManifests(im.Manifest) {
+			return fmt.Errorf("image %s:%s names manifest %d, which the index does not hold", im.Repository, im.Tag, im.Manifest)
 		}
 	}
 	return nil

@@ -180,14 +180,23 @@ func TestPrebuiltFallback(t *testing.T) {
 			os.Symlink(p+".real", p)
 		}, "not a regular file"},
 		{"names a tag whose manifest it does not hold", edit(func(ix *contract.RegistryIndex) {
-			ix.Images = append(ix.Images, contract.IndexedImage{Repository: "quay.io/acme/ghost", Tag: "1", Digest: "sha256:" + strings.Repeat("ab", 32)})
+			ix.Images = append(ix.Images, contract.IndexedImage{Repository: "quay.io/acme/ghost", Tag: "1", Manifest: len(ix.Manifests)})
 		}), "names manifest"},
 		{"a manifest references a blob it does not hold", edit(func(ix *contract.RegistryIndex) {
-			ix.Manifests[0].Blobs = append(ix.Manifests[0].Blobs, "sha256:"+strings.Repeat("cd", 32))
+			ix.Manifests[0].Layers = append(ix.Manifests[0].Layers, ix.BlobCount())
+		}), "which the index does not hold"},
+		{"an index references a manifest it does not hold", edit(func(ix *contract.RegistryIndex) {
+			ix.Manifests[0].Children = []int{-1}
 		}), "which the index does not hold"},
 		{"a digest that is not a path", edit(func(ix *contract.RegistryIndex) {
-			ix.Blobs = append(ix.Blobs, contract.IndexedBlob{Digest: "sha256:../../etc/passwd", Size: 1})
+			ix.Blobs = strings.Repeat("../", 21) + "x" + ix.Blobs[64:]
 		}), "not sha256:<64 hex>"},
+		{"blobs and sizes of different lengths", edit(func(ix *contract.RegistryIndex) {
+			ix.Sizes = append(ix.Sizes, 1)
+		}), "want 64 each"},
+		{"a media type out of bounds", edit(func(ix *contract.RegistryIndex) {
+			ix.Manifests[1].MediaType = len(ix.MediaTypes)
+		}), "out of bounds"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
