@@ -169,6 +169,20 @@ func newIndex() *index {
 	}
 }
 
+// grow makes room for blobs, manifests and repos more entries at once, so
+// a start from a prebuilt index does not rehash its maps as they fill.
+func (ix *index) grow(blobs, manifests, repos int) {
+	if len(ix.blobs) == 0 {
+		ix.blobs = make(map[string]blobFile, blobs)
+	}
+	if len(ix.manifests) == 0 {
+		ix.manifests = make(map[string]*manifest, manifests)
+	}
+	if len(ix.repos) == 0 {
+		ix.repos = make(map[string]*repository, repos)
+	}
+}
+
 // rawManifest is what the server reads of a manifest or an index (Docker's
 // schema 2 types have the same shape): an image manifest plus an index's
 // manifests.
