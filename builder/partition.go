@@ -158,6 +158,9 @@ func (b *build) writeTree(ctx context.Context, c *contract.Contents, served, pre
 	if err := stage.WriteLayout(filepath.Join(b.root, contract.OCIDir), b.blobPath, served, stage.Borrowed(b.isInPlace)); err != nil {
 		return err
 	}
+	if err := stage.WriteRegistryIndex(filepath.Join(b.root, contract.OCIDir)); err != nil {
+		return err
+	}
 	if len(preloaded) > 0 {
 		if err := b.preload(ctx, preloaded); err != nil {
 			return err

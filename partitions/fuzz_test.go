@@ -17,7 +17,8 @@ import (
 // Inspect, VerifyDisk with its seal and verity parsers, and the squashfs
 // reader behind OpenImagePartition) on a real small kiln disk with the
 // fuzzer's byte flips applied: errors are fine, panics are not. The input
-// is a list of (offset, xor) pairs; the seeds flip the squashfs superblock,
+// is a list of (offset, xor) pairs; the seeds flip the squashfs superblock
+// (among its fields the root inode reference, which go-diskfs follows inside Read),
 // kiln.json, the GPT headers and entries, the verity superblock and the seal.
 func FuzzDiskReaders(f *testing.F) {
 	disk, _ := sealedDisk(f, false)
@@ -33,7 +34,7 @@ func FuzzDiskReaders(f *testing.F) {
 	var js bytes.Buffer
 	testContents.Encode(&js)
 	jsAt := int64(bytes.Index(fuzzDisk[ip.Offset:], js.Bytes())) + ip.Offset
-	for _, off := range []int64{ip.Offset + 8, ip.Offset + 40, ip.Offset + 64, ip.Offset + 88, jsAt + 10, 512 + 80, 1024 + 40,
+	for _, off := range []int64{ip.Offset + 8, ip.Offset + 32, ip.Offset + 33, ip.Offset + 40, ip.Offset + 64, ip.Offset + 88, jsAt + 10, 512 + 80, 1024 + 40,
 		int64(len(fuzzDisk)) - 512 + 72, ip.Offset + ip.Size - SealSize + 10} {
 		for _, x := range []byte{0x01, 0x80, 0xff} {
 			f.Add(flip(off, x))

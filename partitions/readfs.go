@@ -42,9 +42,14 @@ func OpenImagePartition(disk string) (fs.FS, io.Closer, error) {
 }
 
 // openSquashfs reads the squashfs at offset of f (size bytes at most), with
-// go-diskfs's reader guarded against panics.
-func openSquashfs(f *os.File, offset, size int64) (fs.FS, error) {
-	sq, err := squashfs.Read(file.New(f, true), size, offset, 0)
+// go-diskfs's reader guarded against panics: Read itself walks the root
+// inode, so a damaged root reference panics before any guardedFS call.
+func openSquashfs(f *os.File, offset, size int64) (_ fs.FS, err error) {
+	var sq *squashfs.FileSystem
+	func() {
+		defer guard(&err, "/")
+		sq, err = squashfs.Read(file.New(f, true), size, offset, 0)
+	}()
 	if err != nil {
 		return nil, err
 	}

@@ -216,7 +216,8 @@ func BenchmarkStartup200(b *testing.B) {
 
 // BenchmarkStartupScale: New + listen + READY + the first GET /v2/ in one
 // process, for 2, 200 and 2,000 images (3 layers each), against reading
-// index.json and every manifest (direct). It shows how the start grows with
+// index.json and every manifest (direct); kiln-prebuilt starts from the
+// factory's prebuilt index of the same layout. It shows how the start grows with
 // the images indexed; BenchmarkServeStartup (cmd/kiln) times the whole
 // process against distribution.
 func BenchmarkStartupScale(b *testing.B) {
@@ -228,6 +229,8 @@ func BenchmarkStartupScale(b *testing.B) {
 			}
 		})
 		b.Run(fmt.Sprintf("%dimages/kiln", n), func(b *testing.B) { startup(b, dir, n) })
+		writePrebuilt(b, dir) // from here on the layout has the factory's index
+		b.Run(fmt.Sprintf("%dimages/kiln-prebuilt", n), func(b *testing.B) { startup(b, dir, n) })
 	}
 }
 

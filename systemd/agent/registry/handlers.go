@@ -44,8 +44,15 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, repo *reposito
 		return
 	}
 	m := s.ix.manifests[digest]
+	data, err := s.ix.bytes(m)
+	if err != nil {
+		// From a prebuilt index, read now for the first time: answered as a
+		// damaged blob is (500, never wrong bytes), and logged each time.
+		s.damaged(w, digest, s.ix.blobs[digest], "manifest: "+err.Error())
+		return
+	}
 	w.Header().Set("Content-Type", m.mediaType)
-	s.serveContent(w, r, digest, int64(len(m.data)), bytes.NewReader(m.data))
+	s.serveContent(w, r, digest, int64(len(data)), bytes.NewReader(data))
 }
 
 // blob streams a blob from its file: Range, HEAD and conditional requests

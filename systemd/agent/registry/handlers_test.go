@@ -31,3 +31,24 @@ func TestPageLexicalOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestLexicalOrderAgrees: the allocation-free comparison orders every pair
+// as comparing the lowercased strings, then the bytes, does.
+func TestLexicalOrderAgrees(t *testing.T) {
+	ref := func(a, b string) int {
+		if c := strings.Compare(strings.ToLower(a), strings.ToLower(b)); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	}
+	sign := func(c int) int { return min(max(c, -1), 1) }
+	words := []string{"", "a", "A", "b", "B", "ab", "aB", "Ab", "a_", "a-", "a.", "1.0", "1.10", "1.9", "latest", "Latest",
+		"v1", "V1", "_x", "Z", "z", "zz", "é", "É", "aé", "aÉ", "a\x7f", "[", "`", "{"}
+	for _, a := range words {
+		for _, b := range words {
+			if got, want := sign(lexicalOrder(a, b)), ref(a, b); got != want {
+				t.Errorf("lexicalOrder(%q, %q) = %d, want %d", a, b, got, want)
+			}
+		}
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/specs-go"
@@ -38,11 +39,16 @@ type blobFile struct {
 }
 
 // manifest is one manifest or index, held in memory (they are small and
-// served on every pull), with what it references.
+// served on every pull), with what it references. A manifest known from a
+// prebuilt index is read on its first request (bytes): data is nil until
+// then.
 type manifest struct {
 	digest       string
 	mediaType    string
+	size         int64
 	data         []byte
+	read         sync.Once
+	readErr      error             // why the file does not give the indexed bytes, once read
 	artifactType string            // for referrers: artifactType, or the config media type
 	annotations  map[string]string // for referrers
 	subject      string            // digest of the manifest it refers to, if any
@@ -67,15 +73,19 @@ type index struct {
 	blobs     map[string]blobFile
 	referrers map[string][]string // subject digest → referrer digests, sorted
 	damaged   int                 // blobs missing or of the wrong size at start
+	prebuilt  int                 // layouts served from the factory's prebuilt index
 }
 
 // Stats counts what a server serves (for logs and sd_notify STATUS=).
+// Damaged counts what the start found damaged; a layout with a prebuilt
+// index (Prebuilt) is not looked at before READY, its manifests and blobs
+// are checked when first served.
 type Stats struct {
-	Repositories, Tags, Manifests, Blobs, Damaged int
+	Repositories, Tags, Manifests, Blobs, Damaged, Prebuilt int
 }
 
 func (ix *index) stats() Stats {
-	st := Stats{Repositories: len(ix.repos), Manifests: len(ix.manifests), Blobs: len(ix.blobs), Damaged: ix.damaged}
+	st := Stats{Repositories: len(ix.repos), Manifests: len(ix.manifests), Blobs: len(ix.blobs), Damaged: ix.damaged, Prebuilt: ix.prebuilt}
 	for _, r := range ix.repos {
 		st.Tags += len(r.tags)
 	}
@@ -108,10 +118,14 @@ func layoutRoot(dir string) (string, error) {
 	return dir, nil
 }
 
+// named is one name a manifest was served under.
+type named struct{ repo, tag, digest string }
+
 // loader builds an index from one or more layouts.
 type loader struct {
-	ix  *index
-	log *slog.Logger
+	ix    *index
+	log   *slog.Logger
+	named []named // every addToRepo, in order (for a prebuilt index)
 }
 
 func loadIndex(dirs []string, rs *releaseSource, log *slog.Logger) (*index, error) {
@@ -126,15 +140,7 @@ func loadIndex(dirs []string, rs *releaseSource, log *slog.Logger) (*index, erro
 		}
 		roots[i] = root
 	}
-	l := &loader{
-		ix: &index{
-			repos:     map[string]*repository{},
-			manifests: map[string]*manifest{},
-			blobs:     map[string]blobFile{},
-			referrers: map[string][]string{},
-		},
-		log: log,
-	}
+	l := &loader{ix: newIndex(), log: log}
 	// Releases first: the first source to tag a repo:tag wins, and the
 	// active release must win over the partition's factory content.
 	if rs != nil {
@@ -143,12 +149,38 @@ func loadIndex(dirs []string, rs *releaseSource, log *slog.Logger) (*index, erro
 		}
 	}
 	for _, root := range roots {
+		if l.loadPrebuilt(root) {
+			continue
+		}
 		if err := l.loadLayout(root); err != nil {
 			return nil, err
 		}
 	}
 	l.finish()
 	return l.ix, nil
+}
+
+func newIndex() *index {
+	return &index{
+		repos:     map[string]*repository{},
+		manifests: map[string]*manifest{},
+		blobs:     map[string]blobFile{},
+		referrers: map[string][]string{},
+	}
+}
+
+// grow makes room for blobs, manifests and repos more entries at once, so
+// a start from a prebuilt index does not rehash its maps as they fill.
+func (ix *index) grow(blobs, manifests, repos int) {
+	if len(ix.blobs) == 0 {
+		ix.blobs = make(map[string]blobFile, blobs)
+	}
+	if len(ix.manifests) == 0 {
+		ix.manifests = make(map[string]*manifest, manifests)
+	}
+	if len(ix.repos) == 0 {
+		ix.repos = make(map[string]*repository, repos)
+	}
 }
 
 // rawManifest is what the server reads of a manifest or an index (Docker's
@@ -222,7 +254,7 @@ func (l *loader) loadManifest(src blobSource, d ocispec.Descriptor, where string
 	// Content-Type is the manifest's own mediaType when it has one (clients
 	// reject a response whose Content-Type differs from it), else the
 	// descriptor's.
-	m := &manifest{digest: d.Digest.String(), mediaType: raw.MediaType, data: data, annotations: raw.Annotations, artifactType: raw.ArtifactType}
+	m := &manifest{digest: d.Digest.String(), mediaType: raw.MediaType, size: d.Size, data: data, annotations: raw.Annotations, artifactType: raw.ArtifactType}
 	if m.mediaType == "" {
 		m.mediaType = d.MediaType
 	}
@@ -341,6 +373,7 @@ func readVerified(path string, d ocispec.Descriptor) ([]byte, error) {
 // tag if set. The first source to tag repo:tag wins the tag; the other
 // manifest stays pullable by digest (a rollback target's image, say).
 func (l *loader) addToRepo(repoName, tag, digest, where string) {
+	l.named = append(l.named, named{repoName, tag, digest})
 	r := l.ix.repos[repoName]
 	if r == nil {
 		r = &repository{tags: map[string]string{}, manifests: map[string]bool{}, blobs: map[string]bool{}}
@@ -424,7 +457,7 @@ func (ix *index) referrersIndex(r *repository, subject, artifactType string) []b
 			continue
 		}
 		out.Manifests = append(out.Manifests, ocispec.Descriptor{
-			MediaType: m.mediaType, Digest: digest.Digest(d), Size: int64(len(m.data)),
+			MediaType: m.mediaType, Digest: digest.Digest(d), Size: m.size,
 			ArtifactType: m.artifactType, Annotations: m.annotations,
 		})
 	}
@@ -438,9 +471,31 @@ func sortLexical(list []string) { slices.SortFunc(list, lexicalOrder) }
 // lexicalOrder is the order the spec wants tag lists in: "lexical order
 // (i.e. case-insensitive alphanumeric order)"; byte order breaks ties, so
 // the order is total and pagination by `last` is exact.
+//
+// Names and tags are ASCII (their grammars): compared byte by byte without
+// allocating, as a start sorts thousands of them; anything else through
+// strings.ToLower.
 func lexicalOrder(a, b string) int {
-	if c := strings.Compare(strings.ToLower(a), strings.ToLower(b)); c != 0 {
-		return c
+	for i := 0; i < len(a) && i < len(b); i++ {
+		ca, cb := a[i], b[i]
+		if ca >= 0x80 || cb >= 0x80 {
+			if c := strings.Compare(strings.ToLower(a[i:]), strings.ToLower(b[i:])); c != 0 {
+				return c
+			}
+			return strings.Compare(a, b)
+		}
+		if 'A' <= ca && ca <= 'Z' {
+			ca += 'a' - 'A'
+		}
+		if 'A' <= cb && cb <= 'Z' {
+			cb += 'a' - 'A'
+		}
+		if ca != cb {
+			return int(ca) - int(cb)
+		}
+	}
+	if len(a) != len(b) {
+		return len(a) - len(b)
 	}
 	return strings.Compare(a, b)
 }

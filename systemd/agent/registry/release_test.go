@@ -205,9 +205,17 @@ func TestReleaseServesOnlyWhatItLists(t *testing.T) {
 // TestReleaseTagClash: the release being tried wins a tag the partition
 // also has; the partition's image stays pullable by digest and by its own
 // tag. Once confirmed (1.1 current, 1.0 previous) the same holds; with no
-// state file, only the partition is served.
+// state file, only the partition is served. The partition's layout is
+// indexed at start or comes with the factory's prebuilt index.
 func TestReleaseTagClash(t *testing.T) {
+	for _, mode := range indexModes {
+		t.Run(mode.name, func(t *testing.T) { testReleaseTagClash(t, mode) })
+	}
+}
+
+func testReleaseTagClash(t *testing.T, mode indexMode) {
 	n := newUpgradeNode(t)
+	mode.prepare(t, n.partition)
 	check := func(t *testing.T, stable string, newServed bool) {
 		addr, logs := n.serve(t)
 		base := "http://" + addr + "/v2/quay.io/acme/app/manifests/"

@@ -66,7 +66,10 @@ func WithReleaseState(stateFile, store string) Option {
 
 // New indexes the OCI layouts in dirs (each an OCI layout, or an image
 // partition root holding kiln.json and oci/) and returns a server for them.
-// Manifests are read and verified; blobs are only stat'ed.
+// A layout with the factory's prebuilt index (contract.RegistryIndexFile)
+// is known from that file alone, its manifests read and verified on first
+// request; any other layout's manifests are read and verified now and its
+// blobs stat'ed.
 func New(dirs []string, opts ...Option) (*Server, error) {
 	s := &Server{log: slog.Default(), logRequests: true, shutdownTimeout: 5 * time.Second, writeTimeout: 30 * time.Second}
 	for _, o := range opts {
@@ -126,6 +129,9 @@ func Run(ctx context.Context, addr string, dirs []string, opts ...Option) error 
 	opts = append(opts, func(s *Server) { log = s.log })
 	ready := func(st Stats) {
 		status := fmt.Sprintf("serving %d repositories, %d tags, %d blobs on %s", st.Repositories, st.Tags, st.Blobs, addr)
+		if st.Prebuilt > 0 {
+			status += "; index prebuilt by the factory, manifests and blobs checked when first served"
+		}
 		if st.Damaged > 0 {
 			status += fmt.Sprintf("; %d blobs DAMAGED or missing, see the journal", st.Damaged)
 		}

@@ -23,12 +23,24 @@ func apiErrorCode(body []byte) string {
 	return e.Errors[0].Code
 }
 
+// TestRoutes runs every route against both starts: the layout indexed at
+// start, and the factory's prebuilt index with manifests read on request.
 func TestRoutes(t *testing.T) {
+	for _, mode := range indexModes {
+		t.Run(mode.name, func(t *testing.T) { testRoutes(t, mode) })
+	}
+}
+
+func testRoutes(t *testing.T, mode indexMode) {
 	f := newFixture(t)
+	mode.prepare(t, f.dir)
 	log, _ := testLogger()
 	s, err := New([]string{f.dir}, WithLogger(log))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if got := s.Stats().Prebuilt; got != mode.prebuilt {
+		t.Errorf("Stats().Prebuilt = %d, want %d", got, mode.prebuilt)
 	}
 	base := "http://" + serve(t, s)
 

@@ -1,0 +1,225 @@
+package registry
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
+)
+
+// BuildIndex indexes the OCI layout dir as `kiln serve` does at start
+// without a prebuilt index (every manifest read and verified, every blob
+// lstat'ed) and returns the result as the prebuilt index the factory writes
+// beside the layout (contract.RegistryIndexFile). A layout with a missing
+// or damaged blob is an error: the factory must not ship it.
+func BuildIndex(dir string, log *slog.Logger) (*contract.RegistryIndex, error) {
+	l := &loader{ix: newIndex(), log: log}
+	if err := l.loadLayout(dir); err != nil {
+		return nil, err
+	}
+	if l.ix.damaged > 0 {
+		return nil, fmt.Errorf("%s: %d blobs missing or of the wrong size (see the log above)", dir, l.ix.damaged)
+	}
+	out := &contract.RegistryIndex{SchemaVersion: contract.RegistryIndexVersion, MediaTypes: []string{},
+		Manifests: []contract.IndexedManifest{}, Images: []contract.IndexedImage{}}
+	digests := make([]string, 0, len(l.ix.blobs))
+	for d := range l.ix.blobs {
+		digests = append(digests, d)
+	}
+	sort.Strings(digests)
+	blobAt := make(map[string]int, len(digests))
+	var hexes strings.Builder
+	for i, d := range digests {
+		blobAt[d] = i
+		hexes.WriteString(strings.TrimPrefix(d, "sha256:"))
+		out.Sizes = append(out.Sizes, l.ix.blobs[d].size)
+	}
+	out.Blobs = hexes.String()
+	manifestAt := map[string]int{}
+	for _, d := range digests {
+		if l.ix.manifests[d] != nil {
+			manifestAt[d] = len(manifestAt)
+		}
+	}
+	mediaTypeAt := map[string]int{}
+	positions := func(ds []string, at map[string]int) []int {
+		var ps []int
+		for _, d := range ds {
+			ps = append(ps, at[d])
+		}
+		return ps
+	}
+	for _, d := range digests {
+		m := l.ix.manifests[d]
+		if m == nil {
+			continue
+		}
+		mt, ok := mediaTypeAt[m.mediaType]
+		if !ok {
+			mt = len(out.MediaTypes)
+			mediaTypeAt[m.mediaType] = mt
+			out.MediaTypes = append(out.MediaTypes, m.mediaType)
+		}
+		out.Manifests = append(out.Manifests, contract.IndexedManifest{
+			Blob: blobAt[d], MediaType: mt, ArtifactType: m.artifactType, Annotations: m.annotations, Subject: m.subject,
+			Children: positions(m.children, manifestAt), Layers: positions(m.blobs, blobAt),
+		})
+	}
+	for _, im := range l.named {
+		out.Images = append(out.Images, contract.IndexedImage{Repository: im.repo, Tag: im.tag, Manifest: manifestAt[im.digest]})
+	}
+	return out, nil
+}
+
+// loadPrebuilt adds the layout at root from its prebuilt index, if it has
+// one this kiln reads and that holds together; it reports whether it did.
+// Nothing is read but the index: no manifest, no blob lstat. Without a
+// usable index (a partition built before the index existed, a plain layout
+// directory) the caller indexes the layout itself.
+func (l *loader) loadPrebuilt(root string) bool {
+	path := filepath.Join(root, contract.RegistryIndexFile)
+	pi, err := readPrebuilt(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return false
+	case err != nil:
+		l.log.Warn("prebuilt registry index not used: indexing the layout at start instead (slower, same content)", "file", path, "error", err)
+		return false
+	}
+	if err := checkPrebuilt(pi); err != nil {
+		l.log.Error("prebuilt registry index is inconsistent: indexing the layout at start instead; verify the image partition with `kiln verify` or reflash it",
+			"file", path, "error", err)
+		return false
+	}
+	// Every digest and blob path is a slice of one string: two allocations
+	// instead of two per blob, which a start at thousands of images feels.
+	dir := layoutBlobs(root).dirs[0] + string(filepath.Separator)
+	n := pi.BlobCount()
+	var ds, ps strings.Builder
+	ds.Grow(n * len("sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"))
+	ps.Grow(n * (len(dir) + 64))
+	for i := 0; i < n; i++ {
+		ds.WriteString("sha256:")
+		ds.WriteString(pi.Blobs[64*i : 64*i+64])
+		ps.WriteString(dir)
+		ps.WriteString(pi.Blobs[64*i : 64*i+64])
+	}
+	allDigests, allPaths := ds.String(), ps.String()
+	dl, pl := len(allDigests)/max(n, 1), len(allPaths)/max(n, 1)
+	digests := make([]string, n)
+	l.ix.grow(n, len(pi.Manifests), len(pi.Images))
+	for i := range digests {
+		digests[i] = allDigests[i*dl : (i+1)*dl]
+		if _, ok := l.ix.blobs[digests[i]]; ok {
+			continue // a release before holds it: the first source wins
+		}
+		l.ix.blobs[digests[i]] = blobFile{path: allPaths[i*pl : (i+1)*pl], size: pi.Sizes[i], missing: "not in the layout"}
+	}
+	manifestDigest := func(m int) string { return digests[pi.Manifests[m].Blob] }
+	for _, m := range pi.Manifests {
+		d := digests[m.Blob]
+		if _, ok := l.ix.manifests[d]; ok {
+			continue // read already, from a release
+		}
+		mf := &manifest{digest: d, mediaType: pi.MediaTypes[m.MediaType], size: pi.Sizes[m.Blob],
+			artifactType: m.ArtifactType, annotations: m.Annotations, subject: m.Subject}
+		for _, c := range m.Children {
+			mf.children = append(mf.children, manifestDigest(c))
+		}
+		for _, b := range m.Layers {
+			mf.blobs = append(mf.blobs, digests[b])
+		}
+		l.ix.manifests[d] = mf
+	}
+	for _, im := range pi.Images {
+		l.addToRepo(im.Repository, im.Tag, manifestDigest(im.Manifest), path)
+	}
+	l.ix.prebuilt++
+	return true
+}
+
+// readPrebuilt reads a prebuilt index without following a symlink.
+func readPrebuilt(path string) (*contract.RegistryIndex, error) {
+	f, err := openRegular(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return contract.DecodeRegistryIndex(io.LimitReader(f, 256<<20))
+}
+
+// checkPrebuilt checks that every digest is sha256:<64 hex> (blob paths are
+// made from them) and every position points into its list: a damaged
+// index is never half used.
+func checkPrebuilt(pi *contract.RegistryIndex) error {
+	n := pi.BlobCount()
+	if len(pi.Blobs) != 64*n {
+		return fmt.Errorf("blobs: %d characters for %d sizes, want 64 each", len(pi.Blobs), n)
+	}
+	for i := 0; i < len(pi.Blobs); i++ {
+		if c := pi.Blobs[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return fmt.Errorf("blob %d: %q is not sha256:<64 hex>", i/64, pi.BlobDigest(i/64))
+		}
+	}
+	for i, size := range pi.Sizes {
+		if size < 0 {
+			return fmt.Errorf("blob %d: size %d", i, size)
+		}
+	}
+	inBlobs := func(i int) bool { return i >= 0 && i < n }
+	inManifests := func(i int) bool { return i >= 0 && i < len(pi.Manifests) }
+	for i, m := range pi.Manifests {
+		if !inBlobs(m.Blob) || m.MediaType < 0 || m.MediaType >= len(pi.MediaTypes) || pi.Sizes[m.Blob] > maxManifestSize ||
+			(m.Subject != "" && !validDigest(m.Subject)) {
+			return fmt.Errorf("manifest %d: blob, media type or subject out of bounds", i)
+		}
+		for _, c := range m.Children {
+			if !inManifests(c) {
+				return fmt.Errorf("manifest %d references manifest %d, which the index does not hold", i, c)
+			}
+		}
+		for _, b := range m.Layers {
+			if !inBlobs(b) {
+				return fmt.Errorf("manifest %d references blob %d, which the index does not hold", i, b)
+			}
+		}
+	}
+	for _, im := range pi.Images {
+		if !inManifests(im.Manifest) {
+			return fmt.Errorf("image %s:%s names manifest %d, which the index does not hold", im.Repository, im.Tag, im.Manifest)
+		}
+	}
+	return nil
+}
+
+// bytes returns the manifest's bytes: read from its blob file and checked
+// against its digest and size on the first call when it came from a
+// prebuilt index, kept after (a failure too: the partition is read-only).
+func (ix *index) bytes(m *manifest) ([]byte, error) {
+	m.read.Do(func() {
+		if m.data != nil {
+			return
+		}
+		bf := ix.blobs[m.digest]
+		if bf.path == "" {
+			m.readErr = fmt.Errorf("manifest is %s", bf.missing)
+			return
+		}
+		data, err := readVerified(bf.path, ocispec.Descriptor{Digest: digest.Digest(m.digest), Size: m.size})
+		if err != nil {
+			m.readErr = err
+			return
+		}
+		m.data = data
+	})
+	return m.data, m.readErr
+}

@@ -1,0 +1,241 @@
+package registry
+
+import (
+	"net/http"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
+)
+
+// indexMode is one way the registry learns a layout at start.
+type indexMode struct {
+	name     string
+	prepare  func(t testing.TB, dir string)
+	prebuilt int // Stats().Prebuilt expected for one layout
+}
+
+var indexModes = []indexMode{
+	{"indexed at start", func(testing.TB, string) {}, 0},
+	{"prebuilt index", writePrebuilt, 1},
+}
+
+// writePrebuilt writes the factory's index into the layout dir, with the
+// code builder/stage.WriteRegistryIndex runs (stage imports this package).
+func writePrebuilt(t testing.TB, dir string) {
+	t.Helper()
+	log, _ := testLogger()
+	ix, err := BuildIndex(dir, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := contract.EncodeRegistryIndex(ix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, contract.RegistryIndexFile), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPrebuiltIndexMatchesLayout: a server started from the prebuilt index
+// knows exactly what one that indexed the layout at start knows, and has
+// read no manifest yet.
+func TestPrebuiltIndexMatchesLayout(t *testing.T) {
+	f := newFixture(t)
+	log, _ := testLogger()
+	full := must(New([]string{f.dir}, WithLogger(log)))
+	writePrebuilt(t, f.dir)
+	pre := must(New([]string{f.dir}, WithLogger(log)))
+	if st := pre.Stats(); st.Prebuilt != 1 || st.Damaged != 0 {
+		t.Errorf("prebuilt start: %+v", st)
+	}
+	fs, ps := full.Stats(), pre.Stats()
+	ps.Prebuilt = 0
+	if fs != ps {
+		t.Errorf("stats: indexed at start %+v, prebuilt %+v", fs, ps)
+	}
+	if !reflect.DeepEqual(full.ix.repos, pre.ix.repos) || !reflect.DeepEqual(full.ix.repoList, pre.ix.repoList) {
+		t.Errorf("repositories differ")
+	}
+	if !reflect.DeepEqual(full.ix.blobs, pre.ix.blobs) {
+		t.Errorf("blobs differ:\n%v\n%v", full.ix.blobs, pre.ix.blobs)
+	}
+	if !reflect.DeepEqual(full.ix.referrers, pre.ix.referrers) {
+		t.Errorf("referrers differ:\n%v\n%v", full.ix.referrers, pre.ix.referrers)
+	}
+	for d, fm := range full.ix.manifests {
+		pm := pre.ix.manifests[d]
+		if pm == nil {
+			t.Errorf("manifest %s missing from the prebuilt start", d)
+			continue
+		}
+		if pm.data != nil {
+			t.Errorf("manifest %s read at start", d)
+		}
+		data, err := pre.ix.bytes(pm)
+		if err != nil || string(data) != string(fm.data) {
+			t.Errorf("manifest %s read on request: %v", d, err)
+		}
+		if pm.mediaType != fm.mediaType || pm.size != fm.size || pm.artifactType != fm.artifactType || pm.subject != fm.subject ||
+			!reflect.DeepEqual(pm.annotations, fm.annotations) || !reflect.DeepEqual(pm.children, fm.children) || !reflect.DeepEqual(pm.blobs, fm.blobs) {
+			t.Errorf("manifest %s differs", d)
+		}
+	}
+	if len(full.ix.manifests) != len(pre.ix.manifests) {
+		t.Errorf("%d manifests indexed at start, %d prebuilt", len(full.ix.manifests), len(pre.ix.manifests))
+	}
+}
+
+// TestPrebuiltDamagedManifest: under a valid prebuilt index a manifest file
+// that does not give the indexed bytes is found on its first request and
+// answered as a damaged blob is (500, logged), every time; the rest of the
+// partition is served.
+func TestPrebuiltDamagedManifest(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(path string)
+	}{
+		{"one byte flipped", func(p string) {
+			b := must(os.ReadFile(p))
+			b[len(b)-2] ^= 1
+			os.WriteFile(p, b, 0o644)
+		}},
+		{"one byte longer", func(p string) { appendTo(p, " ") }},
+		{"one byte shorter", func(p string) { os.Truncate(p, must(os.Stat(p)).Size()-1) }},
+		{"missing", func(p string) { os.Remove(p) }},
+		{"a FIFO", func(p string) { os.Remove(p); syscall.Mkfifo(p, 0o644) }},
+		{"a symlink to the same bytes", func(p string) {
+			os.Rename(p, p+".real")
+			os.Symlink(p+".real", p)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			writePrebuilt(t, f.dir)
+			path := f.blobPath(f.appDigest)
+			tc.damage(path)
+			log, logs := testLogger()
+			s, err := New([]string{f.dir}, WithLogger(log))
+			if err != nil {
+				t.Fatalf("New with a damaged manifest under a prebuilt index: %v (the start reads no manifest)", err)
+			}
+			base := "http://" + serve(t, s) + "/v2/"
+			for _, u := range []string{"quay.io/acme/app/manifests/1.2", "quay.io/acme/app/manifests/" + f.appDigest.String()} {
+				for _, method := range []string{"HEAD", "GET", "GET"} {
+					resp, body := get(t, method, base+u, nil)
+					if resp.StatusCode != http.StatusInternalServerError {
+						t.Errorf("%s %s: status %d, want 500", method, u, resp.StatusCode)
+					}
+					if method == "GET" && (apiErrorCode(body) != codeUnknown || !strings.Contains(string(body), "kiln verify")) {
+						t.Errorf("%s %s: body %s, want an UNKNOWN error telling to run kiln verify", method, u, body)
+					}
+				}
+			}
+			if n := strings.Count(logs.String(), "blob file damaged"); n < 6 || !strings.Contains(logs.String(), path) {
+				t.Errorf("%d damage log lines naming the file, want 6:\n%s", n, logs)
+			}
+			for _, u := range []string{"docker.io/library/busybox/manifests/1.36", "quay.io/acme/multi/manifests/1.0", "quay.io/acme/pinned/manifests/" + f.pinnedDigest.String()} {
+				if resp, _ := get(t, "GET", base+u, nil); resp.StatusCode != 200 {
+					t.Errorf("undamaged %s: status %d, want 200", u, resp.StatusCode)
+				}
+			}
+		})
+	}
+}
+
+// TestPrebuiltFallback: without a prebuilt index this kiln can use, the
+// layout is indexed at start (same content served), with a log line saying
+// why when there was a file.
+func TestPrebuiltFallback(t *testing.T) {
+	edit := func(change func(ix *contract.RegistryIndex)) func(t testing.TB, dir string) {
+		return func(t testing.TB, dir string) {
+			writePrebuilt(t, dir)
+			p := filepath.Join(dir, contract.RegistryIndexFile)
+			f := must(os.Open(p))
+			ix := must(contract.DecodeRegistryIndex(f))
+			f.Close()
+			change(ix)
+			os.WriteFile(p, must(contract.EncodeRegistryIndex(ix)), 0o644)
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		prepare func(t testing.TB, dir string)
+		log     string // in the log; "" for none
+	}{
+		{"no index (older partition, plain layout)", func(testing.TB, string) {}, ""},
+		{"unknown version", edit(func(ix *contract.RegistryIndex) { ix.SchemaVersion = 99 }), "schema version 99"},
+		{"not JSON", func(t testing.TB, dir string) {
+			os.WriteFile(filepath.Join(dir, contract.RegistryIndexFile), []byte("{\"schemaVersion\":1,"), 0o644)
+		}, "prebuilt registry index not used"},
+		{"a symlink", func(t testing.TB, dir string) {
+			writePrebuilt(t, dir)
+			p := filepath.Join(dir, contract.RegistryIndexFile)
+			os.Rename(p, p+".real")
+			os.Symlink(p+".real", p)
+		}, "not a regular file"},
+		{"names a tag whose manifest it does not hold", edit(func(ix *contract.RegistryIndex) {
+			ix.Images = append(ix.Images, contract.IndexedImage{Repository: "quay.io/acme/ghost", Tag: "1", Manifest: len(ix.Manifests)})
+		}), "names manifest"},
+		{"a manifest references a blob it does not hold", edit(func(ix *contract.RegistryIndex) {
+			ix.Manifests[0].Layers = append(ix.Manifests[0].Layers, ix.BlobCount())
+		}), "which the index does not hold"},
+		{"an index references a manifest it does not hold", edit(func(ix *contract.RegistryIndex) {
+			ix.Manifests[0].Children = []int{-1}
+		}), "which the index does not hold"},
+		{"a digest that is not a path", edit(func(ix *contract.RegistryIndex) {
+			ix.Blobs = strings.Repeat("../", 21) + "x" + ix.Blobs[64:]
+		}), "not sha256:<64 hex>"},
+		{"blobs and sizes of different lengths", edit(func(ix *contract.RegistryIndex) {
+			ix.Sizes = append(ix.Sizes, 1)
+		}), "want 64 each"},
+		{"a media type out of bounds", edit(func(ix *contract.RegistryIndex) {
+			ix.Manifests[1].MediaType = len(ix.MediaTypes)
+		}), "out of bounds"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			tc.prepare(t, f.dir)
+			log, logs := testLogger()
+			s := must(New([]string{f.dir}, WithLogger(log)))
+			if st := s.Stats(); st.Prebuilt != 0 || st.Repositories != 4 {
+				t.Errorf("stats %+v, want the layout indexed at start (4 repositories, none prebuilt)", st)
+			}
+			if tc.log != "" && !strings.Contains(logs.String(), tc.log) {
+				t.Errorf("log does not say %q:\n%s", tc.log, logs)
+			}
+			if tc.log == "" && strings.Contains(logs.String(), "prebuilt") {
+				t.Errorf("log mentions a prebuilt index that is simply absent:\n%s", logs)
+			}
+			if _, ok := s.ix.repos["quay.io/acme/ghost"]; ok {
+				t.Error("a repository named only by a rejected index is served")
+			}
+			base := "http://" + serve(t, s) + "/v2/"
+			if resp, _ := get(t, "GET", base+"quay.io/acme/app/manifests/1.2", nil); resp.StatusCode != 200 {
+				t.Errorf("app:1.2 after falling back: status %d", resp.StatusCode)
+			}
+		})
+	}
+}
+
+// TestPrebuiltMissingRepoFile: an index naming a repo:tag whose manifest
+// file is not on the partition serves the name (the index says so) and
+// answers its manifest as damaged, never as content.
+func TestPrebuiltMissingRepoFile(t *testing.T) {
+	f := newFixture(t)
+	writePrebuilt(t, f.dir)
+	os.Remove(f.blobPath(f.pinnedDigest))
+	log, logs := testLogger()
+	base := "http://" + serve(t, must(New([]string{f.dir}, WithLogger(log)))) + "/v2/"
+	if resp, _ := get(t, "GET", base+"quay.io/acme/pinned/manifests/"+f.pinnedDigest.String(), nil); resp.StatusCode != 500 {
+		t.Errorf("manifest file missing: status %d, want 500", resp.StatusCode)
+	}
+	if !strings.Contains(logs.String(), f.blobPath(f.pinnedDigest)) {
+		t.Errorf("missing manifest file not logged:\n%s", logs)
+	}
+}
