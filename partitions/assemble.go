@@ -19,6 +19,7 @@ import (
 	"github.com/diskfs/go-diskfs/partition/gpt"
 	"github.com/google/uuid"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -169,6 +170,7 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer startWriteback(opts.Output, place.start, fsSize)()
 	var checked chan error
 	// The files to hash are fed by the verity pass when it can read them
 	// raw; else they are read through the filesystem alongside the rest.
@@ -630,4 +632,19 @@ func human(n int64) string {
 		return fmt.Sprintf("%.2f MiB", float64(n)/MiB)
 	}
 	return fmt.Sprintf("%d bytes", n)
+}
+
+// startWriteback starts writing n bytes of f at off to the device in the
+// background and returns a function that waits until the kernel has queued
+// them. The filesystem just written is only dirty page cache; without this
+// the disk sees none of it until the final fsync, after the hashing that
+// reads it back, so the two would run one after the other instead of side by
+// side. A failure is not an error: the final fsync writes and reports.
+func startWriteback(f *os.File, off, n int64) (wait func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		unix.SyncFileRange(int(f.Fd()), off, n, unix.SYNC_FILE_RANGE_WRITE)
+	}()
+	return func() { <-done }
 }

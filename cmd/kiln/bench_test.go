@@ -87,6 +87,9 @@ func benchBuild(b *testing.B, total int64) {
 			if cold { // empty cache: every blob fetched, or checked in place
 				os.RemoveAll(cache)
 			}
+			// The last build's disk goes before the clock starts, as cp's
+			// copy does: freeing 1 GiB of extents is not writing a disk.
+			os.Remove(disk)
 			d, rss := timedRSS(b, env, kilnBin, "build", recipe, "-o", disk)
 			peakRSS = max(peakRSS, rss)
 			return d
