@@ -6,6 +6,7 @@ package partitions
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -100,6 +101,9 @@ type AssembleOptions struct {
 	PartitionName, PartitionType string
 	// Progress may be nil.
 	Progress Reporter
+	// sealVersion, when set, seals as that version instead of SealVersion:
+	// tests build the disks an older kiln wrote.
+	sealVersion int
 }
 
 // ImageIdentity is how the node finds and checks the image partition.
@@ -266,7 +270,7 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	// 7. The seal, last: it records every byte written so far, and its
 	// digest becomes the disk GUID (only the GPT headers change).
 	img, _ := l.Find(opts.PartitionName)
-	seal, err := sealDisk(opts.Output, l, img, fsSize, id.Verity)
+	seal, err := sealDisk(cmp.Or(opts.sealVersion, SealVersion), opts.Output, l, img, fsSize, id.Verity)
 	if err != nil {
 		return nil, fmt.Errorf("seal the disk: %w", err)
 	}
@@ -375,9 +379,9 @@ func writeImageVerity(ctx context.Context, opts AssembleOptions, start, fsSize i
 
 // sealDisk writes the seal at the end of the image partition and returns
 // its area.
-func sealDisk(f *os.File, l *Layout, img *Partition, fsSize int64, v *Verity) ([]byte, error) {
+func sealDisk(version int, f *os.File, l *Layout, img *Partition, fsSize int64, v *Verity) ([]byte, error) {
 	sector := int64(l.SectorSize)
-	s := &Seal{SchemaVersion: SealVersion, DiskSize: l.Size, SectorSize: l.SectorSize}
+	s := &Seal{SchemaVersion: version, DiskSize: l.Size, SectorSize: l.SectorSize}
 	var err error
 	if s.GPTHeaders, err = headerDigest(f, sector); err != nil {
 		return nil, err
@@ -391,7 +395,7 @@ func sealDisk(f *os.File, l *Layout, img *Partition, fsSize int64, v *Verity) ([
 	var g errgroup.Group
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	g.Go(func() (err error) {
-		s.Outside, err = outsideDigest(f, l.Size, sector, l.Partitions, 1, backup)
+		s.Outside, err = outsideDigest(version, f, l.Size, sector, l.Partitions, 1, backup)
 		return err
 	})
 	s.Partitions = make([]SealPartition, len(l.Partitions))
@@ -400,7 +404,7 @@ func sealDisk(f *os.File, l *Layout, img *Partition, fsSize int64, v *Verity) ([
 		*sp = SealPartition{Number: p.Number, Name: p.Name, Type: p.Type, GUID: p.GUID, FirstLBA: p.FirstLBA, LastLBA: p.LastLBA, Attributes: p.Attributes}
 		if p.Number != img.Number {
 			g.Go(func() (err error) {
-				sp.Digest, err = digestRange(f, p.Offset, p.Size)
+				sp.Digest, err = digestRange(version, f, p.Offset, p.Size)
 				return err
 			})
 		}
@@ -410,7 +414,7 @@ func sealDisk(f *os.File, l *Layout, img *Partition, fsSize int64, v *Verity) ([
 		s.Image.DigestFrom = v.HashOffset + v.HashSize
 	}
 	g.Go(func() (err error) {
-		s.Image.Digest, err = digestRange(f, img.Offset+s.Image.DigestFrom, img.Size-SealSize-s.Image.DigestFrom)
+		s.Image.Digest, err = digestRange(version, f, img.Offset+s.Image.DigestFrom, img.Size-SealSize-s.Image.DigestFrom)
 		return err
 	})
 	if err := g.Wait(); err != nil {

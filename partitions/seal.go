@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"os"
 	"strings"
@@ -27,7 +26,7 @@ import (
 const (
 	SealSize      = 64 << 10
 	sealMagic     = "KILNSEAL"
-	SealVersion   = 1
+	SealVersion   = 2
 	sealHeaderLen = len(sealMagic) + 4 // magic, uint32 length of the JSON
 )
 
@@ -100,8 +99,8 @@ func decodeSeal(b []byte) (*Seal, error) {
 	if err := dec.Decode(&s); err != nil {
 		return nil, fmt.Errorf("seal record: %w", err)
 	}
-	if s.SchemaVersion != SealVersion {
-		return nil, fmt.Errorf("seal record version %d, this kiln reads %d", s.SchemaVersion, SealVersion)
+	if s.SchemaVersion != SealVersion && s.SchemaVersion != 1 {
+		return nil, fmt.Errorf("seal record version %d, this kiln reads 1 and %d", s.SchemaVersion, SealVersion)
 	}
 	return &s, nil
 }
@@ -163,7 +162,7 @@ type span struct{ off, size int64 }
 
 // outsideDigest hashes every byte of the first size bytes of r that lies in
 // no partition and in neither GPT header sector.
-func outsideDigest(r io.ReaderAt, size, sector int64, parts []Partition, skip ...int64) (string, error) {
+func outsideDigest(version int, r io.ReaderAt, size, sector int64, parts []Partition, skip ...int64) (string, error) {
 	var inside []span
 	for _, p := range parts {
 		inside = append(inside, span{p.Offset, p.Size})
@@ -171,7 +170,7 @@ func outsideDigest(r io.ReaderAt, size, sector int64, parts []Partition, skip ..
 	for _, lba := range skip {
 		inside = append(inside, span{lba * sector, sector})
 	}
-	h := sha256.New()
+	h := newSealHash(version)
 	buf := make([]byte, MiB)
 	for off := int64(0); off < size; {
 		next := size
@@ -192,22 +191,22 @@ func outsideDigest(r io.ReaderAt, size, sector int64, parts []Partition, skip ..
 		}
 		off = next
 	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+	return h.digest(), nil
 }
 
-// digestRange is the sha256 of size bytes of r at off.
-func digestRange(r io.ReaderAt, off, size int64) (string, error) {
-	h := sha256.New()
+// digestRange is the seal's digest (of version) of size bytes of r at off.
+func digestRange(version int, r io.ReaderAt, off, size int64) (string, error) {
+	h := newSealHash(version)
 	if err := hashSpan(h, r, off, size, make([]byte, MiB)); err != nil {
 		return "", err
 	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+	return h.digest(), nil
 }
 
 // hashSpan feeds h size bytes of r at off. A file's holes (the disk file
 // kiln writes is sparse: the base's zero runs, the headroom) are hashed
 // from zeros in memory rather than read (hashHoles).
-func hashSpan(h hash.Hash, r io.ReaderAt, off, size int64, buf []byte) error {
+func hashSpan(h io.Writer, r io.ReaderAt, off, size int64, buf []byte) error {
 	// A section past the end of r would read short without an error.
 	if end, err := sizeOf(r); err == nil && off+size > end {
 		return fmt.Errorf("bytes %d-%d lie past the end of the disk (%d bytes): it is truncated", off, off+size-1, end)

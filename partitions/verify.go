@@ -124,7 +124,7 @@ func VerifyDisk(ctx context.Context, path string, o VerifyOptions) (rep *VerifyR
 		if d, err := headerDigest(f, sec); err != nil || d != s.GPTHeaders {
 			return nil, &VerifyError{"GPT headers", fmt.Errorf("differ from the build's (%v)", err)}
 		}
-		if d, err := outsideDigest(io.NewSectionReader(f, 0, s.DiskSize), s.DiskSize, sec, l.Partitions, 1, primary.alternate); err != nil {
+		if d, err := outsideDigest(s.SchemaVersion, io.NewSectionReader(f, 0, s.DiskSize), s.DiskSize, sec, l.Partitions, 1, primary.alternate); err != nil {
 			return nil, &VerifyError{"disk", err}
 		} else if d != s.Outside {
 			return nil, &VerifyError{"protective MBR, GPT entries or the gaps between partitions", errors.New("differ from what the build wrote")}
@@ -173,7 +173,7 @@ func VerifyDisk(ctx context.Context, path string, o VerifyOptions) (rep *VerifyR
 	if from < 0 || from > img.Size-SealSize {
 		return nil, &VerifyError{"seal", fmt.Errorf("image digest starts at byte %d, outside the partition", from)}
 	}
-	if d, err := digestRange(part, from, img.Size-SealSize-from); err != nil {
+	if d, err := digestRange(s.SchemaVersion, part, from, img.Size-SealSize-from); err != nil {
 		return nil, &VerifyError{ip, err}
 	} else if d != s.Image.Digest {
 		return nil, &VerifyError{ip, fmt.Errorf("bytes %d-%d differ from what the build wrote", from, img.Size-SealSize-1)}
@@ -193,7 +193,7 @@ func VerifyDisk(ctx context.Context, path string, o VerifyOptions) (rep *VerifyR
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		d, err := digestRange(f, p.Offset, int64(sp.LastLBA-sp.FirstLBA+1)*sec)
+		d, err := digestRange(s.SchemaVersion, f, p.Offset, int64(sp.LastLBA-sp.FirstLBA+1)*sec)
 		if err != nil {
 			return nil, &VerifyError{part, err}
 		}

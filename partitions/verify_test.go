@@ -318,3 +318,41 @@ func copyBytes(t *testing.T, src, dst string, off, size int64) {
 		t.Fatal(err)
 	}
 }
+
+// TestVerifyVersion1Seal: a disk an older kiln sealed (version 1: plain
+// sha256 of each span) still verifies, and still fails where it is changed:
+// the root partition, the headroom past the verity tree, a gap outside the
+// partitions.
+func TestVerifyVersion1Seal(t *testing.T) {
+	tree := stageTree(t)
+	opts := defaultOpts(t, tree)
+	opts.Base, opts.Placement, opts.sealVersion = smallBase(t), PlaceBeforeRoot, 1
+	disk, l := assemble(t, opts)
+	rep := mustVerify(t, disk, VerifyOptions{})
+	if rep.Seal.SchemaVersion != 1 {
+		t.Fatalf("seal version %d, want the 1 the test asked for", rep.Seal.SchemaVersion)
+	}
+	root, _ := l.Find("root")
+	ip, _ := l.Find(contract.PartitionName)
+	v := rep.Seal.Image.Verity
+	for name, off := range map[string]int64{
+		"root":     root.Offset + MiB + 17,
+		"headroom": ip.Offset + v.HashOffset + v.HashSize + 4096 + 3,
+		"outside":  34*512 + 100, // between the primary entries and the first partition
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := filepath.Join(t.TempDir(), "disk.raw")
+			data, err := os.ReadFile(disk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(c, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			flipByte(t, c, off)
+			if _, err := VerifyDisk(context.Background(), c, VerifyOptions{}); err == nil {
+				t.Fatalf("byte %d flipped (%s): verify said OK", off, name)
+			}
+		})
+	}
+}

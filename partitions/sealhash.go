@@ -1,0 +1,105 @@
+package partitions
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"hash"
+	"sync"
+)
+
+// sealChunk is the unit of the seal's digests since SealVersion 2: a span's
+// digest is the sha256 of the sha256s of its sealChunk-byte chunks (the last
+// one shorter), in order. Most of a disk is zeros (a base's free space, the
+// image partition's headroom), and a chunk of zeros then costs a constant
+// instead of sha256 over a MiB: the seal of a 1.6 GiB disk took 0.2 s of
+// hashing zeros. Version 1 disks (a plain sha256 of the span) still verify.
+const sealChunk = MiB
+
+// zeroChunkDigest is sha256 of sealChunk zero bytes.
+var zeroChunkDigest = sync.OnceValue(func() [sha256.Size]byte { return sha256.Sum256(zeroBlock[:sealChunk]) })
+
+// sealHash is a seal digest being computed: io.Writer, plus WriteZeros for
+// holes, and digest() once at the end.
+type sealHash interface {
+	Write(p []byte) (int, error)
+	WriteZeros(n int64)
+	digest() string
+}
+
+func newSealHash(version int) sealHash {
+	if version == 1 {
+		return plainHash{sha256.New()}
+	}
+	return &chunkedHash{outer: sha256.New(), inner: sha256.New()}
+}
+
+// plainHash is version 1's digest: sha256 of every byte.
+type plainHash struct{ hash.Hash }
+
+func (p plainHash) WriteZeros(n int64) {
+	for n > 0 {
+		c := min(n, int64(len(zeroBlock)))
+		p.Write(zeroBlock[:c])
+		n -= c
+	}
+}
+
+func (p plainHash) digest() string { return "sha256:" + hex.EncodeToString(p.Sum(nil)) }
+
+// chunkedHash is version 2's digest.
+type chunkedHash struct {
+	outer, inner hash.Hash
+	n            int // bytes of the current chunk hashed into inner
+	sum          [sha256.Size]byte
+}
+
+// Write hashes p; a whole chunk of zeros that starts on a chunk boundary
+// (a device read back, where holes cannot be told) costs a comparison.
+func (c *chunkedHash) Write(p []byte) (int, error) {
+	total := len(p)
+	for len(p) > 0 {
+		if c.n == 0 && len(p) >= sealChunk && bytes.Equal(p[:sealChunk], zeroBlock[:sealChunk]) {
+			z := zeroChunkDigest()
+			c.outer.Write(z[:])
+			p = p[sealChunk:]
+			continue
+		}
+		k := min(len(p), sealChunk-c.n)
+		c.inner.Write(p[:k])
+		c.n += k
+		p = p[k:]
+		if c.n == sealChunk {
+			c.endChunk()
+		}
+	}
+	return total, nil
+}
+
+// WriteZeros hashes n zero bytes: the chunk under way is filled, whole
+// chunks are the constant, the rest starts the next chunk.
+func (c *chunkedHash) WriteZeros(n int64) {
+	for n > 0 && c.n != 0 {
+		k := min(n, int64(sealChunk-c.n))
+		c.Write(zeroBlock[:k])
+		n -= k
+	}
+	z := zeroChunkDigest()
+	for ; n >= sealChunk; n -= sealChunk {
+		c.outer.Write(z[:])
+	}
+	c.Write(zeroBlock[:n])
+}
+
+func (c *chunkedHash) endChunk() {
+	c.outer.Write(c.inner.Sum(c.sum[:0]))
+	c.inner.Reset()
+	c.n = 0
+}
+
+func (c *chunkedHash) digest() string {
+	if c.n > 0 {
+		c.endChunk()
+	}
+	return "sha256:" + hex.EncodeToString(c.outer.Sum(nil))
+}
