@@ -94,6 +94,7 @@ func Build(ctx context.Context, recipePath string, o Options) (*Result, error) {
 		b.renderIgnition,
 		b.assembleDisk,
 		b.commit,
+		b.rememberInPlace,
 	}
 	for _, step := range steps {
 		if err := step(ctx); err != nil {

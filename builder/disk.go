@@ -95,6 +95,8 @@ func (b *build) assembleDisk(ctx context.Context) error {
 	if opts.Attrs, err = b.inPlaceAttrs(); err != nil {
 		return err
 	}
-	b.layout, err = partitions.Assemble(ctx, opts)
-	return err
+	if b.layout, err = partitions.Assemble(ctx, opts); err != nil {
+		return err
+	}
+	return b.inPlaceUnchanged()
 }

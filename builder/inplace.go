@@ -1,7 +1,9 @@
 package builder
 
 import (
+	"context"
 	"fmt"
+	"os"
 	"path"
 	"sort"
 
@@ -20,6 +22,12 @@ type inPlaceBlob struct {
 	desc  v1.Descriptor
 	image string // the first image naming it, for errors
 	src   string
+	// stamp is the file's state before the filesystem is written; checked
+	// says an earlier build found it whole in that state (fetch.Checked),
+	// so it is not hashed again, only stamped again after; verified, that
+	// this build hashed it as written and found it whole.
+	stamp             fetch.Stamp
+	checked, verified bool
 }
 
 // collectInPlace gathers the fetched images' in-place blobs, leaving out
@@ -33,7 +41,11 @@ func (b *build) collectInPlace() {
 			if _, seen := b.inPlace[d.Digest]; !ok || seen || b.cache.Has(d) {
 				continue
 			}
-			b.inPlace[d.Digest] = inPlaceBlob{path: p, desc: d, image: fi.recipe.Name, src: fi.image.Source}
+			ib := inPlaceBlob{path: p, desc: d, image: fi.recipe.Name, src: fi.image.Source}
+			if st, err := fetch.StampOf(p); err == nil {
+				ib.stamp, ib.checked = st, b.cache.Checked(d, st)
+			}
+			b.inPlace[d.Digest] = ib
 		}
 	}
 }
@@ -71,8 +83,10 @@ func (b *build) inPlaceAttrs() ([]partitions.FileAttrs, error) {
 // partitions.Assemble to hash as written (AssembleOptions.HashFiles).
 func (b *build) inPlacePaths() []string {
 	var paths []string
-	for h := range b.inPlace {
-		paths = append(paths, blobName(h))
+	for h, ib := range b.inPlace {
+		if !ib.checked {
+			paths = append(paths, blobName(h))
+		}
 	}
 	sort.Strings(paths)
 	return paths
@@ -91,6 +105,12 @@ func (b *build) checkInPlace(sums map[string]partitions.FileDigest) error {
 	}
 	sort.Slice(blobs, func(i, j int) bool { return blobs[i].desc.Digest.Hex < blobs[j].desc.Digest.Hex })
 	for _, ib := range blobs {
+		if ib.checked {
+			continue // inPlaceUnchanged
+		}
+		if err := ib.unchanged(); err != nil {
+			return err
+		}
 		got, ok := sums[blobName(ib.desc.Digest)]
 		if !ok {
 			return fmt.Errorf("image %s: blob %s was not read back from the image filesystem", ib.image, ib.desc.Digest)
@@ -98,6 +118,54 @@ func (b *build) checkInPlace(sums map[string]partitions.FileDigest) error {
 		if got.Size != ib.desc.Size || got.Digest != ib.desc.Digest.String() {
 			return fmt.Errorf("%w: image %s: blob %s, read from %s (%s): expected %d bytes with that digest, got %s (%d bytes); the source is damaged or changed during the build — copy it again, or run `kiln lock` if the change is intended; no disk was written",
 				fetch.ErrCorrupt, ib.image, ib.desc.Digest, ib.path, ib.src, ib.desc.Size, got.Digest, got.Size)
+		}
+		ib.verified = true
+		b.inPlace[ib.desc.Digest] = ib
+	}
+	return nil
+}
+
+// unchanged fails unless the blob's file is as it was stamped before the
+// filesystem was written: what the writer read is what was stamped (and,
+// for a checked blob, what an earlier build hashed).
+func (ib inPlaceBlob) unchanged() error {
+	if now, err := fetch.StampOf(ib.path); err != nil || !now.SameContent(ib.stamp) {
+		return fmt.Errorf("%w: image %s: blob %s, read from %s (%s), changed while the disk was written; no disk was written, build again",
+			fetch.ErrCorrupt, ib.image, ib.desc.Digest, ib.path, ib.src)
+	}
+	return nil
+}
+
+// inPlaceUnchanged checks, after the disk is written, that every in-place
+// blob not hashed this time (an earlier build checked its file in this
+// state) is still in that state.
+func (b *build) inPlaceUnchanged() error {
+	for _, ib := range b.inPlace {
+		if ib.checked {
+			if err := ib.unchanged(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// rememberInPlace, once the disk is committed, removes the staging tree
+// (its hard links to the sources moved their ctime, and would again) and
+// records every in-place blob found whole, by its final stamp, so the next
+// build need not hash it again. A blob that cannot be recorded is hashed
+// next time: nothing here fails the build.
+func (b *build) rememberInPlace(context.Context) error {
+	if b.work != "" {
+		os.RemoveAll(b.work)
+		b.work = ""
+	}
+	for _, ib := range b.inPlace {
+		if !ib.checked && !ib.verified {
+			continue
+		}
+		if now, err := fetch.StampOf(ib.path); err == nil && now.SameContent(ib.stamp) {
+			b.cache.RecordChecked(ib.desc, now)
 		}
 	}
 	return nil

@@ -44,6 +44,7 @@ func Open(dir string) (*Cache, error) {
 		return nil, fmt.Errorf("open blob cache: %w (set XDG_CACHE_HOME or --cache to a writable directory)", err)
 	}
 	removeStaleTemps(blobs)
+	removeStaleTemps(filepath.Join(dir, "checked", "sha256"))
 	return &Cache{dir: dir, stall: stallTimeout}, nil
 }
 

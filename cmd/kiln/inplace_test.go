@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/test/fixtures/images"
@@ -72,5 +73,63 @@ func TestInPlaceBuildMatchesCachedBuild(t *testing.T) {
 	}
 	if ha, hb := sha256File(t, a), sha256File(t, b); ha != hb {
 		t.Fatalf("in place and from the cache, the disks differ: %s vs %s", ha, hb)
+	}
+}
+
+// A rebuild from an unchanged local layout does not hash its blobs again
+// (the cache remembers the files an earlier build found whole, by their
+// state); a blob changed since, even with its mtime put back, is hashed and
+// refused, and a blob only touched is hashed and accepted.
+func TestInPlaceRebuildHashesOnlyWhatChanged(t *testing.T) {
+	f := newFixture(t, "base.raw", "fit", "false")
+	layoutDir := privateLayout(t, f)
+	_, _, layers, err := images.Blobs(layoutDir, servedRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := filepath.Join(layoutDir, "blobs", "sha256", strings.TrimPrefix(layers[0], "sha256:"))
+	// Files changed within a clock tick of the build are never remembered
+	// (fetch.racyWindow): let the fixture's files age past it.
+	time.Sleep(300 * time.Millisecond)
+
+	a := filepath.Join(f.dir, "a.raw")
+	if log := mustKiln(t, f, "build", f.recipe, "-o", a); !strings.Contains(log, "check blobs read in place: done") {
+		t.Fatalf("the first build checked nothing in place:\n%s", log)
+	}
+	b := filepath.Join(f.dir, "b.raw")
+	if log := mustKiln(t, f, "build", f.recipe, "-o", b); strings.Contains(log, "check blobs read in place") {
+		t.Errorf("the rebuild hashed unchanged blobs again:\n%s", log)
+	}
+	if ha, hb := sha256File(t, a), sha256File(t, b); ha != hb {
+		t.Fatalf("the rebuild wrote another disk: %s vs %s", ha, hb)
+	}
+
+	// Touched only: hashed again (its state changed), and whole.
+	now := time.Now()
+	if err := os.Chtimes(layer, now, now); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if log := mustKiln(t, f, "build", f.recipe, "-o", b); !strings.Contains(log, "check blobs read in place: done") {
+		t.Errorf("a touched blob was not hashed again:\n%s", log)
+	}
+
+	// Damaged in place, same size, its mtime put back: the ctime moved, so
+	// it is hashed, and the build refuses it.
+	fi, err := os.Stat(layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flipByte(t, layer, fi.Size()/2)
+	if err := os.Chtimes(layer, fi.ModTime(), fi.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	c := filepath.Join(f.dir, "c.raw")
+	msg, code := kiln(t, f, "build", f.recipe, "-o", c)
+	if code == 0 || !strings.Contains(msg, "the source is damaged or changed") {
+		t.Fatalf("a blob damaged after a build that checked it: exit %d\n%s", code, msg)
+	}
+	if _, err := os.Stat(c); !os.IsNotExist(err) {
+		t.Errorf("a disk was written from a damaged blob: %v", err)
 	}
 }
