@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 )
 
@@ -18,7 +20,8 @@ import (
 // what changed, as a rebuild from the cache does. A stamp is only as good
 // as "the file was not written since": any write or replacement changes its
 // ctime, which no user can set back; a file changed within the clock's
-// granularity of being stamped is never recorded (racyWindow).
+// granularity of being stamped is never recorded (racyWindow), nor a file on
+// a filesystem that may not move ctime (stampable).
 
 // Stamp is a source file's state: device, inode, size, and the times any
 // write or replacement moves.
@@ -30,6 +33,18 @@ type Stamp struct {
 	Mtime int64  `json:"mtimeNs"`
 	Ctime int64  `json:"ctimeNs"`
 	taken time.Time
+	local bool // on a filesystem known to move ctime on every write (stampable)
+}
+
+// stampable are the filesystems whose ctime moves with every change of the
+// file, through them and nothing else (statfs f_type). FUSE, network and
+// overlay filesystems may keep or fake ctime: files there are always hashed.
+var stampable = map[int64]bool{
+	unix.EXT4_SUPER_MAGIC:  true, // ext2/3/4
+	unix.XFS_SUPER_MAGIC:   true,
+	unix.BTRFS_SUPER_MAGIC: true,
+	unix.TMPFS_MAGIC:       true,
+	unix.F2FS_SUPER_MAGIC:  true,
 }
 
 // StampOf stamps the file at path (following a symlink, as a reader's open
@@ -40,8 +55,10 @@ func StampOf(path string) (Stamp, error) {
 	if err := syscall.Stat(path, &st); err != nil {
 		return Stamp{}, &os.PathError{Op: "stat", Path: path, Err: err}
 	}
+	var fs unix.Statfs_t
+	local := unix.Statfs(path, &fs) == nil && stampable[int64(fs.Type)]
 	return Stamp{Path: path, Dev: uint64(st.Dev), Ino: st.Ino, Size: st.Size,
-		Mtime: st.Mtim.Nano(), Ctime: st.Ctim.Nano(), taken: now}, nil
+		Mtime: st.Mtim.Nano(), Ctime: st.Ctim.Nano(), taken: now, local: local}, nil
 }
 
 // Same reports whether s and o are one file in one state.
@@ -75,7 +92,7 @@ func (c *Cache) Checked(d v1.Descriptor, s Stamp) bool {
 	if json.Unmarshal(data, &rec) != nil {
 		return false
 	}
-	return s.Size == d.Size && rec.Same(s)
+	return s.local && s.Size == d.Size && rec.Same(s)
 }
 
 // RecordChecked notes that the file s stamps holds blob d's bytes: the
@@ -84,7 +101,7 @@ func (c *Cache) Checked(d v1.Descriptor, s Stamp) bool {
 // build compares its ctime too). A stamp taken too soon after the file's
 // last write is not recorded.
 func (c *Cache) RecordChecked(d v1.Descriptor, s Stamp) error {
-	if s.Size != d.Size || s.taken.Sub(time.Unix(0, s.Mtime)) < racyWindow {
+	if !s.local || s.Size != d.Size || s.taken.Sub(time.Unix(0, s.Mtime)) < racyWindow {
 		return nil
 	}
 	dir := filepath.Dir(c.checkedPath(d.Digest))

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 )
 
@@ -80,6 +82,27 @@ func TestChecked(t *testing.T) {
 			}
 		})
 	}
+	t.Run("on a filesystem not known to move ctime", func(t *testing.T) {
+		t.Parallel()
+		c, err := Open(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		if err := unix.Mount("ramfs", dir, "ramfs", 0, ""); err != nil {
+			t.Fatalf("mount ramfs (the tests run as root): %v", err)
+		}
+		t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+		p := filepath.Join(dir, "blob")
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(racyWindow + 50*time.Millisecond)
+		record(t, c, p)
+		if checked(t, c, p) {
+			t.Error("a file on ramfs was recorded")
+		}
+	})
 	t.Run("written just before it was stamped", func(t *testing.T) {
 		t.Parallel()
 		c, err := Open(t.TempDir())
