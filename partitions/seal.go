@@ -194,15 +194,6 @@ func outsideDigest(version int, r io.ReaderAt, size, sector int64, parts []Parti
 	return h.digest(), nil
 }
 
-// digestRange is the seal's digest (of version) of size bytes of r at off.
-func digestRange(version int, r io.ReaderAt, off, size int64) (string, error) {
-	h := newSealHash(version)
-	if err := hashSpan(h, r, off, size, make([]byte, MiB)); err != nil {
-		return "", err
-	}
-	return h.digest(), nil
-}
-
 // hashSpan feeds h size bytes of r at off. A file's holes (the disk file
 // kiln writes is sparse: the base's zero runs, the headroom) are hashed
 // from zeros in memory rather than read (hashHoles).

@@ -5,7 +5,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"hash"
+	"io"
+	"runtime"
 	"sync"
+
+	"golang.org/x/sync/errgroup"
 )
 
 // sealChunk is the unit of the seal's digests since SealVersion 2: a span's
@@ -34,6 +38,45 @@ func newSealHash(version int) sealHash {
 	return &chunkedHash{outer: sha256.New(), inner: sha256.New()}
 }
 
+// parallelSpan is the size above which a version 2 digest is computed on
+// every CPU: its chunks are independent, so each CPU hashes a run of them
+// and the runs' chunk digests are hashed in order.
+const parallelSpan = 64 * MiB
+
+// digestRange is the seal digest (of version) of size bytes of r at off.
+func digestRange(version int, r io.ReaderAt, off, size int64) (string, error) {
+	cpus := int64(runtime.GOMAXPROCS(0))
+	if version == 1 || size < parallelSpan || cpus == 1 {
+		h := newSealHash(version)
+		if err := hashSpan(h, r, off, size, make([]byte, MiB)); err != nil {
+			return "", err
+		}
+		return h.digest(), nil
+	}
+	per := (size/cpus + sealChunk - 1) / sealChunk * sealChunk // whole chunks, so the runs join
+	runs := make([]bytes.Buffer, (size+per-1)/per)
+	var g errgroup.Group
+	for i := range runs {
+		from := int64(i) * per
+		g.Go(func() error {
+			c := &chunkedHash{outer: &runs[i], inner: sha256.New()}
+			if err := hashSpan(c, r, off+from, min(per, size-from), make([]byte, MiB)); err != nil {
+				return err
+			}
+			c.endChunk()
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return "", err
+	}
+	outer := sha256.New()
+	for i := range runs {
+		outer.Write(runs[i].Bytes())
+	}
+	return "sha256:" + hex.EncodeToString(outer.Sum(nil)), nil
+}
+
 // plainHash is version 1's digest: sha256 of every byte.
 type plainHash struct{ hash.Hash }
 
@@ -49,9 +92,10 @@ func (p plainHash) digest() string { return "sha256:" + hex.EncodeToString(p.Sum
 
 // chunkedHash is version 2's digest.
 type chunkedHash struct {
-	outer, inner hash.Hash
-	n            int // bytes of the current chunk hashed into inner
-	sum          [sha256.Size]byte
+	outer io.Writer // the chunks' digests: a hash.Hash, or a run's buffer (digestRange)
+	inner hash.Hash
+	n     int // bytes of the current chunk hashed into inner
+	sum   [sha256.Size]byte
 }
 
 // Write hashes p; a whole chunk of zeros that starts on a chunk boundary
@@ -91,15 +135,17 @@ func (c *chunkedHash) WriteZeros(n int64) {
 	c.Write(zeroBlock[:n])
 }
 
+// endChunk ends the chunk under way, if any.
 func (c *chunkedHash) endChunk() {
+	if c.n == 0 {
+		return
+	}
 	c.outer.Write(c.inner.Sum(c.sum[:0]))
 	c.inner.Reset()
 	c.n = 0
 }
 
 func (c *chunkedHash) digest() string {
-	if c.n > 0 {
-		c.endChunk()
-	}
-	return "sha256:" + hex.EncodeToString(c.outer.Sum(nil))
+	c.endChunk()
+	return "sha256:" + hex.EncodeToString(c.outer.(hash.Hash).Sum(nil))
 }

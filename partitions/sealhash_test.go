@@ -3,7 +3,10 @@ package partitions
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"io"
 	"math/rand"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -96,5 +99,50 @@ func TestChunkedHash(t *testing.T) {
 				t.Errorf("byte %d flipped: digest unchanged", i)
 			}
 		})
+	}
+}
+
+// TestDigestRangeOnEveryCPU: a span hashed in runs on every CPU has the
+// digest of the same span hashed in one go, holes or not, whatever its
+// size and offset.
+func TestDigestRangeOnEveryCPU(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewSource(2))
+	f, err := os.Create(filepath.Join(t.TempDir(), "disk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	const size = 3*parallelSpan + 12345
+	if err := f.Truncate(size); err != nil { // holes, with data here and there
+		t.Fatal(err)
+	}
+	for _, at := range []int64{0, sealChunk - 7, parallelSpan + 3, 2*parallelSpan - 100, size - 5000} {
+		b := make([]byte, 5000)
+		rng.Read(b)
+		if _, err := f.WriteAt(b, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, span := range []struct{ off, size int64 }{
+		{0, size}, {1, size - 1}, {sealChunk + 9, 2*parallelSpan + 1}, {0, parallelSpan}, {17, parallelSpan - 1},
+	} {
+		one := newSealHash(SealVersion)
+		if err := hashSpan(one, f, span.off, span.size, make([]byte, MiB)); err != nil {
+			t.Fatal(err)
+		}
+		want := one.digest()
+		got, err := digestRange(SealVersion, f, span.off, span.size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("bytes %d+%d: on every CPU %s, in one go %s", span.off, span.size, got, want)
+		}
+		// And through a plain reader (no holes to seek), the same again.
+		got, err = digestRange(SealVersion, io.NewSectionReader(struct{ io.ReaderAt }{f}, 0, size), span.off, span.size)
+		if err != nil || got != want {
+			t.Errorf("bytes %d+%d read plainly: %s, %v; want %s", span.off, span.size, got, err, want)
+		}
 	}
 }
