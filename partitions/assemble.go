@@ -210,13 +210,32 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	// 4. The verity tree (and the files' check) and the base partitions,
 	// byte for byte, at once: disjoint ranges of the disk file, one mostly
 	// CPU, the other mostly I/O.
+	// The disk at its full size first: the seal's digest of the image
+	// partition reads to the partition's end.
+	if err := opts.Output.Truncate(size); err != nil {
+		return nil, fmt.Errorf("grow disk to %s: %w", human(size), err)
+	}
+	version := cmp.Or(opts.sealVersion, SealVersion)
+	// The seal's digest of the image partition: what verity does not cover,
+	// to the seal. Without verity that is the whole filesystem, hashed now,
+	// while the disk writes it back (later, Ignition's fsync waits for that).
+	var image SealImage
+	imageDigest := func(from int64) (err error) {
+		image.DigestFrom = from
+		image.Digest, err = digestRange(version, opts.Output, start+from, partSize-SealSize-from)
+		return err
+	}
 	steps, stepsCtx := errgroup.WithContext(ctx)
 	steps.Go(func() error { return copyBase(stepsCtx, opts, g.segments()) })
 	if !opts.NoVerity {
 		steps.Go(func() (err error) {
-			id.Verity, err = writeImageVerity(stepsCtx, opts, start, fsSize, files)
-			return err
+			if id.Verity, err = writeImageVerity(stepsCtx, opts, start, fsSize, files); err != nil {
+				return err
+			}
+			return imageDigest(id.Verity.HashOffset + id.Verity.HashSize)
 		})
+	} else {
+		steps.Go(func() error { return imageDigest(0) })
 	}
 	if err := steps.Wait(); err != nil {
 		return nil, err
@@ -227,9 +246,6 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 			return nil, err
 		}
 		id.PartitionGUID = strings.ToLower(g)
-	}
-	if err := opts.Output.Truncate(size); err != nil {
-		return nil, fmt.Errorf("grow disk to %s: %w", human(size), err)
 	}
 
 	// 5. The new partition table.
@@ -270,7 +286,8 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	// 7. The seal, last: it records every byte written so far, and its
 	// digest becomes the disk GUID (only the GPT headers change).
 	img, _ := l.Find(opts.PartitionName)
-	seal, err := sealDisk(cmp.Or(opts.sealVersion, SealVersion), opts.Output, l, img, fsSize, id.Verity)
+	image.FSSize, image.Verity = fsSize, id.Verity
+	seal, err := sealDisk(version, opts.Output, l, img, image)
 	if err != nil {
 		return nil, fmt.Errorf("seal the disk: %w", err)
 	}
@@ -379,7 +396,7 @@ func writeImageVerity(ctx context.Context, opts AssembleOptions, start, fsSize i
 
 // sealDisk writes the seal at the end of the image partition and returns
 // its area.
-func sealDisk(version int, f *os.File, l *Layout, img *Partition, fsSize int64, v *Verity) ([]byte, error) {
+func sealDisk(version int, f *os.File, l *Layout, img *Partition, image SealImage) ([]byte, error) {
 	sector := int64(l.SectorSize)
 	s := &Seal{SchemaVersion: version, DiskSize: l.Size, SectorSize: l.SectorSize}
 	var err error
@@ -409,14 +426,7 @@ func sealDisk(version int, f *os.File, l *Layout, img *Partition, fsSize int64, 
 			})
 		}
 	}
-	s.Image = SealImage{FSSize: fsSize, Verity: v}
-	if v != nil {
-		s.Image.DigestFrom = v.HashOffset + v.HashSize
-	}
-	g.Go(func() (err error) {
-		s.Image.Digest, err = digestRange(version, f, img.Offset+s.Image.DigestFrom, img.Size-SealSize-s.Image.DigestFrom)
-		return err
-	})
+	s.Image = image
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
