@@ -72,9 +72,10 @@ func (s Stamp) SameContent(o Stamp) bool {
 }
 
 // racyWindow: a file whose mtime is this close to when it was stamped may
-// be written again within the same clock tick without its mtime moving (the "racy git" problem), so its stamp is not recorded. File
-// times come from the kernel's coarse clock, a tick of 1-10 ms (HZ 1000 to
-// 100); the window is ten times the longest.
+// be written again within the same clock tick without its mtime moving
+// (git's "racy" case), so its stamp is not recorded. File times come from
+// the kernel's coarse clock, a tick of 1-10 ms (HZ 1000 to 100); the window
+// is ten times the longest.
 const racyWindow = 100 * time.Millisecond
 
 func (c *Cache) checkedPath(h v1.Hash) string {
