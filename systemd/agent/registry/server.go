@@ -239,7 +239,7 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request) {
 }
 
 // countingWriter records the status and body bytes of a response. It keeps
-// io.ReaderFrom so blobs still go out with sendfile(2).
+// io.ReaderFrom, so a body copied to it is not copied once more.
 type countingWriter struct {
 	http.ResponseWriter
 	status      int
