@@ -12,11 +12,12 @@ BIN       := out/kiln
 # that starts without their package inits (docs/decisions.md).
 AGENT_BIN := out/kiln-agent
 
-# Debian packages the build and the tests need.
+# Debian packages the build and the tests need (qemu-system-x86: the e2e
+# harness's own tests drive a stopped QEMU through its monitor).
 APT_PKGS := gdisk squashfs-tools e2fsprogs dosfstools mtools fdisk skopeo podman \
-            ignition zstd xz-utils util-linux openssl cryptsetup-bin systemd
+            ignition zstd xz-utils util-linux openssl cryptsetup-bin systemd qemu-system-x86
 # gcc + libc6-dev: the e2e fixture builds CRI-O's pinns helper (static C).
-APT_E2E  := qemu-system-x86 ovmf debootstrap gcc libc6-dev make
+APT_E2E  := ovmf debootstrap gcc libc6-dev make
 # The reference registry the benchmarks measure kiln serve against.
 APT_BENCH := docker-registry
 
