@@ -62,7 +62,7 @@ bench: deps-bench build
 
 # Each fuzz target runs briefly (FUZZTIME); corpora found failing land in testdata/fuzz.
 FUZZTIME ?= 10s
-FUZZ_TARGETS := ./builder/preload/internal/layerscan:FuzzTar ./partitions:FuzzDiskReaders ./recipes:FuzzLoad ./systemd/agent/registry:FuzzParseName ./systemd/agent/registry:FuzzRoute ./systemd/agent/registry:FuzzValidDigest ./partitions:FuzzRawSquashfs
+FUZZ_TARGETS := ./builder/preload/internal/layerscan:FuzzTar ./partitions:FuzzDiskReaders ./recipes:FuzzLoad ./systemd/agent/registry:FuzzParseName ./systemd/agent/registry:FuzzRoute ./systemd/agent/registry:FuzzValidDigest ./partitions:FuzzRawSquashfs ./systemd/contract:FuzzRegistryIndex
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; fn=$${t##*:}; \

@@ -34,12 +34,11 @@ func TestWriteRegistryIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(dir, contract.RegistryIndexFile)
-	f, err := os.Open(path)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ix, err := contract.DecodeRegistryIndex(f)
-	f.Close()
+	ix, err := contract.DecodeRegistryIndex(b)
 	if err != nil {
 		t.Fatal(err)
 	}

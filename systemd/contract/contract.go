@@ -5,7 +5,7 @@
 //
 //	/kiln.json          Contents, written last by the builder
 //	/oci/               OCI image layout (index.json, oci-layout, blobs/sha256/…)
-//	/oci/kiln-registry-index.json  the node registry's index of it (RegistryIndex)
+//	/oci/kiln-registry-index.bin  the node registry's index of it (RegistryIndex)
 //	/storage/           containers/storage store (overlay driver), if any image is preloaded
 //	/bin/kiln           the kiln binary the node's units run (agent, serve)
 package contract

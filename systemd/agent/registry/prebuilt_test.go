@@ -156,9 +156,7 @@ func TestPrebuiltFallback(t *testing.T) {
 		return func(t testing.TB, dir string) {
 			writePrebuilt(t, dir)
 			p := filepath.Join(dir, contract.RegistryIndexFile)
-			f := must(os.Open(p))
-			ix := must(contract.DecodeRegistryIndex(f))
-			f.Close()
+			ix := must(contract.DecodeRegistryIndex(must(os.ReadFile(p))))
 			change(ix)
 			os.WriteFile(p, must(contract.EncodeRegistryIndex(ix)), 0o644)
 		}
@@ -170,9 +168,20 @@ func TestPrebuiltFallback(t *testing.T) {
 	}{
 		{"no index (older partition, plain layout)", func(testing.TB, string) {}, ""},
 		{"unknown version", edit(func(ix *contract.RegistryIndex) { ix.SchemaVersion = 99 }), "schema version 99"},
-		{"not JSON", func(t testing.TB, dir string) {
-			os.WriteFile(filepath.Join(dir, contract.RegistryIndexFile), []byte("{\"schemaVersion\":1,"), 0o644)
-		}, "prebuilt registry index not used"},
+		{"schema 1 (JSON)", func(t testing.TB, dir string) {
+			os.WriteFile(filepath.Join(dir, contract.RegistryIndexFile), []byte("{\"schemaVersion\":1}\n"), 0o644)
+		}, "not a kiln registry index"},
+		{"truncated", func(t testing.TB, dir string) {
+			writePrebuilt(t, dir)
+			p := filepath.Join(dir, contract.RegistryIndexFile)
+			b := must(os.ReadFile(p))
+			os.WriteFile(p, b[:len(b)-1], 0o644)
+		}, "truncated or damaged"},
+		{"trailing bytes", func(t testing.TB, dir string) {
+			writePrebuilt(t, dir)
+			p := filepath.Join(dir, contract.RegistryIndexFile)
+			os.WriteFile(p, append(must(os.ReadFile(p)), 0), 0o644)
+		}, "1 bytes after the last image"},
 		{"a symlink", func(t testing.TB, dir string) {
 			writePrebuilt(t, dir)
 			p := filepath.Join(dir, contract.RegistryIndexFile)
@@ -186,14 +195,11 @@ func TestPrebuiltFallback(t *testing.T) {
 			ix.Manifests[0].Layers = append(ix.Manifests[0].Layers, ix.BlobCount())
 		}), "which the index does not hold"},
 		{"an index references a manifest it does not hold", edit(func(ix *contract.RegistryIndex) {
-			ix.Manifests[0].Children = []int{-1}
+			ix.Manifests[0].Children = []int{len(ix.Manifests)}
 		}), "which the index does not hold"},
-		{"a digest that is not a path", edit(func(ix *contract.RegistryIndex) {
-			ix.Blobs = strings.Repeat("../", 21) + "x" + ix.Blobs[64:]
-		}), "not sha256:<64 hex>"},
-		{"blobs and sizes of different lengths", edit(func(ix *contract.RegistryIndex) {
-			ix.Sizes = append(ix.Sizes, 1)
-		}), "want 64 each"},
+		{"a subject that is not a digest", edit(func(ix *contract.RegistryIndex) {
+			ix.Manifests[0].Subject = "sha256:../../etc/passwd"
+		}), "out of bounds"},
 		{"a media type out of bounds", edit(func(ix *contract.RegistryIndex) {
 			ix.Manifests[1].MediaType = len(ix.MediaTypes)
 		}), "out of bounds"},

@@ -1,0 +1,127 @@
+package contract
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func sampleIndex() *RegistryIndex {
+	return &RegistryIndex{
+		SchemaVersion: RegistryIndexVersion,
+		Blobs:         strings.Repeat("0a", 32) + strings.Repeat("1b", 32) + strings.Repeat("ff", 32),
+		Sizes:         []int64{512, 1 << 40, 0},
+		MediaTypes:    []string{"application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.index.v1+json"},
+		Manifests: []IndexedManifest{
+			{Blob: 0, MediaType: 0, Layers: []int{1, 2}},
+			{Blob: 1, MediaType: 1, ArtifactType: "application/spdx+json", Subject: "sha256:" + strings.Repeat("0a", 32),
+				Annotations: map[string]string{"z": "last", "a": "first", "org.opencontainers.image.created": "2026-11-24T00:00:00Z"},
+				Children:    []int{0}},
+		},
+		Images: []IndexedImage{{Repository: "quay.io/acme/app", Tag: "1.2", Manifest: 0}, {Repository: "quay.io/acme/multi", Manifest: 1}},
+	}
+}
+
+// TestRegistryIndexRoundTrip: what is encoded decodes to the same index,
+// and the same index always encodes to the same bytes (annotations are a
+// map: their order must not leak into a reproducible partition).
+func TestRegistryIndexRoundTrip(t *testing.T) {
+	ix := sampleIndex()
+	b, err := EncodeRegistryIndex(ix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(b), "kiln registry index\n") {
+		t.Errorf("no magic line: %q", b[:20])
+	}
+	for i := 0; i < 20; i++ {
+		if again, _ := EncodeRegistryIndex(ix); string(again) != string(b) {
+			t.Fatal("the same index encoded to different bytes")
+		}
+	}
+	got, err := DecodeRegistryIndex(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix.Manifests[0].Annotations = nil // absent and empty are the same on the wire
+	if !reflect.DeepEqual(got, ix) {
+		t.Errorf("round trip:\n got %+v\nwant %+v", got, ix)
+	}
+}
+
+// TestRegistryIndexRejects: what the node must not use is an error that
+// says what is wrong, never a panic or an allocation the file cannot back.
+func TestRegistryIndexRejects(t *testing.T) {
+	good, err := EncodeRegistryIndex(sampleIndex())
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := sampleIndex()
+	other.SchemaVersion = 3
+	v3, _ := EncodeRegistryIndex(other)
+	magic := len(registryIndexMagic)
+	for _, tc := range []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"empty", nil, "no magic line"},
+		{"schema 1 (JSON)", []byte(`{"schemaVersion":1,"blobs":""}`), "no magic line"},
+		{"another version", v3, "schema version 3, this kiln reads 2"},
+		{"truncated", good[:len(good)-3], "truncated or damaged"},
+		{"trailing bytes", append(append([]byte{}, good...), 'x'), "1 bytes after the last image"},
+		// version 2, then 2^62 blobs in a file of a few bytes.
+		{"a count larger than the file", append([]byte(registryIndexMagic), 2, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x40), "a list longer than the file"},
+		{"a varint too long", append([]byte(registryIndexMagic), 2, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f), "a number"},
+		{"damaged magic", append([]byte("kiln registry indeX\n"), good[magic:]...), "no magic line"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := DecodeRegistryIndex(tc.data)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), RegistryIndexFile) {
+				t.Errorf("got %v, want an error naming %s and saying %q", err, RegistryIndexFile, tc.want)
+			}
+			if tc.name == "another version" && !errors.Is(err, ErrRegistryIndexVersion) {
+				t.Errorf("%v is not ErrRegistryIndexVersion", err)
+			}
+		})
+	}
+	bad := sampleIndex()
+	bad.Manifests[0].Layers = []int{-1}
+	if _, err := EncodeRegistryIndex(bad); err == nil {
+		t.Error("a negative position was encoded")
+	}
+	bad = sampleIndex()
+	bad.Blobs = bad.Blobs[:64] + strings.Repeat("../", 21) + "x" + bad.Blobs[128:]
+	if _, err := EncodeRegistryIndex(bad); err == nil {
+		t.Error("a digest that is not hex was encoded")
+	}
+}
+
+// FuzzRegistryIndex: any bytes decode to an index or an error; an index
+// decoded encodes again and decodes to the same index.
+func FuzzRegistryIndex(f *testing.F) {
+	good, err := EncodeRegistryIndex(sampleIndex())
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(good)
+	f.Add([]byte(registryIndexMagic))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		ix, err := DecodeRegistryIndex(data)
+		if err != nil {
+			return
+		}
+		b, err := EncodeRegistryIndex(ix)
+		if err != nil {
+			t.Fatalf("decoded index does not encode: %v", err)
+		}
+		again, err := DecodeRegistryIndex(b)
+		if err != nil {
+			t.Fatalf("re-encoded index does not decode: %v", err)
+		}
+		if !reflect.DeepEqual(again, ix) {
+			t.Fatalf("round trip changed the index:\n%+v\n%+v", ix, again)
+		}
+	})
+}
