@@ -40,7 +40,7 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, repo *reposito
 			return
 		}
 	}
-	if !repo.manifests[digest] {
+	if manifests, _ := s.ix.members(repo); !manifests[digest] {
 		newError(http.StatusNotFound, codeManifestUnknown, fmt.Sprintf("manifest %s@%s is not on this node", rt.name, digest)).write(w)
 		return
 	}
@@ -62,7 +62,7 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, repo *reposito
 // a file that shrinks while being sent aborts the connection; the first
 // full read of each blob is hashed (verifyingReader), later ones are not.
 func (s *Server) blob(w http.ResponseWriter, r *http.Request, repo *repository, rt route) {
-	if !repo.blobs[rt.ref] {
+	if _, blobs := s.ix.members(repo); !blobs[rt.ref] {
 		newError(http.StatusNotFound, codeBlobUnknown, fmt.Sprintf("blob %s is not in repository %s on this node", rt.ref, rt.name)).write(w)
 		return
 	}

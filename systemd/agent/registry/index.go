@@ -57,12 +57,17 @@ type manifest struct {
 }
 
 // repository is one served repository: its tags and everything a pull of
-// it may fetch.
+// it may fetch. What it may fetch (members) is worked out on the first
+// request that needs it, not at start: a node with thousands of images
+// answers sooner, and most repositories are pulled once per boot at most.
 type repository struct {
-	tags      map[string]string // tag → manifest digest
-	tagList   []string          // in lexicalOrder
-	manifests map[string]bool
-	blobs     map[string]bool
+	tags    map[string]string // tag → manifest digest
+	tagList []string          // in lexicalOrder
+	named   []string          // manifests named in it (by tag or digest), in order
+
+	closure   sync.Once
+	manifests map[string]bool // the named manifests, their children and referrers
+	blobs     map[string]bool // those manifests and their config and layers
 }
 
 // index is everything the server knows, loaded once at start.
@@ -369,16 +374,17 @@ func readVerified(path string, d ocispec.Descriptor) ([]byte, error) {
 	return data, nil
 }
 
-// addToRepo puts manifest digest (and what it references) in repo, under
-// tag if set. The first source to tag repo:tag wins the tag; the other
-// manifest stays pullable by digest (a rollback target's image, say).
+// addToRepo names manifest digest in repo, under tag if set. The first
+// source to tag repo:tag wins the tag; the other manifest stays pullable by
+// digest (a rollback target's image, say).
 func (l *loader) addToRepo(repoName, tag, digest, where string) {
 	l.named = append(l.named, named{repoName, tag, digest})
 	r := l.ix.repos[repoName]
 	if r == nil {
-		r = &repository{tags: map[string]string{}, manifests: map[string]bool{}, blobs: map[string]bool{}}
+		r = &repository{tags: map[string]string{}}
 		l.ix.repos[repoName] = r
 	}
+	r.named = append(r.named, digest)
 	if tag != "" {
 		if old, ok := r.tags[tag]; ok && old != digest {
 			l.log.Warn("tag present twice with different digests; the first source wins it (the other is served by digest only)",
@@ -387,30 +393,9 @@ func (l *loader) addToRepo(repoName, tag, digest, where string) {
 			r.tags[tag] = digest
 		}
 	}
-	l.addClosure(r, digest)
 }
 
-// addClosure adds manifest digest, its children and their blobs to r.
-func (l *loader) addClosure(r *repository, digest string) {
-	if r.manifests[digest] {
-		return
-	}
-	m := l.ix.manifests[digest]
-	if m == nil {
-		return
-	}
-	r.manifests[digest] = true
-	r.blobs[digest] = true
-	for _, b := range m.blobs {
-		r.blobs[b] = true
-	}
-	for _, c := range m.children {
-		l.addClosure(r, c)
-	}
-}
-
-// finish links referrers to their subjects, adds each referrer to every
-// repository holding its subject, and sorts the lists served.
+// finish links referrers to their subjects and sorts the lists served.
 func (l *loader) finish() {
 	ix := l.ix
 	for d, m := range ix.manifests {
@@ -421,19 +406,9 @@ func (l *loader) finish() {
 	for _, refs := range ix.referrers {
 		sort.Strings(refs)
 	}
+	ix.repoList = make([]string, 0, len(ix.repos))
 	for name, r := range ix.repos {
-		// Referrers of referrers (a signature of an SBOM) too: repeat until stable.
-		for changed := true; changed; {
-			changed = false
-			for d := range r.manifests {
-				for _, ref := range ix.referrers[d] {
-					if !r.manifests[ref] {
-						l.addClosure(r, ref)
-						changed = true
-					}
-				}
-			}
-		}
+		r.tagList = make([]string, 0, len(r.tags))
 		for t := range r.tags {
 			r.tagList = append(r.tagList, t)
 		}
@@ -441,6 +416,49 @@ func (l *loader) finish() {
 		ix.repoList = append(ix.repoList, name)
 	}
 	sortLexical(ix.repoList)
+}
+
+// members returns what r serves, worked out on the first call: its named
+// manifests, their children and blobs, and every referrer of any of them
+// (referrers of referrers too: a signature of an SBOM).
+func (ix *index) members(r *repository) (manifests, blobs map[string]bool) {
+	r.closure.Do(func() {
+		r.manifests, r.blobs = map[string]bool{}, map[string]bool{}
+		for _, d := range r.named {
+			ix.addClosure(r, d)
+		}
+		for changed := true; changed; {
+			changed = false
+			for d := range r.manifests {
+				for _, ref := range ix.referrers[d] {
+					if !r.manifests[ref] {
+						ix.addClosure(r, ref)
+						changed = true
+					}
+				}
+			}
+		}
+	})
+	return r.manifests, r.blobs
+}
+
+// addClosure adds manifest digest, its children and their blobs to r.
+func (ix *index) addClosure(r *repository, digest string) {
+	if r.manifests[digest] {
+		return
+	}
+	m := ix.manifests[digest]
+	if m == nil {
+		return
+	}
+	r.manifests[digest] = true
+	r.blobs[digest] = true
+	for _, b := range m.blobs {
+		r.blobs[b] = true
+	}
+	for _, c := range m.children {
+		ix.addClosure(r, c)
+	}
 }
 
 // referrersIndex renders the referrers of subject within repo as an OCI
@@ -451,9 +469,10 @@ func (ix *index) referrersIndex(r *repository, subject, artifactType string) []b
 		MediaType: ocispec.MediaTypeImageIndex,
 		Manifests: []ocispec.Descriptor{},
 	}
+	members, _ := ix.members(r)
 	for _, d := range ix.referrers[subject] {
 		m := ix.manifests[d]
-		if !r.manifests[d] || (artifactType != "" && m.artifactType != artifactType) {
+		if !members[d] || (artifactType != "" && m.artifactType != artifactType) {
 			continue
 		}
 		out.Manifests = append(out.Manifests, ocispec.Descriptor{

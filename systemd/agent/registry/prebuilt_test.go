@@ -59,6 +59,11 @@ func TestPrebuiltIndexMatchesLayout(t *testing.T) {
 	if fs != ps {
 		t.Errorf("stats: indexed at start %+v, prebuilt %+v", fs, ps)
 	}
+	for _, s := range []*Server{full, pre} {
+		for _, r := range s.ix.repos {
+			s.ix.members(r) // worked out on request: compared once worked out
+		}
+	}
 	if !reflect.DeepEqual(full.ix.repos, pre.ix.repos) || !reflect.DeepEqual(full.ix.repoList, pre.ix.repoList) {
 		t.Errorf("repositories differ")
 	}
