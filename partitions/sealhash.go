@@ -80,13 +80,7 @@ func digestRange(version int, r io.ReaderAt, off, size int64) (string, error) {
 // plainHash is version 1's digest: sha256 of every byte.
 type plainHash struct{ hash.Hash }
 
-func (p plainHash) WriteZeros(n int64) {
-	for n > 0 {
-		c := min(n, int64(len(zeroBlock)))
-		p.Write(zeroBlock[:c])
-		n -= c
-	}
-}
+func (p plainHash) WriteZeros(n int64) { writeZeros(p.Hash, n) }
 
 func (p plainHash) digest() string { return "sha256:" + hex.EncodeToString(p.Sum(nil)) }
 

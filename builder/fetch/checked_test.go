@@ -18,16 +18,20 @@ func TestChecked(t *testing.T) {
 	t.Parallel()
 	data := []byte("layer bytes")
 	d := v1.Descriptor{Size: int64(len(data)), Digest: v1.Hash{Algorithm: "sha256", Hex: "4c2b000000000000000000000000000000000000000000000000000000000000"}}
-	aged := func(t *testing.T) (*Cache, string) {
+	// blobIn opens a cache and writes the blob into dir; aged, it is then
+	// left past the racy window.
+	blobIn := func(t *testing.T, dir string, aged bool) (*Cache, string) {
 		c, err := Open(t.TempDir())
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := filepath.Join(t.TempDir(), "blob")
+		p := filepath.Join(dir, "blob")
 		if err := os.WriteFile(p, data, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(racyWindow + 50*time.Millisecond) // past the racy window
+		if aged {
+			time.Sleep(racyWindow + 50*time.Millisecond)
+		}
 		return c, p
 	}
 	record := func(t *testing.T, c *Cache, p string) {
@@ -71,7 +75,7 @@ func TestChecked(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			c, p := aged(t)
+			c, p := blobIn(t, t.TempDir(), true)
 			if checked(t, c, p) {
 				t.Fatal("checked before anything was recorded")
 			}
@@ -84,20 +88,12 @@ func TestChecked(t *testing.T) {
 	}
 	t.Run("on a filesystem not known to move ctime", func(t *testing.T) {
 		t.Parallel()
-		c, err := Open(t.TempDir())
-		if err != nil {
-			t.Fatal(err)
-		}
 		dir := t.TempDir()
 		if err := unix.Mount("ramfs", dir, "ramfs", 0, ""); err != nil {
 			t.Fatalf("mount ramfs (the tests run as root): %v", err)
 		}
 		t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
-		p := filepath.Join(dir, "blob")
-		if err := os.WriteFile(p, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(racyWindow + 50*time.Millisecond)
+		c, p := blobIn(t, dir, true)
 		record(t, c, p)
 		if checked(t, c, p) {
 			t.Error("a file on ramfs was recorded")
@@ -105,14 +101,7 @@ func TestChecked(t *testing.T) {
 	})
 	t.Run("written just before it was stamped", func(t *testing.T) {
 		t.Parallel()
-		c, err := Open(t.TempDir())
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := filepath.Join(t.TempDir(), "blob")
-		if err := os.WriteFile(p, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		c, p := blobIn(t, t.TempDir(), false)
 		record(t, c, p)
 		if checked(t, c, p) {
 			t.Error("a file written within the racy window was recorded")

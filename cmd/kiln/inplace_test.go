@@ -18,12 +18,7 @@ import (
 // cache.
 func TestInPlaceBuildMatchesCachedBuild(t *testing.T) {
 	f := newFixture(t, "base.raw", "fit", "false")
-	layoutDir := privateLayout(t, f)
-	_, _, layers, err := images.Blobs(layoutDir, servedRef)
-	if err != nil {
-		t.Fatal(err)
-	}
-	layer := filepath.Join(layoutDir, "blobs", "sha256", strings.TrimPrefix(layers[0], "sha256:"))
+	layoutDir, layer := inPlaceLayer(t, f)
 	// A private source file: the partition must still carry it world-readable.
 	if err := os.Chmod(layer, 0o600); err != nil {
 		t.Fatal(err)
@@ -36,7 +31,7 @@ func TestInPlaceBuildMatchesCachedBuild(t *testing.T) {
 	}
 	cached := filepath.Join(f.cache, "kiln", "blobs", "sha256")
 	if _, err := os.Stat(filepath.Join(cached, filepath.Base(layer))); err == nil {
-		t.Errorf("layer %s was copied into the cache", layers[0])
+		t.Errorf("layer %s was copied into the cache", filepath.Base(layer))
 	}
 	if fi, err := os.Stat(layer); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("source layer changed: %v, %v", fi.Mode(), err)
@@ -82,12 +77,7 @@ func TestInPlaceBuildMatchesCachedBuild(t *testing.T) {
 // refused, and a blob only touched is hashed and accepted.
 func TestInPlaceRebuildHashesOnlyWhatChanged(t *testing.T) {
 	f := newFixture(t, "base.raw", "fit", "false")
-	layoutDir := privateLayout(t, f)
-	_, _, layers, err := images.Blobs(layoutDir, servedRef)
-	if err != nil {
-		t.Fatal(err)
-	}
-	layer := filepath.Join(layoutDir, "blobs", "sha256", strings.TrimPrefix(layers[0], "sha256:"))
+	_, layer := inPlaceLayer(t, f)
 	// Files changed within a clock tick of the build are never remembered
 	// (fetch.racyWindow): let the fixture's files age past it.
 	time.Sleep(300 * time.Millisecond)
@@ -132,4 +122,16 @@ func TestInPlaceRebuildHashesOnlyWhatChanged(t *testing.T) {
 	if _, err := os.Stat(c); !os.IsNotExist(err) {
 		t.Errorf("a disk was written from a damaged blob: %v", err)
 	}
+}
+
+// inPlaceLayer gives f a private local layout (read in place by builds)
+// and the path of the served image's first layer in it.
+func inPlaceLayer(t *testing.T, f *fixture) (layoutDir, layer string) {
+	t.Helper()
+	layoutDir = privateLayout(t, f)
+	_, _, layers, err := images.Blobs(layoutDir, servedRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return layoutDir, filepath.Join(layoutDir, "blobs", "sha256", strings.TrimPrefix(layers[0], "sha256:"))
 }
