@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 )
 
 // RegistryIndexFile is the node registry's index of the partition's OCI
@@ -198,8 +199,7 @@ func decodeRegistryIndex(data []byte) (*RegistryIndex, error) {
 		return nil, fmt.Errorf("schema version %d, this kiln reads %d: %w", ix.SchemaVersion, RegistryIndexVersion, ErrRegistryIndexVersion)
 	}
 	n := d.count(32)
-	raw := d.bytes(32 * n)
-	ix.Blobs = hex.EncodeToString([]byte(raw))
+	ix.Blobs = hexDigests(d.bytes(32 * n))
 	ix.Sizes = make([]int64, n)
 	for i := range ix.Sizes {
 		ix.Sizes[i] = int64(d.int())
@@ -246,6 +246,20 @@ func decodeRegistryIndex(data []byte) (*RegistryIndex, error) {
 		return nil, d.err
 	}
 	return ix, nil
+}
+
+// hexDigests is raw's sha256 digests in hex, concatenated: written straight
+// into the one string kept (hex.EncodeToString would allocate it twice, and
+// a start feels every fresh megabyte).
+func hexDigests(raw string) string {
+	var b strings.Builder
+	b.Grow(2 * len(raw))
+	var buf [64]byte
+	for i := 0; i+32 <= len(raw); i += 32 {
+		hex.Encode(buf[:], []byte(raw[i:i+32]))
+		b.Write(buf[:])
+	}
+	return b.String()
 }
 
 // indexDecoder reads the encoder's varints and strings from s; the first

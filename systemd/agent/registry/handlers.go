@@ -49,7 +49,8 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, repo *reposito
 	if err != nil {
 		// From a prebuilt index, read now for the first time: answered as a
 		// damaged blob is (500, never wrong bytes), and logged each time.
-		s.damaged(w, digest, s.ix.blobs[digest], "manifest: "+err.Error())
+		bf, _ := s.ix.blob(digest)
+		s.damaged(w, digest, bf, "manifest: "+err.Error())
 		return
 	}
 	w.Header().Set("Content-Type", m.mediaType)
@@ -66,7 +67,7 @@ func (s *Server) blob(w http.ResponseWriter, r *http.Request, repo *repository, 
 		newError(http.StatusNotFound, codeBlobUnknown, fmt.Sprintf("blob %s is not in repository %s on this node", rt.ref, rt.name)).write(w)
 		return
 	}
-	bf := s.ix.blobs[rt.ref]
+	bf, _ := s.ix.blob(rt.ref)
 	if bf.path == "" {
 		// A release lists it but neither the store nor the partition has it.
 		s.log.Error("blob is "+bf.missing+": not served; roll the release back (kiln agent release rollback VERSION) and plug its stick in again",

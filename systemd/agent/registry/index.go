@@ -35,7 +35,20 @@ type blobFile struct {
 	path    string
 	size    int64
 	store   bool   // in the release store (damage means: roll back, import again)
+	inDir   bool   // path is the layout's blobs/sha256/ directory (a prebuilt index): see blob
 	missing string // why path is empty
+}
+
+// blob is where blob digest lives, if it is served. A prebuilt index's
+// blobs are stored by their directory and the file's path is made here, on
+// request: a start does not build thousands of paths (each fresh megabyte
+// a new process allocates costs it page faults).
+func (ix *index) blob(digest string) (blobFile, bool) {
+	bf, ok := ix.blobs[digest]
+	if bf.inDir {
+		bf.path, bf.inDir = bf.path+strings.TrimPrefix(digest, "sha256:"), false
+	}
+	return bf, ok
 }
 
 // manifest is one manifest or index, held in memory (they are small and
@@ -128,9 +141,10 @@ type named struct{ repo, tag, digest string }
 
 // loader builds an index from one or more layouts.
 type loader struct {
-	ix    *index
-	log   *slog.Logger
-	named []named // every addToRepo, in order (for a prebuilt index)
+	ix        *index
+	log       *slog.Logger
+	named     []named // every addToRepo, in order, when building a prebuilt index (keepNames)
+	keepNames bool
 }
 
 func loadIndex(dirs []string, rs *releaseSource, log *slog.Logger) (*index, error) {
@@ -379,7 +393,9 @@ func readVerified(path string, d ocispec.Descriptor) ([]byte, error) {
 // source to tag repo:tag wins the tag; the other manifest stays pullable by
 // digest (a rollback target's image, say).
 func (l *loader) addToRepo(repoName, tag, digest, where string) {
-	l.named = append(l.named, named{repoName, tag, digest})
+	if l.keepNames {
+		l.named = append(l.named, named{repoName, tag, digest})
+	}
 	r := l.ix.repos[repoName]
 	if r == nil {
 		r = &repository{tags: map[string]string{}}

@@ -21,7 +21,7 @@ import (
 // beside the layout (contract.RegistryIndexFile). A layout with a missing
 // or damaged blob is an error: the factory must not ship it.
 func BuildIndex(dir string, log *slog.Logger) (*contract.RegistryIndex, error) {
-	l := &loader{ix: newIndex(), log: log}
+	l := &loader{ix: newIndex(), log: log, keepNames: true}
 	if err := l.loadLayout(dir); err != nil {
 		return nil, err
 	}
@@ -99,21 +99,19 @@ func (l *loader) loadPrebuilt(root string) bool {
 			"file", path, "error", err)
 		return false
 	}
-	// Every digest and blob path is a slice of one string: two allocations
-	// instead of two per blob, which a start at thousands of images feels.
+	// Every digest is a slice of one string: one allocation instead of one
+	// per blob, which a start at thousands of images feels. Blob paths are
+	// made on request (index.blob).
 	dir := layoutBlobs(root).dirs[0] + string(filepath.Separator)
 	n := pi.BlobCount()
-	var ds, ps strings.Builder
-	ds.Grow(n * len("sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"))
-	ps.Grow(n * (len(dir) + 64))
+	const dl = len("sha256:") + 64
+	var ds strings.Builder
+	ds.Grow(n * dl)
 	for i := 0; i < n; i++ {
 		ds.WriteString("sha256:")
 		ds.WriteString(pi.Blobs[64*i : 64*i+64])
-		ps.WriteString(dir)
-		ps.WriteString(pi.Blobs[64*i : 64*i+64])
 	}
-	allDigests, allPaths := ds.String(), ps.String()
-	dl, pl := len(allDigests)/max(n, 1), len(allPaths)/max(n, 1)
+	allDigests := ds.String()
 	digests := make([]string, n)
 	l.ix.grow(n, len(pi.Manifests), len(pi.Images))
 	for i := range digests {
@@ -121,7 +119,7 @@ func (l *loader) loadPrebuilt(root string) bool {
 		if _, ok := l.ix.blobs[digests[i]]; ok {
 			continue // a release before holds it: the first source wins
 		}
-		l.ix.blobs[digests[i]] = blobFile{path: allPaths[i*pl : (i+1)*pl], size: pi.Sizes[i], missing: "not in the layout"}
+		l.ix.blobs[digests[i]] = blobFile{path: dir, inDir: true, size: pi.Sizes[i], missing: "not in the layout"}
 	}
 	manifestDigest := func(m int) string { return digests[pi.Manifests[m].Blob] }
 	for _, m := range pi.Manifests {
@@ -131,11 +129,17 @@ func (l *loader) loadPrebuilt(root string) bool {
 		}
 		mf := &manifest{digest: d, mediaType: pi.MediaTypes[m.MediaType], size: pi.Sizes[m.Blob],
 			artifactType: m.ArtifactType, annotations: m.Annotations, subject: m.Subject}
-		for _, c := range m.Children {
-			mf.children = append(mf.children, manifestDigest(c))
+		if len(m.Children) > 0 {
+			mf.children = make([]string, len(m.Children))
+			for i, c := range m.Children {
+				mf.children[i] = manifestDigest(c)
+			}
 		}
-		for _, b := range m.Layers {
-			mf.blobs = append(mf.blobs, digests[b])
+		if len(m.Layers) > 0 {
+			mf.blobs = make([]string, len(m.Layers))
+			for i, b := range m.Layers {
+				mf.blobs[i] = digests[b]
+			}
 		}
 		l.ix.manifests[d] = mf
 	}
@@ -197,7 +201,7 @@ func (ix *index) bytes(m *manifest) ([]byte, error) {
 		if m.data != nil {
 			return
 		}
-		bf := ix.blobs[m.digest]
+		bf, _ := ix.blob(m.digest)
 		if bf.path == "" {
 			m.readErr = fmt.Errorf("manifest is %s", bf.missing)
 			return
