@@ -142,10 +142,10 @@ func Run(ctx context.Context, addr string, dirs []string, opts ...Option) error 
 		}
 	}
 	// New allocates the whole index at once from a heap of almost nothing
-	// (8 MB at 2,000 images): at the default GOGC the collector ran several
-	// times before READY, a third of a fresh process's start. Run owns the
-	// process, so it collects less often while loading and restores the
-	// default for serving.
+	// (6 MB at 2,000 images): at the default GOGC the collector ran twice
+	// before READY, on one of two cores. Run owns the process, so it
+	// collects less often while loading and restores the default for
+	// serving (docs/decisions.md).
 	gc := debug.SetGCPercent(400)
 	s, err := New(dirs, append(opts, WithReady(ready))...)
 	debug.SetGCPercent(gc)
