@@ -325,6 +325,7 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 	sc := newScanner(c.failOn, t, c.name)
 	sc.start = start
 	var hooks *hookRunner
+	stopWatch := func() {} // the reset watch, stopped before the hook runner
 	if c.monitor {
 		mon, err := dialMonitor(qmpPath)
 		if err != nil {
@@ -336,12 +337,21 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 		mon.console = stdin
 		hooks = newHookRunner(mon, c.hooks, cancel)
 		sc.onLine = hooks.line
+		if c.reboots {
+			watch := &resetWatch{silence: resetSilence, press: func(silent time.Duration) {
+				t.Logf("vm: %s: the firmware printed nothing for %s after a reset: pressing reset again", c.name, silent)
+				hooks.queue <- func() error { return mon.Reset() }
+			}}
+			sc.onLine = func(l string) { watch.line(l); hooks.line(l) }
+			stopWatch = watch.stop
+		}
 	}
 	var console io.Writer = logFile
 	if len(c.prompts) > 0 {
 		console = io.MultiWriter(logFile, &promptWatcher{prompts: c.prompts, fire: hooks.queueHook})
 	}
 	sc.scan(io.TeeReader(stdout, console), cancel)
+	stopWatch()
 	hookErr := hooks.stop()
 	waitErr := cmd.Wait()
 	res := &Result{Console: logPath, Duration: time.Since(start), lines: sc.lines, at: sc.at}
