@@ -21,8 +21,8 @@ const maxResets = 2
 // resetWatch presses reset again when the firmware stays silent after the
 // guest reset the machine. QEMU's TCG was seen to hang there once in a CI
 // run (the kernel's "reboot: Restarting system", then not one byte for 25
-// minutes and the disk never read again) after hundreds of reboots that
-// came back. The guest had finished its reboot, so a second reset is the
+// minutes and the disk never read again), where every earlier run's
+// reboots had come back. The guest had finished its reboot, so a second reset is the
 // same reboot; each press is logged, and a hang in the guest's own boot is
 // still caught by the run's timeout and the checks.
 type resetWatch struct {
