@@ -433,7 +433,7 @@ func (l *loader) finish() {
 	}
 	// In the order the layouts name them, often sorted already: the sort
 	// then only checks it (at 2,000 repositories, from a map's random
-	// order, it was a quarter of a start).
+	// order, it was a fifth of an in-process start).
 	sortLexical(ix.repoList)
 }
 
