@@ -188,8 +188,9 @@ func hashLevel0(ctx context.Context, src io.ReaderAt, n int64, salt []byte, out 
 		g.Go(func() error {
 			in := make([]byte, 256*VerityBlock) // 1 MiB: 8 KiB of digests
 			hb := make([]byte, 0, 256*verityDigest+VerityBlock)
+			bh := newBlockHasher(salt)
 			for r := range next {
-				if err := hashRegion(gctx, src, n, salt, out, dst, r, in, hb, progress); err != nil {
+				if err := hashRegion(gctx, src, n, bh, out, dst, r, in, hb, progress); err != nil {
 					return err
 				}
 			}
@@ -249,7 +250,7 @@ func levelRegions(n int64, ff *fileFeeder) []levelRegion {
 // hashRegion reads region r in 1 MiB chunks, writes the digests of its
 // blocks at dst+block*32 (the level's last region pads its hash block with
 // zeros) and feeds each chunk to r's files.
-func hashRegion(ctx context.Context, src io.ReaderAt, n int64, salt []byte, out io.WriterAt, dst int64, r levelRegion, in, hb []byte, progress io.Writer) error {
+func hashRegion(ctx context.Context, src io.ReaderAt, n int64, bh *blockHasher, out io.WriterAt, dst int64, r levelRegion, in, hb []byte, progress io.Writer) error {
 	for pos := r.from * VerityBlock; pos < r.readTo; {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -263,7 +264,7 @@ func hashRegion(ctx context.Context, src io.ReaderAt, n int64, salt []byte, out 
 		if blocks > 0 {
 			hb = hb[:0]
 			for j := int64(0); j < blocks; j++ {
-				hb = append(hb, saltedHash(salt, buf[j*VerityBlock:(j+1)*VerityBlock])...)
+				hb = bh.appendHash(hb, buf[j*VerityBlock:(j+1)*VerityBlock])
 			}
 			if first+blocks == n {
 				if pad := (n * verityDigest) % VerityBlock; pad != 0 {
