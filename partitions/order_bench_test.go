@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
 	"github.com/kiln-appliance/kiln/test/paired"
@@ -140,40 +141,43 @@ func hashBack(out *os.File, files []orderFile, cold bool, ready func(end int64))
 	const region = 32 << 20
 	last := files[len(files)-1]
 	end := last.at + last.size
+	return onEveryCPU(int((end+region-1)/region), func(i int) error {
+		bh, leaves := newBlockHasher(orderSalt), make([]byte, 0, 256*verityDigest)
+		blob := sha256.New()
+		buf := make([]byte, 1<<20)
+		from := int64(i) * region
+		to := min(from+region, end)
+		ready(to)
+		for p := from; p < to; p += int64(len(buf)) {
+			n, err := out.ReadAt(buf[:min(int64(len(buf)), to-p)], p)
+			if err != nil {
+				return err
+			}
+			leaves = hashLeaves(bh, leaves[:0], buf[:n])
+			if cold { // the files' digests: one state stands in for each file's
+				blob.Write(buf[:n])
+			}
+		}
+		return nil
+	})
+}
+
+// onEveryCPU calls work(0) … work(n-1), in that order of start, on one
+// goroutine per CPU, and returns the first error.
+func onEveryCPU(n int, work func(i int) error) error {
 	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, runtime.GOMAXPROCS(0))
+	var g errgroup.Group
 	for range runtime.GOMAXPROCS(0) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			bh, leaves := newBlockHasher(orderSalt), make([]byte, 0, 256*verityDigest)
-			blob := sha256.New()
-			buf := make([]byte, 1<<20)
-			for {
-				from := (next.Add(1) - 1) * region
-				if from >= end {
-					return
-				}
-				to := min(from+region, end)
-				ready(to)
-				for p := from; p < to; p += int64(len(buf)) {
-					n, err := out.ReadAt(buf[:min(int64(len(buf)), to-p)], p)
-					if err != nil {
-						errs <- err
-						return
-					}
-					leaves = hashLeaves(bh, leaves[:0], buf[:n])
-					if cold { // the files' digests: one state stands in for each file's
-						blob.Write(buf[:n])
-					}
+		g.Go(func() error {
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				if err := work(i); err != nil {
+					return err
 				}
 			}
-		}()
+			return nil
+		})
 	}
-	wg.Wait()
-	close(errs)
-	return <-errs
+	return g.Wait()
 }
 
 func hashLeaves(bh *blockHasher, dst, data []byte) []byte {
@@ -219,31 +223,9 @@ func hashBehind(out *os.File, files []orderFile, cold bool) error {
 }
 
 func hashOnTheWay(out *os.File, files []orderFile, cold bool) error {
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, runtime.GOMAXPROCS(0))
-	for range runtime.GOMAXPROCS(0) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			bh, leaves := newBlockHasher(orderSalt), make([]byte, 0, 256*verityDigest)
-			buf := make([]byte, 1<<20)
-			var blob hash.Hash = sha256.New()
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(len(files)) {
-					return
-				}
-				if err := hashOneOnTheWay(out, files[i], cold, bh, leaves, blob, buf); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
+	return onEveryCPU(len(files), func(i int) error {
+		return hashOneOnTheWay(out, files[i], cold, newBlockHasher(orderSalt), make([]byte, 0, 256*verityDigest), sha256.New(), make([]byte, 1<<20))
+	})
 }
 
 func hashOneOnTheWay(out *os.File, f orderFile, cold bool, bh *blockHasher, leaves []byte, blob hash.Hash, buf []byte) error {
