@@ -239,7 +239,7 @@ func (p Params) values() (values, error) {
 		AlwaysOn:        p.AlwaysOn,
 		DeviceTimeout:   seconds(dev),
 		GateTimeout:     seconds(gt),
-		GateUnitTimeout: seconds(gt + 30*time.Second),
+		GateUnitTimeout: seconds(gt + 90*time.Second), // and up to 60 s for a starting CRI-O (kiln-mirror.service)
 		WaitTimeout:     seconds(wt),
 		WaitUnitTimeout: seconds(wt + time.Minute),
 		ImportTimeout:   seconds(orDefault(p.ImportTimeout, defaultImport)),
