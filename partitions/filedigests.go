@@ -262,10 +262,7 @@ func hashRegion(ctx context.Context, src io.ReaderAt, n int64, bh *blockHasher, 
 		first := pos / VerityBlock
 		blocks := min(int64(len(buf))/VerityBlock, r.to-first) // the tree: only the region's own blocks
 		if blocks > 0 {
-			hb = hb[:0]
-			for j := int64(0); j < blocks; j++ {
-				hb = bh.appendHash(hb, buf[j*VerityBlock:(j+1)*VerityBlock])
-			}
+			hb = bh.appendBlocks(hb[:0], buf[:blocks*VerityBlock])
 			if first+blocks == n {
 				if pad := (n * verityDigest) % VerityBlock; pad != 0 {
 					hb = append(hb, make([]byte, VerityBlock-pad)...)

@@ -141,36 +141,43 @@ func hashBack(out *os.File, files []orderFile, cold bool, ready func(end int64))
 	const region = 32 << 20
 	last := files[len(files)-1]
 	end := last.at + last.size
-	return onEveryCPU(int((end+region-1)/region), func(i int) error {
-		bh, leaves := newBlockHasher(orderSalt), make([]byte, 0, 256*verityDigest)
-		blob := sha256.New()
-		buf := make([]byte, 1<<20)
+	return onEveryCPU(int((end+region-1)/region), func(w *orderWorker, i int) error {
 		from := int64(i) * region
 		to := min(from+region, end)
 		ready(to)
-		for p := from; p < to; p += int64(len(buf)) {
-			n, err := out.ReadAt(buf[:min(int64(len(buf)), to-p)], p)
+		for p := from; p < to; p += int64(len(w.buf)) {
+			n, err := out.ReadAt(w.buf[:min(int64(len(w.buf)), to-p)], p)
 			if err != nil {
 				return err
 			}
-			leaves = hashLeaves(bh, leaves[:0], buf[:n])
+			w.leaves = w.bh.appendBlocks(w.leaves[:0], w.buf[:n])
 			if cold { // the files' digests: one state stands in for each file's
-				blob.Write(buf[:n])
+				w.blob.Write(w.buf[:n])
 			}
 		}
 		return nil
 	})
 }
 
-// onEveryCPU calls work(0) … work(n-1), in that order of start, on one
+// orderWorker is one CPU's buffers and hash states, made once per run.
+type orderWorker struct {
+	bh     *blockHasher
+	blob   hash.Hash
+	leaves []byte
+	buf    []byte
+}
+
+// onEveryCPU calls work for 0 … n-1, in that order of start, on one
 // goroutine per CPU, and returns the first error.
-func onEveryCPU(n int, work func(i int) error) error {
+func onEveryCPU(n int, work func(w *orderWorker, i int) error) error {
 	var next atomic.Int64
 	var g errgroup.Group
 	for range runtime.GOMAXPROCS(0) {
 		g.Go(func() error {
+			w := &orderWorker{bh: newBlockHasher(orderSalt), blob: sha256.New(),
+				leaves: make([]byte, 0, 256*verityDigest), buf: make([]byte, 1<<20)}
 			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
-				if err := work(i); err != nil {
+				if err := work(w, i); err != nil {
 					return err
 				}
 			}
@@ -178,13 +185,6 @@ func onEveryCPU(n int, work func(i int) error) error {
 		})
 	}
 	return g.Wait()
-}
-
-func hashLeaves(bh *blockHasher, dst, data []byte) []byte {
-	for j := 0; j+VerityBlock <= len(data); j += VerityBlock {
-		dst = bh.appendHash(dst, data[j:j+VerityBlock])
-	}
-	return dst
 }
 
 func copyThenHash(out *os.File, files []orderFile, cold bool) error {
@@ -223,34 +223,31 @@ func hashBehind(out *os.File, files []orderFile, cold bool) error {
 }
 
 func hashOnTheWay(out *os.File, files []orderFile, cold bool) error {
-	return onEveryCPU(len(files), func(i int) error {
-		return hashOneOnTheWay(out, files[i], cold, newBlockHasher(orderSalt), make([]byte, 0, 256*verityDigest), sha256.New(), make([]byte, 1<<20))
-	})
-}
-
-func hashOneOnTheWay(out *os.File, f orderFile, cold bool, bh *blockHasher, leaves []byte, blob hash.Hash, buf []byte) error {
-	in, err := os.Open(f.path)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	blob.Reset()
-	for off := int64(0); off < f.size; {
-		n, err := in.ReadAt(buf[:min(int64(len(buf)), f.size-off)], off)
-		if n == 0 {
-			return fmt.Errorf("read %s: %v", f.path, err)
-		}
-		leaves = hashLeaves(bh, leaves[:0], buf[:n])
-		if cold {
-			blob.Write(buf[:n])
-		}
-		if _, err := out.WriteAt(buf[:n], f.at+off); err != nil {
+	return onEveryCPU(len(files), func(w *orderWorker, i int) error {
+		f := files[i]
+		in, err := os.Open(f.path)
+		if err != nil {
 			return err
 		}
-		if (off+int64(n))/(16<<20) > off/(16<<20) { // start writeback of each 16 MiB written
-			unix.SyncFileRange(int(out.Fd()), f.at+off-(16<<20)+int64(n), 16<<20, unix.SYNC_FILE_RANGE_WRITE)
+		defer in.Close()
+		w.blob.Reset()
+		for off := int64(0); off < f.size; {
+			n, err := in.ReadAt(w.buf[:min(int64(len(w.buf)), f.size-off)], off)
+			if n == 0 {
+				return fmt.Errorf("read %s: %v", f.path, err)
+			}
+			w.leaves = w.bh.appendBlocks(w.leaves[:0], w.buf[:n])
+			if cold {
+				w.blob.Write(w.buf[:n])
+			}
+			if _, err := out.WriteAt(w.buf[:n], f.at+off); err != nil {
+				return err
+			}
+			if (off+int64(n))/(16<<20) > off/(16<<20) { // start writeback of each 16 MiB written
+				unix.SyncFileRange(int(out.Fd()), f.at+off-(16<<20)+int64(n), 16<<20, unix.SYNC_FILE_RANGE_WRITE)
+			}
+			off += int64(n)
 		}
-		off += int64(n)
-	}
-	return nil
+		return nil
+	})
 }

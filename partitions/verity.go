@@ -148,9 +148,7 @@ func hashRun(src io.ReaderAt, off, from, to, n int64, salt []byte, out io.Writer
 		if _, err := src.ReadAt(in[:c*VerityBlock], off+i*VerityBlock); err != nil {
 			return fmt.Errorf("read block %d for the verity tree: %w", i, err)
 		}
-		for j := int64(0); j < c; j++ {
-			hb = bh.appendHash(hb, in[j*VerityBlock:(j+1)*VerityBlock])
-		}
+		hb = bh.appendBlocks(hb, in[:c*VerityBlock])
 		i += c
 		if len(hb) == cap(hb) || i == to {
 			if pad := len(hb) % VerityBlock; pad != 0 && i == n {
@@ -179,6 +177,15 @@ type blockHasher struct {
 }
 
 func newBlockHasher(salt []byte) *blockHasher { return &blockHasher{salt, sha256.New()} }
+
+// appendBlocks appends the salted digest of each whole VerityBlock of data
+// to dst.
+func (b *blockHasher) appendBlocks(dst, data []byte) []byte {
+	for j := 0; j+VerityBlock <= len(data); j += VerityBlock {
+		dst = b.appendHash(dst, data[j:j+VerityBlock])
+	}
+	return dst
+}
 
 // appendHash appends block's salted digest to dst.
 func (b *blockHasher) appendHash(dst, block []byte) []byte {
