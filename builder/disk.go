@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/kiln-appliance/kiln/ignition"
 	"github.com/kiln-appliance/kiln/partitions"
@@ -83,6 +86,8 @@ func (b *build) assembleDisk(ctx context.Context) error {
 		HashFiles:       b.inPlacePaths(),
 		FilesHashed:     b.checkInPlace,
 		HashFilesStep:   "check blobs read in place",
+		VerityTrees:     &partitions.VerityTrees{Dir: filepath.Join(b.cache.Dir(), "verity")},
+		KnownFiles:      b.servedBlobs(),
 		Progress:        b.o.Progress,
 	}
 	if !r.Disk.Size.Auto {
@@ -95,8 +100,32 @@ func (b *build) assembleDisk(ctx context.Context) error {
 	if opts.Attrs, err = b.inPlaceAttrs(); err != nil {
 		return err
 	}
+	defer opts.VerityTrees.Discard() // unless committed below
 	if b.layout, err = partitions.Assemble(ctx, opts); err != nil {
 		return err
 	}
-	return b.inPlaceUnchanged()
+	if err := b.inPlaceUnchanged(); err != nil {
+		return err
+	}
+	// Every blob's bytes now hold what its digest says (cached, hashed as
+	// written, or in place and unchanged): the tree may be kept by them.
+	if err := opts.VerityTrees.Commit(); err != nil {
+		fmt.Fprintf(b.o.Log, "warning: %v; the next build hashes the image partition again\n", err)
+	}
+	return nil
+}
+
+// servedBlobs names every blob of the partition's OCI layout by its locked
+// size and digest (partitions.AssembleOptions.KnownFiles).
+func (b *build) servedBlobs() map[string]partitions.FileDigest {
+	known := map[string]partitions.FileDigest{}
+	for _, fi := range b.images {
+		if !fi.recipe.Served() {
+			continue
+		}
+		for _, d := range append([]v1.Descriptor{fi.image.Descriptor}, fi.image.Blobs()...) {
+			known[blobName(d.Digest)] = partitions.FileDigest{Size: d.Size, Digest: d.Digest.String()}
+		}
+	}
+	return known
 }

@@ -95,6 +95,16 @@ type AssembleOptions struct {
 	HashFiles     []string
 	FilesHashed   func(map[string]FileDigest) error
 	HashFilesStep string
+	// VerityTrees, if set, keeps this filesystem's verity tree for a later
+	// build of the same filesystem, and copies a kept one instead of
+	// hashing the partition when this is that build (see VerityTrees; the
+	// caller commits or discards what Assemble staged). KnownFiles names
+	// files of the image filesystem by the size and sha256 the caller
+	// vouches for (blobs, by their locked digest): in the tree's key they
+	// stand for their bytes, which are not read. A file listed in HashFiles
+	// is hashed in this build whatever the kept tree, and then kept.
+	VerityTrees *VerityTrees
+	KnownFiles  map[string]FileDigest
 	// PartitionName and PartitionType name the added partition in the GPT
 	// (default contract.PartitionName and contract.PartitionType; a reflash
 	// stick's payload partition has its own).
@@ -374,11 +384,25 @@ func writeImageVerity(ctx context.Context, opts AssembleOptions, start, fsSize i
 	part := &offsetFile{opts.Output, start}
 	salt := sha256.Sum256(append([]byte("kiln verity salt\x00"), opts.GUIDSeed...))
 	id := uuid.MustParse(DeriveGUID(opts.GUIDSeed, "verity"))
+	key := ""
+	if opts.VerityTrees != nil {
+		key, _ = treeKey(part, fsSize, salt[:], opts.KnownFiles) // "": hashed, not kept
+		if key != "" && files == nil {
+			if v, ok := keptVerity(opts, part, fsSize, salt[:], id, key); ok {
+				return v, nil
+			}
+		}
+	}
 	var task Task = discardTask{}
 	if files != nil { // the step that reads the partition is the files' check
 		task = progressOf(opts.Progress).Task(opts.HashFilesStep, fsSize)
 	}
 	v, err := writeVerity(ctx, part, part, fsSize/VerityBlock, fsSize, salt[:], id, files, task)
+	if err == nil && key != "" {
+		// Staged now, kept by the caller's Commit once the files' digests
+		// are checked; a tree that cannot be staged is hashed next time.
+		opts.VerityTrees.stage(key, part, fsSize+VerityBlock, v.HashSize-VerityBlock)
+	}
 	if err == nil && files != nil {
 		var sums map[string]FileDigest
 		if sums, err = files.finish(); err == nil {

@@ -113,11 +113,14 @@ func writeVerity(ctx context.Context, data io.ReaderAt, out interface {
 	if _, err := out.ReadAt(top, tree); err != nil {
 		return nil, fmt.Errorf("read verity tree: %w", err)
 	}
-	root := saltedHash(salt, top)
+	return newVerity(saltedHash(salt, top), salt, dataBlocks, hashOffset, id), nil
+}
+
+func newVerity(root, salt []byte, dataBlocks, hashOffset int64, id uuid.UUID) *Verity {
 	return &Verity{
 		RootHash: hex.EncodeToString(root), Salt: hex.EncodeToString(salt),
 		DataBlocks: dataBlocks, HashOffset: hashOffset, HashSize: verityTreeSize(dataBlocks), UUID: id.String(),
-	}, nil
+	}
 }
 
 // hashLevel hashes n blocks of src at off into hash blocks at dst, on every

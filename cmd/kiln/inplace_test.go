@@ -87,12 +87,17 @@ func TestInPlaceRebuildHashesOnlyWhatChanged(t *testing.T) {
 		t.Fatalf("the first build checked nothing in place:\n%s", log)
 	}
 	b := filepath.Join(f.dir, "b.raw")
-	if log := mustKiln(t, f, "build", f.recipe, "-o", b); strings.Contains(log, "check blobs read in place") {
+	log := mustKiln(t, f, "build", f.recipe, "-o", b)
+	if strings.Contains(log, "check blobs read in place") {
 		t.Errorf("the rebuild hashed unchanged blobs again:\n%s", log)
+	}
+	if !strings.Contains(log, keptTreeStep) {
+		t.Errorf("the rebuild of the same filesystem hashed its verity tree again:\n%s", log)
 	}
 	if ha, hb := sha256File(t, a), sha256File(t, b); ha != hb {
 		t.Fatalf("the rebuild wrote another disk: %s vs %s", ha, hb)
 	}
+	mustKiln(t, f, "verify", b)
 
 	// Touched only: hashed again (its state changed), and whole.
 	now := time.Now()
@@ -100,8 +105,8 @@ func TestInPlaceRebuildHashesOnlyWhatChanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond)
-	if log := mustKiln(t, f, "build", f.recipe, "-o", b); !strings.Contains(log, "check blobs read in place: done") {
-		t.Errorf("a touched blob was not hashed again:\n%s", log)
+	if log := mustKiln(t, f, "build", f.recipe, "-o", b); !strings.Contains(log, "check blobs read in place: done") || strings.Contains(log, keptTreeStep) {
+		t.Errorf("a touched blob was not hashed again, or its verity tree was copied:\n%s", log)
 	}
 
 	// Damaged in place, same size, its mtime put back: the ctime moved, so
@@ -123,6 +128,9 @@ func TestInPlaceRebuildHashesOnlyWhatChanged(t *testing.T) {
 		t.Errorf("a disk was written from a damaged blob: %v", err)
 	}
 }
+
+// keptTreeStep is the step of a build that copies a kept verity tree.
+const keptTreeStep = "verity tree kept from an earlier build"
 
 // inPlaceLayer gives f a private local layout (read in place by builds)
 // and the path of the served image's first layer in it.

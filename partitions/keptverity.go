@@ -1,0 +1,259 @@
+package partitions
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// VerityTrees keeps the dm-verity trees of image filesystems in a directory,
+// so a rebuild of the same filesystem copies its tree instead of hashing
+// every byte again (a warm rebuild's largest step after the write).
+//
+// A tree is named by treeKey: the salt, the filesystem's size, and every
+// byte of the filesystem, read now, except the stored bytes of the files the
+// caller vouches for (AssembleOptions.KnownFiles: blobs, by their locked
+// digest), which are named by size and digest. So the tree is used only for
+// bytes it was computed from, as far as the caller's digests hold — the same
+// trust the build puts in a cached blob it does not hash again.
+//
+// Assemble only stages a new tree; Commit keeps it once the caller has
+// finished checking the bytes its digests vouch for (a blob read in place is
+// checked after the disk is written), and Discard drops it on failure, so a
+// tree of bytes that turned out not to match their digests is never kept.
+type VerityTrees struct {
+	Dir string
+
+	pending, key string // a staged tree (temp file) and its name
+	reused       bool   // the last Assemble copied a kept tree (for tests)
+}
+
+// keptTrees is how many trees a directory keeps (the most recently used);
+// a 1 GiB filesystem's tree is 8 MiB.
+const keptTrees = 8
+
+const keptTempPrefix = ".staging-"
+
+// Commit keeps the tree staged by the last Assemble, if any, and drops the
+// least recently used beyond keptTrees. A tree that cannot be kept costs
+// the next build its hashing, nothing more: the error is for the log.
+func (t *VerityTrees) Commit() error {
+	if t == nil || t.pending == "" {
+		return nil
+	}
+	pending := t.pending
+	t.pending = ""
+	// The file was synced before; the rename is not: a power cut may lose
+	// it, which costs the next build its hashing, never a torn tree.
+	if err := os.Rename(pending, filepath.Join(t.Dir, t.key)); err != nil {
+		os.Remove(pending)
+		return fmt.Errorf("keep verity tree: %w", err)
+	}
+	t.prune()
+	return nil
+}
+
+// Discard drops a staged tree (a no-op after Commit).
+func (t *VerityTrees) Discard() {
+	if t != nil && t.pending != "" {
+		os.Remove(t.pending)
+		t.pending = ""
+	}
+}
+
+func (t *VerityTrees) prune() {
+	ents, err := os.ReadDir(t.Dir)
+	if err != nil {
+		return
+	}
+	type kept struct {
+		name string
+		used time.Time
+	}
+	var trees []kept
+	for _, e := range ents {
+		fi, err := e.Info()
+		if err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		if strings.HasPrefix(e.Name(), keptTempPrefix) { // a killed build's
+			if time.Since(fi.ModTime()) > time.Hour {
+				os.Remove(filepath.Join(t.Dir, e.Name()))
+			}
+			continue
+		}
+		trees = append(trees, kept{e.Name(), fi.ModTime()})
+	}
+	sort.Slice(trees, func(i, j int) bool { return trees[i].used.After(trees[j].used) })
+	for i := keptTrees; i < len(trees); i++ {
+		os.Remove(filepath.Join(t.Dir, trees[i].name))
+	}
+}
+
+// load copies the tree kept under key into out at tree (the hash area's
+// first block after the superblock), streaming it through the sha256 it was
+// stored with. It reports false when there is none or it does not check
+// out (out's tree area is then to be written anew).
+func (t *VerityTrees) load(key string, out io.WriterAt, tree, size int64) bool {
+	p := filepath.Join(t.Dir, key)
+	f, err := os.Open(p)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || fi.Size() != size+sha256.Size {
+		return false
+	}
+	h := sha256.New()
+	if _, err := io.Copy(io.NewOffsetWriter(out, tree), io.TeeReader(io.LimitReader(f, size), h)); err != nil {
+		return false
+	}
+	sum := make([]byte, sha256.Size)
+	if _, err := io.ReadFull(f, sum); err != nil || !bytes.Equal(sum, h.Sum(nil)) {
+		os.Remove(p) // damaged: the tree is hashed anew and kept again
+		return false
+	}
+	now := time.Now()
+	os.Chtimes(p, now, now) // recently used: kept longest
+	t.reused = true
+	return true
+}
+
+// stage writes the tree just written at tree of src (size bytes) to a temp
+// file beside the kept ones, with its sha256 after it, for Commit.
+func (t *VerityTrees) stage(key string, src io.ReaderAt, tree, size int64) (err error) {
+	if err := os.MkdirAll(t.Dir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(t.Dir, keptTempPrefix+"*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	h := sha256.New()
+	if _, err := io.Copy(io.MultiWriter(f, h), io.NewSectionReader(src, tree, size)); err != nil {
+		return err
+	}
+	if _, err := f.Write(h.Sum(nil)); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	t.Discard() // an earlier Assemble's, never committed
+	t.pending, t.key = f.Name(), key
+	return nil
+}
+
+// errNotKeyable says a filesystem's tree is hashed every time: it cannot be
+// read raw, or a known file is missing or not where its digest can name it.
+var errNotKeyable = errors.New("no kept verity tree for this filesystem")
+
+// treeKey names the verity tree of the filesystem part (fsSize bytes):
+// one sha256 over the salt, the size, and the filesystem front to back —
+// each stored run of a known file as its offset, size and digest, every
+// other byte (superblock, tables, directories, padding, every file not
+// known) as itself. A known file counts only if it is stored in one
+// uncompressed run of exactly its size; otherwise its bytes are read like
+// the rest.
+func treeKey(part io.ReaderAt, fsSize int64, salt []byte, known map[string]FileDigest) (string, error) {
+	raw, err := openRawSquashfs(io.NewSectionReader(part, 0, fsSize))
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", errNotKeyable, err)
+	}
+	paths := make([]string, 0, len(known))
+	for p := range known {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	files, err := planFileHashes(raw, paths) // sorted by where they start
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", errNotKeyable, err)
+	}
+	h := sha256.New()
+	word := func(v int64) { h.Write(binary.BigEndian.AppendUint64(nil, uint64(v))) }
+	h.Write([]byte("kiln kept verity tree 1\x00"))
+	word(int64(len(salt)))
+	h.Write(salt)
+	word(fsSize)
+	buf := make([]byte, MiB)
+	bytesOf := func(from, to int64) error { // every byte of [from, to), as itself
+		h.Write([]byte{'B'})
+		word(from)
+		word(to - from)
+		for from < to {
+			n := min(int64(len(buf)), to-from)
+			if _, err := part.ReadAt(buf[:n], from); err != nil {
+				return fmt.Errorf("read the image filesystem: %w", err)
+			}
+			h.Write(buf[:n])
+			from += n
+		}
+		return nil
+	}
+	var pos int64
+	for _, f := range files {
+		d := known[f.path]
+		if f.size == 0 || d.Size != f.size || len(f.extents) != 1 || f.extents[0].sparse || f.extents[0].n != f.size {
+			continue // not one run of its bytes: read with the rest
+		}
+		e := f.extents[0]
+		if e.off < pos {
+			return "", fmt.Errorf("%w: %s shares its bytes with another known file", errNotKeyable, f.path)
+		}
+		if err := bytesOf(pos, e.off); err != nil {
+			return "", err
+		}
+		h.Write([]byte{'F'})
+		word(e.off)
+		word(e.n)
+		word(int64(len(d.Digest)))
+		h.Write([]byte(d.Digest))
+		pos = e.off + e.n
+	}
+	if err := bytesOf(pos, fsSize); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// keptVerity writes the superblock and the tree kept under key (see
+// VerityTrees), reporting false when there is none to use.
+func keptVerity(opts AssembleOptions, part *offsetFile, fsSize int64, salt []byte, id uuid.UUID, key string) (*Verity, bool) {
+	dataBlocks := fsSize / VerityBlock
+	if dataBlocks < 2 {
+		return nil, false
+	}
+	tree, size := fsSize+VerityBlock, verityTreeSize(dataBlocks)-VerityBlock
+	if _, err := part.WriteAt(veritySuperblock(dataBlocks, salt, id), fsSize); err != nil {
+		return nil, false
+	}
+	if !opts.VerityTrees.load(key, part, tree, size) {
+		return nil, false
+	}
+	top := make([]byte, VerityBlock)
+	if _, err := part.ReadAt(top, tree); err != nil {
+		return nil, false
+	}
+	progressOf(opts.Progress).Task("verity tree kept from an earlier build", 0).Done(nil)
+	return newVerity(saltedHash(salt, top), salt, dataBlocks, fsSize, id), true
+}
