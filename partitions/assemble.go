@@ -180,6 +180,9 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	fsSize, err := writeSquashfs(ctx, squashfsOptions{
 		Tree: opts.ImageTree, Disk: disk, Offset: place.start,
 		Compression: opts.Compression, SourceDateEpoch: opts.SourceDateEpoch, Attrs: opts.Attrs, Progress: opts.Progress,
+		// When the verity tree will likely be copied, nothing but the disk
+		// is left after the write: let it write alongside.
+		WritebackEarly: !opts.NoVerity && len(opts.HashFiles) == 0 && opts.VerityTrees.any(),
 	})
 	if err != nil {
 		return nil, err

@@ -72,6 +72,21 @@ func (t *VerityTrees) Discard() {
 	}
 }
 
+// any says whether a tree is kept (a build that hashes nothing else will
+// likely copy one).
+func (t *VerityTrees) any() bool {
+	if t == nil {
+		return false
+	}
+	ents, _ := os.ReadDir(t.Dir)
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), keptTempPrefix) {
+			return true
+		}
+	}
+	return false
+}
+
 func (t *VerityTrees) prune() {
 	ents, err := os.ReadDir(t.Dir)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -13,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kiln-appliance/kiln/partitions/sqfswrite"
 )
@@ -36,6 +39,9 @@ type squashfsOptions struct {
 	SourceDateEpoch int64
 	Attrs           []FileAttrs
 	Progress        Reporter
+	// WritebackEarly starts the disk's writeback behind the writer (see
+	// writeback), for a build with nothing to hash after the write.
+	WritebackEarly bool
 }
 
 // FileAttrs sets the mode and owner a file of the tree gets in the
@@ -131,7 +137,13 @@ func writeOwnSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
 	}
 	defer out.Close()
 	task := progressOf(o.Progress).Task("write image filesystem", plan.DataBytes())
-	err = plan.Write(ctx, out, o.Offset, task)
+	var progress io.Writer = task
+	if o.WritebackEarly {
+		wb := writebackBehind(out, o.Offset)
+		defer wb.Close()
+		progress = io.MultiWriter(task, wb)
+	}
+	err = plan.Write(ctx, out, o.Offset, progress)
 	task.Done(err)
 	if err != nil {
 		return 0, fmt.Errorf("image partition: %w", err)
@@ -261,4 +273,52 @@ func envWithout(name string) []string {
 		}
 	}
 	return env
+}
+
+// writebackStep is how far the writer gets ahead before the disk is asked
+// to write what it has written.
+const writebackStep = 32 << 20
+
+// writeback trails a writer that fills a file front to back from base,
+// starting the disk's writeback of each writebackStep it has passed
+// (sync_file_range, SYNC_FILE_RANGE_WRITE: started, not waited for), so the
+// disk writes while the writer copies instead of after it. Its Write
+// counts bytes written (the writer's progress).
+type writeback struct {
+	f               *os.File
+	base            int64
+	written, kicked int64
+	kick            chan int64
+	done            chan struct{}
+}
+
+func writebackBehind(f *os.File, base int64) *writeback {
+	w := &writeback{f: f, base: base, kick: make(chan int64, 1), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		var from int64
+		for to := range w.kick {
+			unix.SyncFileRange(int(f.Fd()), base+from, to-from, unix.SYNC_FILE_RANGE_WRITE)
+			from = to
+		}
+	}()
+	return w
+}
+
+func (w *writeback) Write(p []byte) (int, error) {
+	w.written += int64(len(p))
+	if w.written-w.kicked >= writebackStep {
+		select {
+		case w.kick <- w.written:
+			w.kicked = w.written
+		default: // still writing back the last step: the next kick covers this one
+		}
+	}
+	return len(p), nil
+}
+
+func (w *writeback) Close() error {
+	close(w.kick)
+	<-w.done
+	return nil
 }
