@@ -71,7 +71,10 @@ func writeIgnition(disk string, offset int64, config []byte, epoch int64) error 
 		return err
 	}
 	cmd := exec.Command("debugfs", "-w", "-f", cmds, spec)
-	cmd.Env = append(envWithout("E2FSPROGS_FAKE_TIME"), "E2FSPROGS_FAKE_TIME="+strconv.FormatInt(epoch, 10))
+	// e2fsprogs reads a fake time of 0 as unset and stamps the clock's, so
+	// SOURCE_DATE_EPOCH=0 (a common choice) is written as one second past
+	// it: the disk stays reproducible.
+	cmd.Env = append(envWithout("E2FSPROGS_FAKE_TIME"), "E2FSPROGS_FAKE_TIME="+strconv.FormatInt(max(epoch, 1), 10))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("write Ignition config with debugfs: %w: %s", err, bytes.TrimSpace(out))
