@@ -179,8 +179,14 @@ func (t *VerityTrees) stage(key string, src io.ReaderAt, tree, size int64) (err 
 	return nil
 }
 
+// keyReadsAtMost is what treeKey reads of a filesystem whatever its size
+// (beyond it, at most a quarter of it): the agent and the tables are tens
+// of MiB.
+const keyReadsAtMost = 64 * MiB
+
 // errNotKeyable says a filesystem's tree is hashed every time: it cannot be
-// read raw, or a known file is missing or not where its digest can name it.
+// read raw, a known file is missing or not where its digest can name it, or
+// too much of it is not known files.
 var errNotKeyable = errors.New("no kept verity tree for this filesystem")
 
 // treeKey names the verity tree of the filesystem part (fsSize bytes):
@@ -204,6 +210,31 @@ func treeKey(part io.ReaderAt, fsSize int64, salt []byte, known map[string]FileD
 	if err != nil {
 		return "", fmt.Errorf("%w: %v", errNotKeyable, err)
 	}
+	type run struct {
+		off, n int64
+		digest string
+	}
+	var runs []run
+	var pos, read int64
+	for _, f := range files {
+		d := known[f.path]
+		if f.size == 0 || d.Size != f.size || len(f.extents) != 1 || f.extents[0].sparse || f.extents[0].n != f.size {
+			continue // not one run of its bytes: read with the rest
+		}
+		e := f.extents[0]
+		if e.off < pos {
+			return "", fmt.Errorf("%w: %s shares its bytes with another known file", errNotKeyable, f.path)
+		}
+		runs = append(runs, run{e.off, e.n, d.Digest})
+		read += e.off - pos
+		pos = e.off + e.n
+	}
+	// A key that reads most of the filesystem costs what hashing the tree
+	// does (a large preloaded store, say), and a cold build would pay both.
+	if read += fsSize - pos; read > max(keyReadsAtMost, fsSize/4) {
+		return "", fmt.Errorf("%w: %d of its %d bytes are not known files", errNotKeyable, read, fsSize)
+	}
+
 	h := sha256.New()
 	word := func(v int64) { h.Write(binary.BigEndian.AppendUint64(nil, uint64(v))) }
 	h.Write([]byte("kiln kept verity tree 1\x00"))
@@ -225,25 +256,17 @@ func treeKey(part io.ReaderAt, fsSize int64, salt []byte, known map[string]FileD
 		}
 		return nil
 	}
-	var pos int64
-	for _, f := range files {
-		d := known[f.path]
-		if f.size == 0 || d.Size != f.size || len(f.extents) != 1 || f.extents[0].sparse || f.extents[0].n != f.size {
-			continue // not one run of its bytes: read with the rest
-		}
-		e := f.extents[0]
-		if e.off < pos {
-			return "", fmt.Errorf("%w: %s shares its bytes with another known file", errNotKeyable, f.path)
-		}
-		if err := bytesOf(pos, e.off); err != nil {
+	pos = 0
+	for _, r := range runs {
+		if err := bytesOf(pos, r.off); err != nil {
 			return "", err
 		}
 		h.Write([]byte{'F'})
-		word(e.off)
-		word(e.n)
-		word(int64(len(d.Digest)))
-		h.Write([]byte(d.Digest))
-		pos = e.off + e.n
+		word(r.off)
+		word(r.n)
+		word(int64(len(r.digest)))
+		h.Write([]byte(r.digest))
+		pos = r.off + r.n
 	}
 	if err := bytesOf(pos, fsSize); err != nil {
 		return "", err

@@ -135,17 +135,31 @@ func TestTreeKey(t *testing.T) {
 	})
 
 	// No key (the tree is hashed) where the bytes cannot be named.
-	for name, change := range map[string]func(o *squashfsOptions, known map[string]FileDigest){
-		"compressed": func(o *squashfsOptions, _ map[string]FileDigest) { o.Compression = "gzip" },
-		"a known file missing": func(_ *squashfsOptions, known map[string]FileDigest) {
+	for _, tt := range []struct {
+		name, want string
+		change     func(o *squashfsOptions, known map[string]FileDigest)
+	}{
+		{"compressed", "compressed", func(o *squashfsOptions, _ map[string]FileDigest) { o.Compression = "gzip" }},
+		{"a known file missing", "oci/blobs/sha256/gone", func(_ *squashfsOptions, known map[string]FileDigest) {
 			known["oci/blobs/sha256/gone"] = FileDigest{Size: 1, Digest: "sha256:00"}
-		},
+		}},
+		// The key would read as much as the tree's hashing: not worth it.
+		{"mostly not known files", "are not known files", func(o *squashfsOptions, _ map[string]FileDigest) {
+			f, err := os.Create(filepath.Join(o.Tree, "storage/large"))
+			if err == nil {
+				err = f.Truncate(keyReadsAtMost + 1)
+				f.Close()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}},
 	} {
-		t.Run(name, func(t *testing.T) {
+		t.Run(tt.name, func(t *testing.T) {
 			o, known := base(t)
-			change(&o, known)
-			if key, err := keyOf(t, o, salt, known); !errors.Is(err, errNotKeyable) {
-				t.Errorf("key %q, err %v; want errNotKeyable", key, err)
+			tt.change(&o, known)
+			if key, err := keyOf(t, o, salt, known); !errors.Is(err, errNotKeyable) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("key %q, err %v; want errNotKeyable naming %q", key, err, tt.want)
 			}
 		})
 	}
