@@ -504,7 +504,9 @@ func (r *recorder) check(t *testing.T, want map[string]int64) {
 
 // TestWriteIgnitionReplaces: a second config replaces the first; /ignition
 // that is not a directory is an error, not a silent no-op.
-func TestWriteIgnitionReplaces(t *testing.T) {
+// baseCopy copies the generated base and finds its boot partition.
+func baseCopy(t *testing.T) (string, *Partition) {
+	t.Helper()
 	disk := filepath.Join(t.TempDir(), "base.raw")
 	copyRange(t, filepath.Join(bases(t), "base.raw"), 0, fileSize(t, filepath.Join(bases(t), "base.raw")), disk)
 	l, err := Inspect(disk)
@@ -515,6 +517,11 @@ func TestWriteIgnitionReplaces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return disk, boot
+}
+
+func TestWriteIgnitionReplaces(t *testing.T) {
+	disk, boot := baseCopy(t)
 	for _, cfg := range []string{`{"ignition":{"version":"3.3.0"},"first":true}`, `{"ignition":{"version":"3.4.0"}}`} {
 		if err := writeIgnition(disk, boot.Offset, []byte(cfg), epoch); err != nil {
 			t.Fatal(err)
@@ -546,16 +553,7 @@ func TestWriteIgnitionIsReproducible(t *testing.T) {
 	for _, at := range []int64{0, epoch} {
 		var sums []string
 		for i := 0; i < 2; i++ {
-			disk := filepath.Join(t.TempDir(), "base.raw")
-			copyRange(t, filepath.Join(bases(t), "base.raw"), 0, fileSize(t, filepath.Join(bases(t), "base.raw")), disk)
-			l, err := Inspect(disk)
-			if err != nil {
-				t.Fatal(err)
-			}
-			boot, err := bootPartition(l)
-			if err != nil {
-				t.Fatal(err)
-			}
+			disk, boot := baseCopy(t)
 			if i > 0 {
 				time.Sleep(1100 * time.Millisecond) // the clock's second moves on
 			}

@@ -4,10 +4,8 @@ package e2e
 
 import (
 	"bytes"
-	"crypto/sha256"
 	_ "embed"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -31,6 +29,7 @@ import (
 	"github.com/kiln-appliance/kiln/test/e2e/rawdisk"
 	"github.com/kiln-appliance/kiln/test/e2e/vm"
 	"github.com/kiln-appliance/kiln/test/fixtures/images"
+	"github.com/kiln-appliance/kiln/test/treecmp"
 
 	"github.com/kiln-appliance/kiln/test/e2e/repo"
 )
@@ -594,24 +593,10 @@ func (a *appliance) rebuild(t *testing.T, recipe, cache string) {
 	if !strings.Contains(string(out), "verity tree kept from an earlier build") {
 		t.Fatalf("the rebuild from a warm cache hashed its verity tree again:\n%s", out)
 	}
-	if a1, a2 := fileSHA256(t, a.disk), fileSHA256(t, again); a1 != a2 {
+	if a1, a2 := treecmp.SHA256File(t, a.disk), treecmp.SHA256File(t, again); a1 != a2 {
 		t.Fatalf("the rebuild wrote another disk: %s, first %s", a2, a1)
 	}
 	if err := os.Rename(again, a.disk); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func fileSHA256(t *testing.T, path string) string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(h.Sum(nil))
 }
