@@ -36,7 +36,6 @@ type VerityTrees struct {
 	Dir string
 
 	pending, key string // a staged tree (temp file) and its name
-	reused       bool   // the last Assemble copied a kept tree (for tests)
 }
 
 // keptTrees is how many trees a directory keeps (the most recently used);
@@ -44,6 +43,9 @@ type VerityTrees struct {
 const keptTrees = 8
 
 const keptTempPrefix = ".staging-"
+
+// keptTreeStep is the progress step of a build that copies a kept tree.
+const keptTreeStep = "verity tree kept from an earlier build"
 
 // Commit keeps the tree staged by the last Assemble, if any, and drops the
 // least recently used beyond keptTrees. A tree that cannot be kept costs
@@ -141,7 +143,6 @@ func (t *VerityTrees) load(key string, out io.WriterAt, tree, size int64) bool {
 	}
 	now := time.Now()
 	os.Chtimes(p, now, now) // recently used: kept longest
-	t.reused = true
 	return true
 }
 
@@ -292,6 +293,6 @@ func keptVerity(opts AssembleOptions, part *offsetFile, fsSize int64, salt []byt
 	if _, err := part.ReadAt(top, tree); err != nil {
 		return nil, false
 	}
-	progressOf(opts.Progress).Task("verity tree kept from an earlier build", 0).Done(nil)
+	progressOf(opts.Progress).Task(keptTreeStep, 0).Done(nil)
 	return newVerity(saltedHash(salt, top), salt, dataBlocks, fsSize, id), true
 }

@@ -176,9 +176,13 @@ func TestKeptVerityTree(t *testing.T) {
 	opts.VerityTrees, opts.KnownFiles = trees, knownBlobs(t, tree)
 	build := func(t *testing.T, commit bool) (string, bool) {
 		t.Helper()
+		steps := &recorder{}
+		opts.Progress = steps
 		disk, _ := assemble(t, opts)
-		reused := trees.reused
-		trees.reused = false
+		reused := false
+		for _, task := range steps.tasks {
+			reused = reused || task.name == keptTreeStep
+		}
 		if commit {
 			if err := trees.Commit(); err != nil {
 				t.Fatal(err)

@@ -285,15 +285,13 @@ const writebackStep = 32 << 20
 // disk writes while the writer copies instead of after it. Its Write
 // counts bytes written (the writer's progress).
 type writeback struct {
-	f               *os.File
-	base            int64
 	written, kicked int64
 	kick            chan int64
 	done            chan struct{}
 }
 
 func writebackBehind(f *os.File, base int64) *writeback {
-	w := &writeback{f: f, base: base, kick: make(chan int64, 1), done: make(chan struct{})}
+	w := &writeback{kick: make(chan int64, 1), done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
 		var from int64
@@ -317,8 +315,8 @@ func (w *writeback) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (w *writeback) Close() error {
+// Close waits for the last writeback started.
+func (w *writeback) Close() {
 	close(w.kick)
 	<-w.done
-	return nil
 }
