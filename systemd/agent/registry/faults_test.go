@@ -2,6 +2,7 @@ package registry
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -382,6 +383,14 @@ func TestLoadErrors(t *testing.T) {
 			os.WriteFile(filepath.Join(f.dir, "index.json"), []byte(`{"manifests":[`), 0o644)
 			return f.dir
 		}, "index.json"},
+		// Valid JSON, one byte over: the limit is named, not "unexpected EOF".
+		{"index.json over the limit", func(f *fixture) string {
+			p := filepath.Join(f.dir, "index.json")
+			b := must(os.ReadFile(p))
+			pad := bytes.Repeat([]byte(" "), maxManifestSize+1-len(b))
+			os.WriteFile(p, append(pad, b...), 0o644)
+			return f.dir
+		}, "index.json is 4194305 bytes, over the limit of 4194304 (4.0 MiB)"},
 		{"missing manifest", func(f *fixture) string {
 			os.Remove(f.blobPath(f.appDigest))
 			return f.dir

@@ -218,6 +218,10 @@ func (l *loader) loadLayout(root string) error {
 		return fmt.Errorf("read OCI layout %s: %w", root, err)
 	}
 	defer f.Close()
+	if err := checkSize(f, maxManifestSize); err != nil {
+		return fmt.Errorf("%w: an index.json this large is not served (on an image partition: damaged, verify it with `kiln verify`; "+
+			"a layout of your own: split its images across several layouts, kiln serve takes several directories)", err)
+	}
 	var idx ocispec.Index
 	if err := json.NewDecoder(io.LimitReader(f, maxManifestSize)).Decode(&idx); err != nil {
 		return fmt.Errorf("%s/index.json: %w (file damaged? verify the partition with `kiln verify`)", root, err)
@@ -381,6 +385,9 @@ func readVerified(path string, d ocispec.Descriptor) ([]byte, error) {
 	data, err := readRegular(path, limit)
 	if err != nil {
 		return nil, err
+	}
+	if int64(len(data)) > maxManifestSize {
+		return nil, fmt.Errorf("%s is over the limit of %d bytes (%s) for a manifest", path, int64(maxManifestSize), contract.Bytes(maxManifestSize))
 	}
 	sum := sha256.Sum256(data)
 	if int64(len(data)) > limit || (d.Size >= 0 && int64(len(data)) != d.Size) || "sha256:"+hex.EncodeToString(sum[:]) != d.Digest.String() {

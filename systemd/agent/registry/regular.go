@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"syscall"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // errNotRegular marks a layout file that is not a regular file: a symlink
@@ -35,6 +37,20 @@ func openRegular(path string) (*os.File, error) {
 		return nil, fmt.Errorf("%s: %w (%s)", path, errNotRegular, fi.Mode().Type())
 	}
 	return f, nil
+}
+
+// checkSize fails for a file larger than limit, naming both sizes: a
+// reader cut at the limit would only say "unexpected EOF", as if the file
+// were damaged rather than too large.
+func checkSize(f *os.File, limit int64) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.Size() > limit {
+		return fmt.Errorf("%s is %d bytes, over the limit of %d (%s)", f.Name(), fi.Size(), limit, contract.Bytes(limit))
+	}
+	return nil
 }
 
 // readRegular reads path as openRegular opens it, up to max+1 bytes (so

@@ -83,6 +83,9 @@ func role(s *contract.State, r contract.Release) string {
 	return "previous"
 }
 
+// maxStateSize bounds the release state file read at start.
+const maxStateSize = 64 << 20
+
 // readState reads the state file without following a symlink. A missing
 // file is os.ErrNotExist (wrapped).
 func readState(path string) (*contract.State, error) {
@@ -91,7 +94,10 @@ func readState(path string) (*contract.State, error) {
 		return nil, err
 	}
 	defer f.Close()
-	return contract.DecodeState(io.LimitReader(f, 64<<20))
+	if err := checkSize(f, maxStateSize); err != nil {
+		return nil, err
+	}
+	return contract.DecodeState(io.LimitReader(f, maxStateSize))
 }
 
 // storeBlobDir returns the release store's blobs/sha256 directory, "" when

@@ -292,6 +292,8 @@ func TestReleaseStoreHardening(t *testing.T) {
 			os.Symlink(n.state+".moved", n.state)
 		}, "not a regular file"},
 		{"state not JSON", func(n *upgradeNode) { os.WriteFile(n.state, []byte("{"), 0o644) }, "parse release state"},
+		// Sparse: its size, not its bytes, is what is refused.
+		{"state over the limit", func(n *upgradeNode) { os.Truncate(n.state, maxStateSize+1) }, "is 67108865 bytes, over the limit of 67108864 (64.0 MiB)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := newUpgradeNode(t)
@@ -302,5 +304,25 @@ func TestReleaseStoreHardening(t *testing.T) {
 				t.Fatalf("New: %v, want an error saying %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestReleaseManifestOverLimit: a release names its manifests by digest
+// only (no size), so a store manifest grown past the limit is refused by
+// its size, said as such, not as a digest mismatch; the other images are
+// served.
+func TestReleaseManifestOverLimit(t *testing.T) {
+	n := newUpgradeNode(t)
+	p := filepath.Join(n.store, "blobs", "sha256", must(n.tool.Digest()).Hex)
+	appendTo(p, strings.Repeat(" ", maxManifestSize))
+	addr, logs := n.serve(t)
+	if !strings.Contains(logs.String(), p+" is over the limit of 4194304 bytes (4.0 MiB) for a manifest") {
+		t.Errorf("start log does not say the manifest is over the limit:\n%s", logs)
+	}
+	if resp, _ := get(t, "HEAD", "http://"+addr+"/v2/quay.io/acme/tool/manifests/1.1", nil); resp.StatusCode != 404 {
+		t.Errorf("tool:1.1: %d, want 404", resp.StatusCode)
+	}
+	if resp, _ := get(t, "HEAD", "http://"+addr+"/v2/quay.io/acme/app/manifests/1.1", nil); resp.StatusCode != 200 {
+		t.Errorf("app:1.1: %d, want 200", resp.StatusCode)
 	}
 }
