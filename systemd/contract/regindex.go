@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math"
 	"slices"
 	"strings"
@@ -25,8 +26,9 @@ const RegistryIndexFile = "kiln-registry-index.bin"
 
 // RegistryIndexVersion is the version of RegistryIndex this kiln writes and
 // reads. A registry that meets another version indexes the layout itself.
-// Version 1 was JSON, in kiln-registry-index.json.
-const RegistryIndexVersion = 2
+// Version 1 was JSON, in kiln-registry-index.json; version 2 had no
+// checksum, so outside dm-verity a flipped bit could drop images unseen.
+const RegistryIndexVersion = 3
 
 // registryIndexMagic opens the file: `head -1` names it.
 const registryIndexMagic = "kiln registry index\n"
@@ -37,6 +39,10 @@ const MaxRegistryIndexSize = 256 << 20
 
 // ErrRegistryIndexVersion is returned for a registry index of another version.
 var ErrRegistryIndexVersion = errors.New("registry index of an unknown version")
+
+// ErrRegistryIndexDamaged is returned for a registry index whose checksum
+// does not match its contents.
+var ErrRegistryIndexDamaged = errors.New("damaged: its checksum does not match its contents")
 
 // RegistryIndex is everything the node's registry serves from one OCI
 // layout, as its own start-time indexing of that layout finds it. Each
@@ -90,6 +96,7 @@ func (ix *RegistryIndex) BlobDigest(i int) string { return "sha256:" + ix.Blobs[
 // (encoding/binary's) and strings (a varint length, then the bytes):
 //
 //	version
+//	the CRC-32C of everything after it (4 bytes, big-endian)
 //	n, then n raw sha256 digests (32 bytes each, ascending), then n sizes
 //	media type count, then the media types
 //	manifest count, then per manifest: blob, media type, artifact type,
@@ -99,14 +106,23 @@ func (ix *RegistryIndex) BlobDigest(i int) string { return "sha256:" + ix.Blobs[
 //
 // The same index always gives the same bytes (the partition is
 // reproducible). Blobs must be 64 hex characters per size.
+//
+// The checksum is there for an index read outside dm-verity (a layout
+// directory, a partition built without verity): the reader sees damage to
+// the file (every flipped bit, every burst up to 32 bits, anything else
+// but once in 2^32) instead of parsing it into a smaller index that
+// silently serves fewer images. It finds damage, it does not authenticate:
+// whoever can rewrite the index can rewrite the layout it summarises, and
+// the image partition's authenticity is dm-verity's and kiln verify's job.
+// CRC-32C, not sha256: 0.03 ms for a 2,000-image index where sha256 took
+// 0.8 ms, a start being about 10 ms.
 func EncodeRegistryIndex(ix *RegistryIndex) ([]byte, error) {
 	n := ix.BlobCount()
 	raw, err := hex.DecodeString(ix.Blobs)
 	if err != nil || len(raw) != 32*n {
 		return nil, fmt.Errorf("encode registry index: blobs are not %d sha256 digests in hex", n)
 	}
-	e := &indexEncoder{b: append(make([]byte, 0, len(raw)+16*n+64*len(ix.Manifests)), registryIndexMagic...)}
-	e.uint(uint64(ix.SchemaVersion))
+	e := &indexEncoder{b: make([]byte, 0, len(raw)+16*n+64*len(ix.Manifests))}
 	e.uint(uint64(n))
 	e.b = append(e.b, raw...)
 	for _, s := range ix.Sizes {
@@ -144,8 +160,20 @@ func EncodeRegistryIndex(ix *RegistryIndex) ([]byte, error) {
 	if e.err != nil {
 		return nil, fmt.Errorf("encode registry index: %w", e.err)
 	}
-	return e.b, nil
+	return sealRegistryIndex(ix.SchemaVersion, e.b), nil
 }
+
+// sealRegistryIndex is the file holding payload: the magic line, the
+// version, then the payload's checksum and the payload.
+func sealRegistryIndex(version int, payload []byte) []byte {
+	b := make([]byte, 0, len(registryIndexMagic)+binary.MaxVarintLen64+4+len(payload))
+	b = append(b, registryIndexMagic...)
+	b = binary.AppendUvarint(b, uint64(version))
+	b = binary.BigEndian.AppendUint32(b, crc32.Checksum(payload, castagnoli))
+	return append(b, payload...)
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 type indexEncoder struct {
 	b   []byte
@@ -175,7 +203,8 @@ func (e *indexEncoder) string(s string) {
 }
 
 // DecodeRegistryIndex parses RegistryIndexFile's bytes. Another schema
-// version is ErrRegistryIndexVersion (wrapped); anything else that is not
+// version is ErrRegistryIndexVersion (wrapped), contents that do not match
+// the checksum ErrRegistryIndexDamaged (wrapped); anything else that is not
 // an index this kiln wrote (truncated, trailing bytes, a count larger than
 // the file) is an error, never a panic or a huge allocation. Positions are
 // not checked against their lists: the reader does that.
@@ -197,6 +226,14 @@ func decodeRegistryIndex(data []byte) (*RegistryIndex, error) {
 	ix := &RegistryIndex{SchemaVersion: d.int()}
 	if d.err == nil && ix.SchemaVersion != RegistryIndexVersion {
 		return nil, fmt.Errorf("schema version %d, this kiln reads %d: %w", ix.SchemaVersion, RegistryIndexVersion, ErrRegistryIndexVersion)
+	}
+	sum := d.bytes(4)
+	if d.err != nil {
+		return nil, d.err
+	}
+	// Summed where it lies (d.s is a string, a []byte of it a copy).
+	if crc32.Checksum(data[len(data)-len(d.s):], castagnoli) != binary.BigEndian.Uint32([]byte(sum)) {
+		return nil, ErrRegistryIndexDamaged
 	}
 	n := d.count(32)
 	ix.Blobs = hexDigests(d.bytes(32 * n))

@@ -2,7 +2,9 @@ package registry
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"log"
 	"log/slog"
@@ -331,4 +333,34 @@ func BenchmarkBlobChecks(b *testing.B) {
 			stop()
 		})
 	}
+}
+
+// BenchmarkPrebuiltIndexRead: reading the factory's index of 2,000 images
+// at start (the file read and decoded, its checksum included) against the
+// checksum alone (sha256 of the same bytes): the share of the read the
+// checksum costs.
+func BenchmarkPrebuiltIndexRead(b *testing.B) {
+	dir := manyImages(b, 2000)
+	writePrebuilt(b, dir)
+	path := filepath.Join(dir, contract.RegistryIndexFile)
+	data := must(os.ReadFile(path))
+	b.Run("read", func(b *testing.B) {
+		b.SetBytes(int64(len(data)))
+		for i := 0; i < b.N; i++ {
+			must(readPrebuilt(path))
+		}
+	})
+	b.Run("sha256", func(b *testing.B) {
+		b.SetBytes(int64(len(data)))
+		for i := 0; i < b.N; i++ {
+			sha256.Sum256(data)
+		}
+	})
+	b.Run("crc32c", func(b *testing.B) {
+		b.SetBytes(int64(len(data)))
+		tab := crc32.MakeTable(crc32.Castagnoli)
+		for i := 0; i < b.N; i++ {
+			crc32.Checksum(data, tab)
+		}
+	})
 }

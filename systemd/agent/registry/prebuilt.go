@@ -90,8 +90,16 @@ func (l *loader) loadPrebuilt(root string) bool {
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		return false
+	case errors.Is(err, contract.ErrRegistryIndexVersion):
+		// A partition built by another kiln: nothing wrong with it.
+		l.log.Warn("prebuilt registry index of another version not used: indexing the layout at start instead (slower, same content)", "file", path, "error", err)
+		return false
 	case err != nil:
-		l.log.Warn("prebuilt registry index not used: indexing the layout at start instead (slower, same content)", "file", path, "error", err)
+		// Outside dm-verity nothing else stops a changed index; indexing the
+		// layout reads and checks every manifest itself, so what is served
+		// is still exactly the layout's content.
+		l.log.Error("prebuilt registry index damaged, not used: indexing the layout at start instead (slower, same content); "+
+			"verify the image partition with `kiln verify` or reflash it", "file", path, "error", err)
 		return false
 	}
 	if err := checkPrebuilt(pi); err != nil {
