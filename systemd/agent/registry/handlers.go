@@ -54,14 +54,14 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, repo *reposito
 		return
 	}
 	w.Header().Set("Content-Type", m.mediaType)
-	s.serveContent(w, r, digest, int64(len(data)), bytes.NewReader(data))
+	s.serveContent(w, r, digest, int64(len(data)), bytes.NewReader(data), nil)
 }
 
 // blob streams a blob from its file: Range, HEAD and conditional requests
 // via http.ServeContent, the body copied out through a buffer (copyBody). The size check against
 // the descriptor catches a truncated or grown file before any byte is sent;
-// a file that shrinks while being sent aborts the connection; the first
-// full read of each blob is hashed (verifyingReader), later ones are not.
+// a file that shrinks while being sent aborts the connection; no byte goes
+// out that was not checked against the digest (checkedContent).
 func (s *Server) blob(w http.ResponseWriter, r *http.Request, repo *repository, rt route) {
 	if _, blobs := s.ix.members(repo); !blobs[rt.ref] {
 		newError(http.StatusNotFound, codeBlobUnknown, fmt.Sprintf("blob %s is not in repository %s on this node", rt.ref, rt.name)).write(w)
@@ -103,25 +103,138 @@ func (s *Server) blob(w http.ResponseWriter, r *http.Request, repo *repository, 
 		s.damaged(w, rt.ref, bf, fmt.Sprintf("file is %d bytes, descriptor says %d", fi.Size(), bf.size))
 		return
 	}
-	var content io.ReadSeeker = f
-	switch v, _ := s.verified.Load(rt.ref); v {
-	case false:
-		s.damaged(w, rt.ref, bf, "content does not match its digest (found on an earlier read)")
+	dropStaleRange(r, rt.ref)
+	content, final, ok := s.checkedContent(w, r, rt.ref, bf, f, fi)
+	if !ok {
 		return
-	case nil:
-		// First full read: hash it on the way (not hashed from the next read on).
-		if r.Method == http.MethodGet && r.Header.Get("Range") == "" {
-			content = &verifyingReader{f: f, s: s, digest: rt.ref, bf: bf, h: sha256.New()}
-		}
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	s.serveContent(w, r, rt.ref, bf.size, content)
+	s.serveContent(w, r, rt.ref, bf.size, content, final)
 }
 
-// verifyingReader hashes a blob as it is sent in full for the first time.
-// The check runs before the last bytes are handed on: a blob that does not
-// match its digest never reaches the client complete; the connection is
-// aborted instead, and the blob is marked damaged for later requests.
+// checkedContent returns what to send of blob digest's file f (fi its
+// fstat) so that no byte leaves unchecked (check.go), and a check to make
+// before the body's last byte goes out (nil for none). It answers the
+// request itself and returns false when the blob is known to be damaged.
+func (s *Server) checkedContent(w http.ResponseWriter, r *http.Request, digest string, bf blobFile, f *os.File, fi os.FileInfo) (io.ReadSeeker, func() error, bool) {
+	st := stampOf(fi)
+	tr := s.trust.of(f, st.dev)
+	// Written a moment ago: a write in the same clock tick could leave the
+	// stamp unmoved. Once the window is out, any write moves it.
+	for i := 0; tr == stamped && st.racyFor(time.Now()) > 0; i++ {
+		if i == 3 {
+			tr = hashEveryRead // still being written
+			break
+		}
+		time.Sleep(st.racyFor(time.Now()))
+		fi, err := f.Stat()
+		if err != nil {
+			s.damaged(w, digest, bf, err.Error())
+			return nil, nil, false
+		}
+		if st = stampOf(fi); st.size != bf.size {
+			s.damaged(w, digest, bf, fmt.Sprintf("file is %d bytes, descriptor says %d", st.size, bf.size))
+			return nil, nil, false
+		}
+	}
+	c, known := s.checkOf(digest)
+	if known && c.stamp != st {
+		s.log.Warn("blob file changed since it was checked: it is checked again before it is served", "file", bf.path, "digest", digest)
+		known = false
+	}
+	ranged := r.Header.Get("Range") != ""
+	switch {
+	case known && tr != hashEveryRead && !c.ok:
+		s.damaged(w, digest, bf, "content does not match its digest (found on an earlier read)")
+		return nil, nil, false
+	case known && tr == verity:
+		return f, nil, true
+	case known && tr == stamped:
+		return f, s.unchanged(f, st, digest, bf), true
+	case r.Method == http.MethodHead:
+		return f, nil, true // no byte of the blob goes out
+	case ranged && tr == verity:
+		return f, nil, true // the build's bytes, which the factory checked
+	case ranged && tr == stamped:
+		if _, aerr := checkRange(r.Header.Get("Range"), bf.size); aerr != nil {
+			return f, nil, true // answered 416 by serveContent, no byte sent
+		}
+		ok, err := s.hashFirst(f, st, digest, bf)
+		if err != nil || !ok {
+			why := "content does not match its digest"
+			if err != nil {
+				why = "unreadable: " + err.Error()
+			}
+			s.damaged(w, digest, bf, why)
+			return nil, nil, false
+		}
+		return f, s.unchanged(f, st, digest, bf), true
+	}
+	// The whole blob, hashed on its way out. A Range where no check can be
+	// kept (hashEveryRead) is answered with the whole blob too, as RFC
+	// 9110 allows: only a whole blob can be hashed as it is sent.
+	r.Header.Del("Range")
+	return &verifyingReader{f: f, s: s, digest: digest, bf: bf, h: sha256.New(), stamp: st, keep: tr != hashEveryRead}, nil, true
+}
+
+// checkOf returns the last check of blob digest, if any.
+func (s *Server) checkOf(digest string) (check, bool) {
+	v, ok := s.checks.Load(digest)
+	if !ok {
+		return check{}, false
+	}
+	return v.(check), true
+}
+
+// hashFirst hashes blob digest's file before a Range of it is served, once
+// for all the requests that ask at the same time, and keeps the result.
+func (s *Server) hashFirst(f *os.File, st fileStamp, digest string, bf blobFile) (bool, error) {
+	key := fmt.Sprintf("%s %d:%d %d.%d", digest, st.dev, st.ino, st.ctime.Sec, st.ctime.Nsec)
+	v, err, _ := s.hashing.Do(key, func() (any, error) {
+		ok, err := hashFile(f, bf.size, digest)
+		if err == nil {
+			s.checks.Store(digest, check{stamp: st, ok: ok})
+		}
+		return ok, err
+	})
+	if err != nil {
+		return false, err
+	}
+	return v.(bool), nil
+}
+
+// unchanged is the check before a checked blob's last byte goes out: its
+// file must still have the stamp it was checked with, or a write since may
+// have changed what was sent. A change cuts the connection (the client
+// never holds the whole blob) and is logged; the next request checks the
+// file again.
+func (s *Server) unchanged(f *os.File, st fileStamp, digest string, bf blobFile) func() error {
+	return func() error {
+		fi, err := f.Stat()
+		if err == nil && stampOf(fi) == st {
+			return nil
+		}
+		s.log.Error("blob file changed while it was being sent: connection closed before its last byte; it is checked again on the next request",
+			"file", bf.path, "digest", digest)
+		return errChanged
+	}
+}
+
+var errChanged = errors.New("blob file changed while it was being sent")
+
+// dropStaleRange removes the Range of a request whose If-Range does not
+// name digest: the client's copy is stale and it gets the whole blob.
+func dropStaleRange(r *http.Request, digest string) {
+	if ir := r.Header.Get("If-Range"); ir != "" && ir != `"`+digest+`"` {
+		r.Header.Del("Range")
+	}
+}
+
+// verifyingReader hashes a blob as it is sent in full. The check runs
+// before the last bytes are handed on: a blob that does not match its
+// digest never reaches the client complete; the connection is aborted
+// instead. With keep, the result is kept for later requests (bound to the
+// file's stamp when the read began).
 //
 // It hides the *os.File (no embedding) so nothing can send the file past it.
 type verifyingReader struct {
@@ -131,6 +244,8 @@ type verifyingReader struct {
 	bf     blobFile
 	h      hash.Hash
 	pos    int64
+	stamp  fileStamp
+	keep   bool
 }
 
 func (v *verifyingReader) Seek(off int64, whence int) (int64, error) {
@@ -148,8 +263,8 @@ func (v *verifyingReader) Read(p []byte) (int, error) {
 	if err != nil && err != io.EOF {
 		// Through dm-verity a changed block reads as EIO: the partition
 		// refused bytes it did not build, so the blob is damaged.
-		v.s.verified.Store(v.digest, false)
-		v.s.log.Error("blob file damaged: unreadable (through dm-verity, a changed block of the image partition reads as an I/O error); verify the image partition with `kiln verify` or reflash it",
+		v.record(false)
+		v.s.log.Error("blob file damaged: unreadable (through dm-verity, a changed block of the image partition reads as an I/O error); "+damageFix(v.bf.store),
 			"file", v.bf.path, "digest", v.digest, "offset", v.pos, "error", err.Error())
 		panic(http.ErrAbortHandler)
 	}
@@ -158,14 +273,20 @@ func (v *verifyingReader) Read(p []byte) (int, error) {
 	if start < v.bf.size && v.pos == v.bf.size {
 		got := "sha256:" + hex.EncodeToString(v.h.Sum(nil))
 		if got != v.digest {
-			v.s.verified.Store(v.digest, false)
-			v.s.log.Error("blob file damaged: content does not match its digest; verify the image partition with `kiln verify` or reflash it",
+			v.record(false)
+			v.s.log.Error("blob file damaged: content does not match its digest; "+damageFix(v.bf.store),
 				"file", v.bf.path, "digest", v.digest, "got", got)
 			panic(http.ErrAbortHandler)
 		}
-		v.s.verified.Store(v.digest, true)
+		v.record(true)
 	}
 	return n, err
+}
+
+func (v *verifyingReader) record(ok bool) {
+	if v.keep {
+		v.s.checks.Store(v.digest, check{stamp: v.stamp, ok: ok})
+	}
 }
 
 // damaged reports a blob the index knows but whose file is wrong: 500 to
@@ -179,13 +300,11 @@ func (s *Server) damaged(w http.ResponseWriter, digest string, bf blobFile, why 
 // ETag. It checks the Range header first (checkRange), gives the client
 // writeTimeout to take each chunk of the body, and aborts the connection if
 // fewer bytes went out than were promised.
-func (s *Server) serveContent(w http.ResponseWriter, r *http.Request, digest string, size int64, content io.ReadSeeker) {
+func (s *Server) serveContent(w http.ResponseWriter, r *http.Request, digest string, size int64, content io.ReadSeeker, final func() error) {
 	h := w.Header()
 	h.Set("Docker-Content-Digest", digest)
 	h.Set("Etag", `"`+digest+`"`)
-	if ir := r.Header.Get("If-Range"); ir != "" && ir != h.Get("Etag") {
-		r.Header.Del("Range") // the client's copy is stale: it gets the whole blob
-	}
+	dropStaleRange(r, digest)
 	if rg := r.Header.Get("Range"); rg != "" {
 		checked, aerr := checkRange(rg, size)
 		if aerr != nil {
@@ -195,7 +314,7 @@ func (s *Server) serveContent(w http.ResponseWriter, r *http.Request, digest str
 		}
 		r.Header.Set("Range", checked)
 	}
-	bw := &contentWriter{ResponseWriter: w, timeout: s.writeTimeout, rc: http.NewResponseController(w)}
+	bw := &contentWriter{ResponseWriter: w, timeout: s.writeTimeout, rc: http.NewResponseController(w), final: final, want: -1}
 	http.ServeContent(bw, r, "", time.Time{}, content)
 	if r.Method == http.MethodHead || bw.rangeErr || (bw.status != http.StatusOK && bw.status != http.StatusPartialContent) {
 		return
@@ -218,15 +337,18 @@ const sendChunk = 4 << 20
 
 // contentWriter wraps http.ServeContent's writer: it counts body bytes
 // (ServeContent's copy comes through ReadFrom), gives each chunk of the
-// body a fresh write deadline, and replaces ServeContent's plain text 416
-// with the spec's JSON error.
+// body a fresh write deadline, holds the body's last byte back until final
+// passes, and replaces ServeContent's plain text 416 with the spec's JSON
+// error.
 type contentWriter struct {
 	http.ResponseWriter
 	rc       *http.ResponseController
 	timeout  time.Duration
 	status   int
 	n        int64
-	err      error // first write error (a client gone or too slow)
+	want     int64        // the body's Content-Length, -1 until known
+	final    func() error // run before the last byte goes out; an error aborts the connection
+	err      error        // first write error (a client gone or too slow)
 	rangeErr bool
 }
 
@@ -240,6 +362,9 @@ func (c *contentWriter) WriteHeader(status int) {
 		newError(status, codeRangeInvalid, "requested range not satisfiable: "+c.Header().Get("Content-Range")).write(c.ResponseWriter)
 		return
 	}
+	if n, err := strconv.ParseInt(c.Header().Get("Content-Length"), 10, 64); err == nil {
+		c.want = n
+	}
 	c.ResponseWriter.WriteHeader(status)
 }
 
@@ -251,9 +376,32 @@ func (c *contentWriter) Write(b []byte) (int, error) {
 		return len(b), nil
 	}
 	c.rc.SetWriteDeadline(time.Now().Add(c.timeout))
+	n, err := c.send(b)
+	c.noteErr(err)
+	return n, err
+}
+
+// send writes b and counts it. The body's last byte waits for final: every
+// read of the file is done by then (a multipart body ends with its closing
+// boundary, written after the last part), so final sees the file as it
+// was read.
+func (c *contentWriter) send(b []byte) (int, error) {
+	if last := c.want - 1 - c.n; c.final != nil && last >= 0 && last < int64(len(b)) {
+		n, err := c.ResponseWriter.Write(b[:last])
+		c.n += int64(n)
+		if err != nil {
+			return n, err
+		}
+		if c.final() != nil {
+			panic(http.ErrAbortHandler) // final said why
+		}
+		c.final = nil
+		m, err := c.ResponseWriter.Write(b[last:])
+		c.n += int64(m)
+		return n + m, err
+	}
 	n, err := c.ResponseWriter.Write(b)
 	c.n += int64(n)
-	c.noteErr(err)
 	return n, err
 }
 
@@ -275,9 +423,8 @@ func (c *contentWriter) ReadFrom(src io.Reader) (int64, error) {
 		}
 		want := chunk.N
 		c.rc.SetWriteDeadline(time.Now().Add(c.timeout))
-		n, err := copyBody(c.ResponseWriter, chunk)
+		n, err := copyBody(writerFunc(c.send), chunk)
 		total += n
-		c.n += n
 		if limited {
 			lr.N -= n
 		}
@@ -304,13 +451,20 @@ var sendBuffers = sync.Pool{New: func() any { b := make([]byte, sendBufferSize);
 
 const sendBufferSize = 1 << 20
 
+func getSendBuffer() *[]byte   { return sendBuffers.Get().(*[]byte) }
+func putSendBuffer(bp *[]byte) { sendBuffers.Put(bp) }
+
 // copyBody copies src to w through a sendBuffer (hiding w's ReadFrom and
 // src's WriteTo, which would sendfile).
 func copyBody(w io.Writer, src io.Reader) (int64, error) {
-	bp := sendBuffers.Get().(*[]byte)
-	defer sendBuffers.Put(bp)
+	bp := getSendBuffer()
+	defer putSendBuffer(bp)
 	return io.CopyBuffer(struct{ io.Writer }{w}, struct{ io.Reader }{src}, *bp)
 }
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 
 // readFrom copies src to w through w's own ReadFrom when it has one (so a
 // file goes out by sendfile), hiding any other method of w from io.Copy.

@@ -97,9 +97,10 @@ type index struct {
 // Stats counts what a server serves (for logs and sd_notify STATUS=).
 // Damaged counts what the start found damaged; a layout with a prebuilt
 // index (Prebuilt) is not looked at before READY, its manifests and blobs
-// are checked when first served.
+// are checked when first served. Verity counts the Layouts on dm-verity.
 type Stats struct {
 	Repositories, Tags, Manifests, Blobs, Damaged, Prebuilt int
+	Layouts, Verity                                         int
 }
 
 func (ix *index) stats() Stats {

@@ -13,11 +13,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"runtime/debug"
 	"sync"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
+	"golang.org/x/sync/singleflight"
 )
 
 // Server serves OCI layouts read-only. It is an http.Handler.
@@ -28,7 +30,11 @@ type Server struct {
 	shutdownTimeout time.Duration
 	writeTimeout    time.Duration
 	ready           func(Stats)
-	verified        sync.Map // blob digest → true (matches) or false (damaged), after a first full read
+	checks          sync.Map // blob digest → its last check (check.go)
+	hashing         singleflight.Group
+	trust           trustOf
+	layouts         int // the layouts served
+	onVerity        int // of which on dm-verity
 	releases        *releaseSource
 }
 
@@ -72,7 +78,8 @@ func WithReleaseState(stateFile, store string) Option {
 // request; any other layout's manifests are read and verified now and its
 // blobs stat'ed.
 func New(dirs []string, opts ...Option) (*Server, error) {
-	s := &Server{log: slog.Default(), logRequests: true, shutdownTimeout: 5 * time.Second, writeTimeout: 30 * time.Second}
+	s := &Server{log: slog.Default(), logRequests: true, shutdownTimeout: 5 * time.Second, writeTimeout: 30 * time.Second,
+		trust: trustOf{sysfs: "/sys"}}
 	for _, o := range opts {
 		o(s)
 	}
@@ -81,11 +88,43 @@ func New(dirs []string, opts ...Option) (*Server, error) {
 		return nil, err
 	}
 	s.ix = ix
+	for _, d := range dirs {
+		s.noteTrust(d)
+	}
 	return s, nil
 }
 
+// noteTrust says how far the blobs of the layout in dir are trusted
+// between reads (check.go), and counts the layouts on dm-verity.
+func (s *Server) noteTrust(dir string) {
+	root, err := layoutRoot(dir)
+	if err != nil {
+		return // loadIndex took it, so it cannot fail now
+	}
+	f, err := os.Open(root)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return
+	}
+	s.layouts++
+	if s.trust.of(f, stampOf(fi).dev) == verity {
+		s.onVerity++
+		s.log.Info("layout on dm-verity: its blobs are the bytes the build wrote, hashed on their first full read only", "layout", root)
+		return
+	}
+	s.log.Info("layout not on dm-verity: every blob is checked against its digest before its bytes go out, and again whenever its file changes", "layout", root)
+}
+
 // Stats reports what the server serves.
-func (s *Server) Stats() Stats { return s.ix.stats() }
+func (s *Server) Stats() Stats {
+	st := s.ix.stats()
+	st.Layouts, st.Verity = s.layouts, s.onVerity
+	return st
+}
 
 // Serve serves HTTP on l until ctx is cancelled, then stops accepting and
 // lets in-flight requests finish for the shutdown timeout. It returns nil
@@ -133,6 +172,7 @@ func Run(ctx context.Context, addr string, dirs []string, opts ...Option) error 
 		if st.Prebuilt > 0 {
 			status += "; index prebuilt by the factory, manifests and blobs checked when first served"
 		}
+		status += fmt.Sprintf("; %d of %d layouts on dm-verity", st.Verity, st.Layouts)
 		if st.Damaged > 0 {
 			status += fmt.Sprintf("; %d blobs DAMAGED or missing, see the journal", st.Damaged)
 		}

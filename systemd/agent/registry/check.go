@@ -1,0 +1,144 @@
+package registry
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A blob's bytes go out only once they were checked against its digest
+// (issue 26). How a check is kept depends on where the file lies:
+//
+//   - on dm-verity (the image partition as the node mounts it): every block
+//     read is the block the factory built, or an I/O error. The factory
+//     checked every blob against its digest before it wrote it, so the
+//     bytes are checked already; the first full read is still hashed on its
+//     way out (a factory bug would show there), nothing after it.
+//   - on a filesystem whose ctime moves with every write (stampable: the
+//     release store on /var, a layout directory on ext4), a check is bound
+//     to the file's stamp (fileStamp: device, inode, size, mtime, ctime). A
+//     blob is hashed before (Range) or while (a full GET) it is first sent,
+//     and again whenever its stamp moved; a checked blob is sent unhashed,
+//     and its stamp is taken again before its last byte goes out.
+//   - anywhere else (FUSE, network, overlay filesystems, which may keep or
+//     fake ctime): hashed on every read.
+//
+// What a stamp cannot see is a change under the filesystem, on its device
+// (a bit flipped on the disk after the check): that is what dm-verity is
+// for, and the image partition has it unless the recipe turned it off.
+
+// fileStamp is the state of a blob file a check is bound to: any write to
+// it or its replacement moves its ctime, which no user can set back.
+type fileStamp struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime syscall.Timespec
+}
+
+func stampOf(fi os.FileInfo) fileStamp {
+	st := fi.Sys().(*syscall.Stat_t)
+	return fileStamp{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
+}
+
+// racyFor is how long the file must be left alone before its stamp can be
+// trusted: written so shortly before now, a write within the same tick of
+// the kernel's coarse clock could leave its times unmoved (git's "racy"
+// case). A tick is 1-10 ms (HZ 1000 to 100); the window is ten times the
+// longest.
+func (st fileStamp) racyFor(now time.Time) time.Duration {
+	const racyWindow = 100 * time.Millisecond
+	last := max(st.mtime.Nano(), st.ctime.Nano())
+	return racyWindow - now.Sub(time.Unix(0, last))
+}
+
+// check is what a hash of a blob file found: its stamp when it was read,
+// and whether its bytes matched the digest.
+type check struct {
+	stamp fileStamp
+	ok    bool
+}
+
+// trust is how far a blob file can be trusted between reads.
+type trust int
+
+const (
+	hashEveryRead trust = iota // its ctime may not move with a write
+	stamped                    // checked once per stamp
+	verity                     // dm-verity: the build's bytes or an I/O error
+)
+
+// stampable are the filesystems whose ctime moves with every change of a
+// file made through them (statfs f_type), and the read-only ones nothing
+// can change through at all. FUSE, network and overlay filesystems may
+// keep or fake ctime: files there are hashed on every read.
+var stampable = map[int64]bool{
+	unix.EXT4_SUPER_MAGIC:     true, // ext2/3/4
+	unix.XFS_SUPER_MAGIC:      true,
+	unix.BTRFS_SUPER_MAGIC:    true,
+	unix.TMPFS_MAGIC:          true,
+	unix.F2FS_SUPER_MAGIC:     true,
+	unix.SQUASHFS_MAGIC:       true,
+	unix.EROFS_SUPER_MAGIC_V1: true,
+}
+
+// trustOf tells how far the files of a device can be trusted, learnt from
+// the first file met on it (one statfs, one sysfs read) and kept.
+type trustOf struct {
+	sysfs string // /sys; a test's tree in tests
+	mu    sync.Mutex
+	devs  map[uint64]trust
+}
+
+func (t *trustOf) of(f *os.File, dev uint64) trust {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if tr, ok := t.devs[dev]; ok {
+		return tr
+	}
+	tr := hashEveryRead
+	var fs unix.Statfs_t
+	switch {
+	case t.onVerity(dev):
+		tr = verity
+	case unix.Fstatfs(int(f.Fd()), &fs) == nil && stampable[int64(fs.Type)]:
+		tr = stamped
+	}
+	if t.devs == nil {
+		t.devs = map[uint64]trust{}
+	}
+	t.devs[dev] = tr
+	return tr
+}
+
+// onVerity reports whether dev is a dm-verity device opened by veritysetup,
+// as the node's kiln-images-verity.service opens the image partition: its
+// device-mapper UUID is "CRYPT-VERITY-…" (cryptsetup's naming; sysfs shows
+// it to any user). A filesystem on it reads only the blocks the root hash
+// vouches for. Anything else, including a device-mapper device of another
+// kind, is not.
+func (t *trustOf) onVerity(dev uint64) bool {
+	uuid, err := os.ReadFile(filepath.Join(t.sysfs, "dev", "block", fmt.Sprintf("%d:%d", unix.Major(dev), unix.Minor(dev)), "dm", "uuid"))
+	return err == nil && strings.HasPrefix(string(uuid), "CRYPT-VERITY-")
+}
+
+// hashFile returns whether the size bytes of f match digest, reading f
+// from its start (ReadAt: its offset is left alone).
+func hashFile(f *os.File, size int64, digest string) (bool, error) {
+	h := sha256.New()
+	bp := getSendBuffer()
+	defer putSendBuffer(bp)
+	n, err := io.CopyBuffer(h, io.NewSectionReader(f, 0, size), *bp)
+	if err != nil {
+		return false, err
+	}
+	return n == size && "sha256:"+hex.EncodeToString(h.Sum(nil)) == digest, nil
+}
