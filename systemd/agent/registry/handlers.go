@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -446,13 +447,34 @@ func (c *contentWriter) noteErr(err error) {
 // client gets 2,640 MiB/s from a server writing 1 MiB at a time from user
 // space and 2,124 MiB/s from one sending the file by sendfile, and eight
 // clients get the same from both (BENCHMARKS.md, "kiln serve: the blob
-// ceiling"). One buffer per body being sent.
-var sendBuffers = sync.Pool{New: func() any { b := make([]byte, sendBufferSize); return &b }}
+// ceiling"). A buffer is held while its body is sent, however slowly the
+// client reads: so only bigSendBuffers bodies at once get 1 MiB (more than
+// the cores can copy at once gain nothing from it), the others 64 KiB, and
+// hundreds of clients that stop reading hold 64 KiB each, not 1 MiB
+// (issue 26).
+var (
+	bigSends         = make(chan struct{}, max(8, 2*runtime.GOMAXPROCS(0)))
+	bigSendBuffers   = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
+	smallSendBuffers = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
+)
 
-const sendBufferSize = 1 << 20
+func getSendBuffer() *[]byte {
+	select {
+	case bigSends <- struct{}{}:
+		return bigSendBuffers.Get().(*[]byte)
+	default:
+		return smallSendBuffers.Get().(*[]byte)
+	}
+}
 
-func getSendBuffer() *[]byte   { return sendBuffers.Get().(*[]byte) }
-func putSendBuffer(bp *[]byte) { sendBuffers.Put(bp) }
+func putSendBuffer(bp *[]byte) {
+	if len(*bp) == 1<<20 {
+		bigSendBuffers.Put(bp)
+		<-bigSends
+		return
+	}
+	smallSendBuffers.Put(bp)
+}
 
 // copyBody copies src to w through a sendBuffer (hiding w's ReadFrom and
 // src's WriteTo, which would sendfile).

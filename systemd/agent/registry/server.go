@@ -33,6 +33,8 @@ type Server struct {
 	checks          sync.Map // blob digest → its last check (check.go)
 	hashing         singleflight.Group
 	trust           trustOf
+	memory          memoryReturn
+	maxConns        int // connections held at once (maxConns; fewer in tests)
 	layouts         int // the layouts served
 	onVerity        int // of which on dm-verity
 	releases        *releaseSource
@@ -79,7 +81,7 @@ func WithReleaseState(stateFile, store string) Option {
 // blobs stat'ed.
 func New(dirs []string, opts ...Option) (*Server, error) {
 	s := &Server{log: slog.Default(), logRequests: true, shutdownTimeout: 5 * time.Second, writeTimeout: 30 * time.Second,
-		trust: trustOf{sysfs: "/sys"}}
+		trust: trustOf{sysfs: "/sys"}, maxConns: maxConns}
 	for _, o := range opts {
 		o(s)
 	}
@@ -130,12 +132,15 @@ func (s *Server) Stats() Stats {
 // lets in-flight requests finish for the shutdown timeout. It returns nil
 // after a clean stop.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	cl := limitConns(l, s.maxConns)
+	l = cl
 	hs := &http.Server{
 		Handler:           s,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       60 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		ConnState:         cl.connState,
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(l) }()
@@ -210,6 +215,8 @@ func Run(ctx context.Context, addr string, dirs []string, opts ...Option) error 
 
 // ServeHTTP routes one request.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.memory.begin()
+	defer s.memory.end()
 	if !s.logRequests {
 		s.serve(w, r)
 		return
