@@ -40,25 +40,8 @@ func limitConns(l net.Listener, n int) *connLimiter {
 }
 
 func (l *connLimiter) Accept() (net.Conn, error) {
-	select {
-	case l.slots <- struct{}{}:
-	default:
-		l.mu.Lock()
-		l.waiting++
-		l.closeOneIdle()
-		l.mu.Unlock()
-		select {
-		case l.slots <- struct{}{}:
-		case <-l.done:
-		}
-		l.mu.Lock()
-		l.waiting--
-		l.mu.Unlock()
-		select {
-		case <-l.done:
-			return nil, net.ErrClosed
-		default:
-		}
+	if !l.take() {
+		return nil, net.ErrClosed
 	}
 	c, err := l.Listener.Accept()
 	if err != nil {
@@ -66,6 +49,31 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	return &limitedConn{Conn: c, release: sync.OnceFunc(func() { <-l.slots })}, nil
+}
+
+// take waits for a free slot, closing an idle connection to make one; it
+// returns false once the listener is closed.
+func (l *connLimiter) take() bool {
+	select {
+	case l.slots <- struct{}{}:
+		return true
+	default:
+	}
+	l.mu.Lock()
+	l.waiting++
+	l.closeOneIdle()
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.waiting--
+		l.mu.Unlock()
+	}()
+	select {
+	case l.slots <- struct{}{}:
+		return true
+	case <-l.done:
+		return false
+	}
 }
 
 func (l *connLimiter) Close() error {
