@@ -57,7 +57,7 @@ func TestServeLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
-	waitServing(t, addr)
+	startToReadyWait(t, addr)
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: readers}}
 	ctx, leave := context.WithCancel(context.Background())
@@ -145,20 +145,6 @@ func registryLimits(t *testing.T) (memoryMax int64, tasksMax int, env []string) 
 		t.Fatalf("kiln-registry.service has no MemoryMax=<n>M or no TasksMax=<n>")
 	}
 	return memoryMax, tasksMax, env
-}
-
-// waitServing waits until the registry at addr answers /v2/.
-func waitServing(t *testing.T, addr string) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if resp, err := http.Get("http://" + addr + "/v2/"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-	}
-	t.Fatalf("the registry at %s never answered", addr)
 }
 
 // samples is what sampleProcess saw of a process.

@@ -273,7 +273,8 @@ func distBlob(b *testing.B, v2, oci string, h v1.Hash) {
 	}
 }
 
-func startToReadyWait(b *testing.B, addr string) {
+// startToReadyWait waits until the registry at addr answers /v2/ with 200.
+func startToReadyWait(b testing.TB, addr string) {
 	b.Helper()
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if resp, err := http.Get("http://" + addr + "/v2/"); err == nil {
@@ -283,7 +284,7 @@ func startToReadyWait(b *testing.B, addr string) {
 			}
 		}
 	}
-	b.Fatalf("distribution at %s never answered", addr)
+	b.Fatalf("the registry at %s never answered /v2/", addr)
 }
 
 // distConfig writes a distribution config: filesystem storage at root,
