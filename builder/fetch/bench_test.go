@@ -25,7 +25,7 @@ import (
 // cache warm. It reports throughput and the peak Go heap, which must stay
 // small: blobs stream.
 //
-//	make bench   # or: go test -run '^$' -bench Fetch -benchtime 1x ./builder/fetch
+//	make bench   # or: go test -tags … -run '^$' -bench Fetch -benchtime 1x ./builder/fetch
 func BenchmarkFetch(b *testing.B) {
 	total := int64(4 << 30)
 	if s := os.Getenv("KILN_BENCH_BYTES"); s != "" {

@@ -15,7 +15,7 @@ import (
 // MB of incompressible images from the read-only loop-mounted squashfs
 // store into an empty main store, and the second (no-op) run.
 //
-//	go test -tags containers_image_openpgp,exclude_graphdriver_btrfs -run '^$' -bench CopyToMainStore -benchtime 1x ./systemd/preload/
+//	go test -tags containers_image_openpgp,exclude_graphdriver_btrfs -run '^$' -bench CopyToMainStore -benchtime 1x ./systemd/agent/preloadcopy/
 func BenchmarkCopyToMainStore(b *testing.B) {
 	const nImages, nLayers, layerSize = 2, 2, 64 << 20
 	dir := b.TempDir()
