@@ -162,13 +162,15 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 		}
 	}
 	sort.Slice(m.AppliesTo, func(i, j int) bool { return m.AppliesTo[i].Version < m.AppliesTo[j].Version })
+	// The delta applies to every base, so it leaves out only what every
+	// base holds: a node of any of them lacks nothing.
 	held := func(d string) bool {
 		for _, b := range bases {
-			if b.blobs[d] {
-				return true
+			if !b.blobs[d] {
+				return false
 			}
 		}
-		return false
+		return len(bases) > 0
 	}
 	layers := describeImages(m, r, images, held)
 	agentDigest, agentSize, err := stage.HashFile(agent)

@@ -487,3 +487,47 @@ func TestBundleKeyRotation(t *testing.T) {
 		t.Errorf("the 1.2 bundle carries trust %+v, want only the new key", m.Trust)
 	}
 }
+
+// A delta --from two releases applies to nodes of each: it carries every
+// blob one of them lacks. Release 1.2 keeps app:1.1 beside app:1.2, so the
+// 1.1 disk holds blobs the 1.0 disk lacks; a 1.0 node and a 1.1 node both
+// stage the one bundle.
+func TestDeltaFromTwoReleases(t *testing.T) {
+	rs := newReleases(t)
+	r10 := rs.recipe(t, "acme", "1.0.0", releaseFiles)
+	r11 := rs.recipe(t, "acme", "1.1.0", releaseFiles)
+	r12 := rs.recipe(t, "acme", "1.2.0", releaseFiles)
+	replaceInFile(t, r12, "trust: [", fmt.Sprintf("  - name: %[1]s1.1\n    source: oci:%[2]s:%[1]s1.1\ntrust: [", appImage, rs.layout))
+	disk10, disk11 := filepath.Join(rs.dir, "disk-1.0.raw"), filepath.Join(rs.dir, "disk-1.1.raw")
+	rs.mustKiln(t, "build", r10, "-o", disk10)
+	rs.mustKiln(t, "build", r11, "-o", disk11)
+	rs.mustKiln(t, "lock", r12)
+	b12 := filepath.Join(rs.dir, "upgrade-1.2.img")
+	rs.mustKiln(t, "bundle", r12, "-o", b12, "--key", rs.key, "--from", disk10, "--from", disk11)
+
+	on10, on11 := blobsIn(t, mountImagePartition(t, disk10)), blobsIn(t, mountImagePartition(t, disk11))
+	stick := blobsIn(t, mountBundle(t, b12))
+	for _, ref := range []string{baseImage, appImage + "1.1", appImage + "1.2"} {
+		for _, d := range rs.blobsOf(ref) {
+			if want := !on10[d] || !on11[d]; stick[d] != want {
+				t.Errorf("%s blob %s: on the stick %v, want %v (on 1.0: %v, on 1.1: %v)", ref, d, stick[d], want, on10[d], on11[d])
+			}
+		}
+	}
+	m := inspectBundle(t, rs, b12).Manifest
+	if len(m.AppliesTo) != 2 {
+		t.Errorf("applies to %+v, want 1.0.0 and 1.1.0", m.AppliesTo)
+	}
+	dev := attachStick(t, b12)
+	for _, disk := range []string{disk10, disk11} {
+		n := newImportNode(t, disk, rs.pub)
+		if out, code := n.kiln(t, rs, "agent", "import", dev); code != 0 {
+			t.Errorf("import on the node of %s: exit %d\n%s", filepath.Base(disk), code, out)
+			continue
+		}
+		if s := n.state(t); s.Staged == nil || s.Staged.Version != "1.2.0" {
+			t.Errorf("the node of %s staged %+v, want 1.2.0", filepath.Base(disk), s.Staged)
+		}
+		n.checkStore(t)
+	}
+}
