@@ -325,7 +325,7 @@ func TestImport(t *testing.T) {
 		want   string
 	}{
 		{"tampered blob", tampered, nil, "bundle is damaged: blob sha256:"},
-		{"tampered manifest", badSig, nil, "not signed by a trusted key"},
+		{"tampered manifest", badSig, nil, "bundle is damaged: the signature of SHA256:"},
 		{"untrusted key", b12, func(t *testing.T, n *importNode) {
 			os.RemoveAll(filepath.Join(n.root, bundle.TrustDir))
 			n.setupTrust(t, rs.otherPub)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -98,6 +99,63 @@ func TestSignVerify(t *testing.T) {
 	}
 	if _, _, err := Verify(env, nil); !errors.Is(err, ErrUntrusted) {
 		t.Errorf("verify with no key: %v, want ErrUntrusted", err)
+	}
+}
+
+// A signature by a trusted key that does not match the payload means the
+// bundle was changed after signing: damaged, not untrusted. A stranger's
+// signature stays untrusted.
+func TestVerifyDamagedIsNotUntrusted(t *testing.T) {
+	priv, pub := testKey(t)
+	_, other := testKey(t)
+	env, err := Sign(testManifest(t, pub), priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := testManifest(t, pub)
+	changed.Version = "9.9.9"
+	payload, err := changed.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e struct {
+		PayloadType string `json:"payloadType"`
+		Payload     []byte `json:"payload"`
+		Signatures  []struct {
+			KeyID string `json:"keyid"`
+			Sig   string `json:"sig"`
+		} `json:"signatures"`
+	}
+	if err := json.Unmarshal(env, &e); err != nil {
+		t.Fatal(err)
+	}
+	e.Payload = payload
+	newPayload, _ := json.Marshal(e)
+	e.Signatures[0].Sig = strings.Repeat("A", len(e.Signatures[0].Sig)-2) + "=="
+	newSig, _ := json.Marshal(e)
+	e.Signatures[0].KeyID = "SHA256:someone-else"
+	stranger, _ := json.Marshal(e)
+	for _, tc := range []struct {
+		name    string
+		env     []byte
+		trusted []ed25519.PublicKey
+		want    error
+		msg     string
+	}{
+		{"payload changed", newPayload, []ed25519.PublicKey{other, pub}, ErrDamaged, "does not match the signed manifest"},
+		{"signature changed", newSig, []ed25519.PublicKey{pub}, ErrDamaged, "changed after signing"},
+		{"signed by a key the node does not trust", env, []ed25519.PublicKey{other}, ErrUntrusted, "not signed by a trusted key (signed by [SHA256:"},
+		{"names a key the node does not trust", stranger, []ed25519.PublicKey{pub}, ErrUntrusted, "signed by [SHA256:someone-else]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := Verify(tc.env, tc.trusted)
+			if !errors.Is(err, tc.want) || !strings.Contains(fmt.Sprint(err), tc.msg) {
+				t.Errorf("got %v, want %v saying %q", err, tc.want, tc.msg)
+			}
+			if tc.want == ErrDamaged && errors.Is(err, ErrUntrusted) {
+				t.Errorf("%v: damaged, and untrusted too", err)
+			}
+		})
 	}
 }
 

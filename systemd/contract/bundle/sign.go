@@ -15,7 +15,8 @@ import (
 	"github.com/secure-systems-lab/go-securesystemslib/signerverifier"
 )
 
-// ErrUntrusted means no signature on the envelope verifies with a trusted key.
+// ErrUntrusted means no signature on the envelope names a trusted key. (One
+// that names a trusted key and does not verify is ErrDamaged.)
 var ErrUntrusted = errors.New("not signed by a trusted key")
 
 // Sign encodes m and signs it with priv in a DSSE envelope, returned as
@@ -66,6 +67,9 @@ func Verify(envelope []byte, trusted []ed25519.PublicKey) (*Manifest, string, er
 	}
 	accepted, payload, err := v.VerifyAndDecode(context.Background(), env)
 	if err != nil || len(accepted) == 0 {
+		if id := trustedSigner(env, trusted); id != "" {
+			return nil, "", fmt.Errorf("%w: the signature of %s, a trusted key, does not match the signed manifest: the manifest or its signature was changed after signing (make or copy the bundle again)", ErrDamaged, id)
+		}
 		return nil, "", fmt.Errorf("%w (signed by %s)", ErrUntrusted, signers(env))
 	}
 	m, err := Decode(payload)
@@ -125,6 +129,24 @@ func parseEnvelope(b []byte) (*dsse.Envelope, error) {
 		}
 	}
 	return &env, nil
+}
+
+// trustedSigner returns the ID of a trusted key that one of the envelope's
+// signatures names, or "": a signature that names a trusted key and does not
+// verify means the bundle was changed, not that a stranger signed it.
+func trustedSigner(env *dsse.Envelope, trusted []ed25519.PublicKey) string {
+	for _, pub := range trusted {
+		id, err := KeyID(pub)
+		if err != nil {
+			continue
+		}
+		for _, sig := range env.Signatures {
+			if sig.KeyID == id {
+				return id
+			}
+		}
+	}
+	return ""
 }
 
 func signers(env *dsse.Envelope) string {
