@@ -11,6 +11,13 @@ BIN       := out/kiln
 # partition: no factory libraries, so a quarter of the size and a registry
 # that starts without their package inits (docs/decisions.md).
 AGENT_BIN := out/kiln-agent
+# What `kiln --version` says, and what kiln records in kiln.json and bundle
+# manifests: git describe and the commit. The same commit gives the same
+# strings, so the same binaries.
+VERSION_PKG := github.com/kiln-appliance/kiln/internal/version
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+COMMIT    ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS   := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(COMMIT)
 
 # Debian packages the build and the tests need (qemu-system-x86: the e2e
 # harness's own tests drive a stopped QEMU through its monitor).
@@ -27,8 +34,8 @@ all: build
 
 build:
 	@mkdir -p out
-	$(GO) build $(GOFLAGS) -o $(BIN) ./cmd/kiln
-	$(GO) build -tags=$(TAGS),nodeonly -trimpath -ldflags='-s -w' -o $(AGENT_BIN) ./cmd/kiln
+	$(GO) build $(GOFLAGS) -ldflags='$(LDFLAGS)' -o $(BIN) ./cmd/kiln
+	$(GO) build -tags=$(TAGS),nodeonly -trimpath -ldflags='-s -w $(LDFLAGS)' -o $(AGENT_BIN) ./cmd/kiln
 
 deps:
 	@./test/deps.sh $(APT_PKGS)

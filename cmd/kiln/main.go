@@ -12,6 +12,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"go.podman.io/storage/pkg/reexec"
+
+	"github.com/kiln-appliance/kiln/internal/version"
 )
 
 // Exit codes: 1 for any failure, 2 for bad usage, 130 when interrupted.
@@ -68,6 +70,9 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	v := version.Current()
+	root.Version = v.Version
+	root.SetVersionTemplate(v.Text())
 	for _, add := range subcommands {
 		root.AddCommand(add())
 	}

@@ -1,0 +1,5 @@
+//go:build nodeonly
+
+package version
+
+const edition = Node
