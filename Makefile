@@ -28,7 +28,7 @@ APT_E2E  := ovmf debootstrap gcc libc6-dev make
 # The reference registry the benchmarks measure kiln serve against.
 APT_BENCH := docker-registry
 
-.PHONY: all build test demo bench e2e fuzz deps deps-e2e deps-bench clean vet
+.PHONY: all build test demo demo-upgrade bench e2e fuzz deps deps-e2e deps-bench clean vet
 
 all: build
 
@@ -58,11 +58,23 @@ test: deps build vet
 	$(GO) test $(GOFLAGS) -count=1 -timeout 30m ./...
 	cd test/crio && $(GO) vet -tags=$(CRIO_TAGS) ./... && $(GO) test -tags=$(CRIO_TAGS) -trimpath -count=1 -timeout 10m ./...
 
+# The demo's signing key (kiln key generate never overwrites one).
+DEMO_KEY := out/demo/factory
+
 demo: deps build
 	$(GO) run $(GOFLAGS) ./test/demo out/demo
+	@test -f $(DEMO_KEY).key || $(BIN) key generate $(DEMO_KEY)
 	$(BIN) lock recipes/demo.yaml
 	$(BIN) build recipes/demo.yaml -o out/demo.raw
 	$(BIN) inspect out/demo.raw
+
+# The upgrade path: release 1.1 of the demo as a signed delta stick for the
+# 1.0 disk that make demo built, checked and inspected.
+demo-upgrade: demo
+	$(BIN) lock recipes/demo-1.1.yaml
+	$(BIN) bundle recipes/demo-1.1.yaml --key $(DEMO_KEY).key --from out/demo.raw -o out/demo-1.1.img
+	$(BIN) verify out/demo-1.1.img --key $(DEMO_KEY).pub
+	$(BIN) inspect out/demo-1.1.img
 
 bench: deps-bench build
 	$(GO) test $(GOFLAGS) -run '^$$' -bench . -benchtime 1x -timeout 60m ./...

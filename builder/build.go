@@ -31,8 +31,8 @@ type Options struct {
 	RefreshLock bool   // re-resolve tags and rewrite the lock
 	// Agent is the node's kiln binary to place on the image partition
 	// (`make build` writes it as out/kiln-agent: kiln built with the nodeonly
-	// tag). Empty means kiln-agent beside this executable, else this very
-	// executable; either works only when the recipe's arch is the host's.
+	// tag). Empty means kiln-agent beside this executable (refused when
+	// there is none), which works only when the recipe's arch is the host's.
 	Agent           string
 	SourceDateEpoch int64 // 0: $SOURCE_DATE_EPOCH, else DefaultSourceDateEpoch
 	Progress        progress.Reporter
@@ -257,11 +257,18 @@ func agentBinary(path, arch string) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("find this kiln binary for the node: %w; pass --agent", err)
 		}
-		path = exe
 		// The node's edition links none of the factory's libraries: a quarter
 		// of the size, and the registry starts without their package inits.
-		if node := filepath.Join(filepath.Dir(exe), NodeBinaryName); fileExists(node) {
-			path = node
+		// Without it, refuse rather than put this factory binary on the
+		// node unasked (a delta bundle grew 20 times).
+		path = filepath.Join(filepath.Dir(exe), NodeBinaryName)
+		if !fileExists(path) {
+			size := "?"
+			if fi, err := os.Stat(exe); err == nil {
+				size = contract.Bytes(fi.Size())
+			}
+			return "", fmt.Errorf("no %s beside %s: the node runs kiln's node edition, %s, which `make build` writes beside kiln: put it there, or name it with --agent FILE (--agent %s would put this factory binary, %s, on the node instead, four times the size)",
+				NodeBinaryName, exe, NodeBinaryName, exe, size)
 		}
 	}
 	f, err := elf.Open(path)

@@ -14,6 +14,7 @@ import (
 	"github.com/kiln-appliance/kiln/builder/internal/leftover"
 	"github.com/kiln-appliance/kiln/builder/preload"
 	"github.com/kiln-appliance/kiln/builder/stage"
+	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -99,6 +100,7 @@ func (b *build) describe() (*contract.Contents, error) {
 		Arch:          r.Arch,
 		LockDigest:    digestOf(b.lockBytes),
 		Created:       b.epoch,
+		Kiln:          version.Current(),
 		Registry: contract.Registry{
 			Listen:     r.Registry.Listen,
 			AlwaysOn:   r.Registry.AlwaysOn,

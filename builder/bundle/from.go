@@ -17,6 +17,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/fetch"
+	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
@@ -33,6 +34,10 @@ type base struct {
 	blobs   map[string]bool
 	trust   []ed25519.PublicKey // keys its nodes trust, when known
 	agent   string              // digest of the agent its nodes run, when known
+	// schema is the newest manifest schema its nodes' agent reads: 1 when
+	// the release says it was made before schema 2 (a kiln.json without
+	// the kiln record, a schema 1 bundle), else this kiln's.
+	schema int
 }
 
 // loadBase reads a --from argument: a kiln disk, its kiln.json, a bundle
@@ -152,7 +157,10 @@ func baseFromContents(p string) (*base, error) {
 // (Images only preloaded are in containers/storage, not as blobs, so a
 // delta carries their blobs again.)
 func baseOfContents(c *contract.Contents) *base {
-	b := &base{recipe: c.Recipe, arch: c.Arch, release: bundle.Release{Version: c.Version, LockDigest: c.LockDigest}, blobs: map[string]bool{}}
+	b := &base{recipe: c.Recipe, arch: c.Arch, release: bundle.Release{Version: c.Version, LockDigest: c.LockDigest}, blobs: map[string]bool{}, schema: bundle.SchemaVersion}
+	if c.Kiln == (version.Info{}) {
+		b.schema = 1
+	}
 	prefix := path.Join(contract.OCIDir, "blobs", "sha256") + "/"
 	for _, f := range c.Files {
 		if hex, ok := strings.CutPrefix(f.Path, prefix); ok {
@@ -182,7 +190,7 @@ func baseFromBundle(p string, offset int64) (*base, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &base{recipe: m.Recipe, arch: m.Arch, release: bundle.Release{Version: m.Version, LockDigest: m.LockDigest}, blobs: map[string]bool{}, agent: m.Agent.Digest}
+	b := &base{recipe: m.Recipe, arch: m.Arch, release: bundle.Release{Version: m.Version, LockDigest: m.LockDigest}, blobs: map[string]bool{}, agent: m.Agent.Digest, schema: m.SchemaVersion}
 	for _, bl := range m.Blobs {
 		b.blobs[bl.Digest] = true
 	}
@@ -230,7 +238,7 @@ func baseFromLock(ctx context.Context, p string, cache *fetch.Cache, o Options) 
 	if err != nil {
 		return nil, err
 	}
-	b := &base{recipe: r.Name, arch: r.Arch, release: bundle.Release{Version: r.Version, LockDigest: digestOf(lockBytes)}, blobs: map[string]bool{}}
+	b := &base{recipe: r.Name, arch: r.Arch, release: bundle.Release{Version: r.Version, LockDigest: digestOf(lockBytes)}, blobs: map[string]bool{}, schema: bundle.SchemaVersion}
 	for _, img := range imgs {
 		b.blobs[img.Descriptor.Digest.String()] = true
 		for _, d := range img.Blobs() {

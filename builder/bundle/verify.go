@@ -23,6 +23,7 @@ import (
 type Report struct {
 	Path     string             `json:"path"`
 	Format   string             `json:"format"`           // FormatImage or FormatFile
+	Size     int64              `json:"size"`             // bytes of the stick image or file
 	Layout   *partitions.Layout `json:"layout,omitempty"` // stick images only
 	Offset   int64              `json:"offset"`           // where the bundle's bytes start
 	Header   int64              `json:"headerSize"`       // the filesystem starts at Offset+Header
@@ -102,6 +103,9 @@ func readHeader(p string) (*Report, error) {
 		return nil, err
 	}
 	defer f.Close()
+	if rep.Size, err = f.Seek(0, io.SeekEnd); err != nil { // Stat says 0 for a stick
+		return nil, err
+	}
 	h, err := bundle.ReadHeader(io.NewSectionReader(f, rep.Offset, toEnd))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p, err)

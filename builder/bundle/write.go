@@ -25,6 +25,7 @@ import (
 	"github.com/kiln-appliance/kiln/builder/fetch"
 	"github.com/kiln-appliance/kiln/builder/stage"
 	"github.com/kiln-appliance/kiln/internal/progress"
+	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/partitions/sqfswrite"
 	"github.com/kiln-appliance/kiln/recipes"
@@ -61,6 +62,9 @@ type Result struct {
 	Size     int64
 	Manifest *bundle.Manifest
 	KeyID    string
+	// Agent says which kiln the release's agent is (also when the
+	// manifest's schema cannot say it).
+	Agent version.Info
 }
 
 // Write builds the bundle for the recipe at recipePath from it and its lock.
@@ -113,6 +117,10 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	if err != nil {
 		return nil, err
 	}
+	agentVersion, err := builder.DescribeAgent(ctx, agent)
+	if err != nil {
+		return nil, err
+	}
 	trust, err := builder.TrustKeys(r)
 	if err != nil {
 		return nil, err
@@ -153,13 +161,22 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 		Arch:          r.Arch,
 		LockDigest:    digestOf(lockBytes),
 		Created:       epoch,
+		Kiln:          version.Current(),
 		Kind:          bundle.KindFull,
+		AgentVersion:  agentVersion,
 	}
 	for _, b := range bases {
 		m.Kind = bundle.KindDelta
 		if !slices.Contains(m.AppliesTo, b.release) {
 			m.AppliesTo = append(m.AppliesTo, b.release)
 		}
+		// Written for nodes whose agent reads no newer schema: schema 1
+		// lacks only the records of which kiln made it and which agent
+		// it carries.
+		m.SchemaVersion = min(m.SchemaVersion, b.schema)
+	}
+	if m.SchemaVersion == 1 {
+		m.Kiln, m.AgentVersion = version.Info{}, version.Info{}
 	}
 	sort.Slice(m.AppliesTo, func(i, j int) bool { return m.AppliesTo[i].Version < m.AppliesTo[j].Version })
 	// The delta applies to every base, so it leaves out only what every
@@ -236,7 +253,7 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 		return nil, fmt.Errorf("write %s: %w", o.Output, err)
 	}
 	builder.SyncDir(filepath.Dir(o.Output))
-	return &Result{Output: o.Output, Size: size, Manifest: m, KeyID: keyID}, nil
+	return &Result{Output: o.Output, Size: size, Manifest: m, KeyID: keyID, Agent: agentVersion}, nil
 }
 
 // checkBase refuses a --from the new release cannot follow.

@@ -20,6 +20,7 @@ import (
 	"github.com/kiln-appliance/kiln/ignition"
 	"github.com/kiln-appliance/kiln/internal/blockdev"
 	"github.com/kiln-appliance/kiln/internal/progress"
+	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
@@ -54,7 +55,11 @@ type Result struct {
 	Built  bool // the disk was built from the recipe, not given
 	Size   int64
 	Record *format.Record
-	Layout *partitions.Layout
+	About  *format.About
+	// AgentSize is the size of the agent on the stick (About.Agent says
+	// which kiln it is).
+	AgentSize int64
+	Layout    *partitions.Layout
 }
 
 // Write makes the stick image for the recipe at recipePath. Like a build,
@@ -80,6 +85,14 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 		return nil, err
 	}
 	agent, err := builder.AgentBinary(o.Agent, r.Arch)
+	if err != nil {
+		return nil, err
+	}
+	agentVersion, err := builder.DescribeAgent(ctx, agent)
+	if err != nil {
+		return nil, err
+	}
+	agentInfo, err := os.Stat(agent)
 	if err != nil {
 		return nil, err
 	}
@@ -128,6 +141,10 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	if err := stagePayload(ctx, tree, o.Disk, agent, rec, o.Progress); err != nil {
 		return nil, err
 	}
+	about := &format.About{Disk: *rep.Contents, Agent: agentVersion, Kiln: version.Current()}
+	if err := writeJSON(filepath.Join(tree, format.AboutFile), about); err != nil {
+		return nil, err
+	}
 	seed := sha256.Sum256([]byte("kiln reflash stick\x00" + rec.SHA256))
 	layout, err := partitions.Assemble(ctx, partitions.AssembleOptions{
 		Output:     out,
@@ -162,7 +179,7 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 		return nil, fmt.Errorf("rename %s to %s: %w", out.Name(), o.Output, err)
 	}
 	builder.SyncDir(filepath.Dir(o.Output))
-	return &Result{Output: o.Output, Built: built, Size: layout.Size, Record: rec, Layout: layout}, nil
+	return &Result{Output: o.Output, Built: built, Size: layout.Size, Record: rec, About: about, AgentSize: agentInfo.Size(), Layout: layout}, nil
 }
 
 // workDirPrefix names the work directory beside the output (the payload
@@ -229,11 +246,15 @@ func stagePayload(ctx context.Context, dir, disk, agent string, rec *format.Reco
 		return fmt.Errorf("stage %s: %w", disk, err)
 	}
 	c.Fill(rec)
-	b, err := json.Marshal(rec)
+	return writeJSON(filepath.Join(dir, format.RecordFile), rec)
+}
+
+func writeJSON(p string, v any) error {
+	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, format.RecordFile), b, 0o644)
+	return os.WriteFile(p, b, 0o644)
 }
 
 // sparseWriter writes sequentially, seeking over all-zero writes so the

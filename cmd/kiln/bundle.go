@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-appliance/kiln/builder/bundle"
+	"github.com/kiln-appliance/kiln/internal/version"
 	bundlefmt "github.com/kiln-appliance/kiln/systemd/contract/bundle"
 
 	"github.com/kiln-appliance/kiln/systemd/contract"
@@ -50,8 +51,9 @@ a full bundle that applies to any earlier release. See docs/bundles.md.`,
 				return err
 			}
 			m := res.Manifest
-			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%s %s %s bundle, %s; %s of blobs; signed by %s)\n",
-				res.Output, m.Recipe, m.Version, m.Kind, contract.Bytes(res.Size), contract.Bytes(m.Space.CopyBytes), res.KeyID)
+			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%s %s %s bundle, %s; %s of blobs; signed by %s)\nagent: %s\n",
+				res.Output, m.Recipe, m.Version, m.Kind, contract.Bytes(res.Size), contract.Bytes(m.Space.CopyBytes), res.KeyID,
+				agentLine(res.Agent, m.Agent, m.AgentOnStick))
 			return nil
 		},
 	}
@@ -89,7 +91,7 @@ func printBundle(w io.Writer, rep *bundle.Report, format string) error {
 		return enc.Encode(rep)
 	}
 	m := rep.Manifest
-	fmt.Fprintf(w, "Bundle %s: %s %s (%s), %s bundle, %s\n", rep.Path, m.Recipe, m.Version, m.Arch, m.Kind, rep.Format)
+	fmt.Fprintf(w, "Bundle %s: %s %s (%s), %s bundle, %s, %s\n", rep.Path, m.Recipe, m.Version, m.Arch, m.Kind, formatName(rep.Format), contract.Bytes(rep.Size))
 	if m.Kind == bundlefmt.KindFull {
 		fmt.Fprintln(w, "Applies to: any earlier release")
 	} else {
@@ -102,13 +104,19 @@ func printBundle(w io.Writer, rep *bundle.Report, format string) error {
 		signed = fmt.Sprint(rep.SignedBy) + " (claimed; kiln verify --key checks it)"
 	}
 	fmt.Fprintf(w, "Signed by: %s\n", signed)
+	if m.Kiln != (version.Info{}) {
+		fmt.Fprintf(w, "Made by: %s\n", m.Kiln)
+	} else {
+		fmt.Fprintf(w, "Made by: not recorded (manifest schema %d)\n", m.SchemaVersion)
+	}
+	fmt.Fprintf(w, "Agent: %s\n", agentLine(m.AgentVersion, m.Agent, m.AgentOnStick))
 	fmt.Fprintf(w, "Space on the node: %s of blobs to copy, %s unpacked\n\n", contract.Bytes(m.Space.CopyBytes), contract.Bytes(m.Space.UnpackedBytes))
 	onStick := map[string]bool{}
 	for _, b := range m.Blobs {
 		onStick[b.Digest] = b.OnStick
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "IMAGE\tDIGEST\tSIZE\tBLOBS ON STICK")
+	fmt.Fprintln(tw, "IMAGE\tDIGEST\tSIZE\tSERVED\tPRELOADED\tBLOBS ON STICK")
 	for _, img := range m.Images {
 		n := 0
 		for _, d := range append([]string{img.Digest}, img.Blobs...) {
@@ -116,7 +124,7 @@ func printBundle(w io.Writer, rep *bundle.Report, format string) error {
 				n++
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d of %d\n", img.Name, short(img.Digest), contract.Bytes(img.Size), n, len(img.Blobs)+1)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d of %d\n", img.Name, short(img.Digest), contract.Bytes(img.Size), yesNo(img.Served), yesNo(img.Preloaded), n, len(img.Blobs)+1)
 	}
 	tw.Flush()
 	if len(m.ReleaseFiles) > 0 {
@@ -130,4 +138,25 @@ func printBundle(w io.Writer, rep *bundle.Report, format string) error {
 		fmt.Fprintf(w, "  %s\n", k.KeyID)
 	}
 	return nil
+}
+
+func formatName(f string) string {
+	if f == bundle.FormatImage {
+		return "stick image"
+	}
+	return "single file"
+}
+
+// agentLine says which agent a release runs and whether the stick carries
+// it: "kiln-agent v1.2.0 (…, node edition), 11.2 MiB, on the stick".
+func agentLine(v version.Info, f bundlefmt.File, onStick bool) string {
+	which := v.String()
+	if v == (version.Info{}) {
+		which = "kiln " + short(f.Digest) + ", version not recorded (manifest schema 1)"
+	}
+	where := "on the stick"
+	if !onStick {
+		where = "not on the stick: every node it applies to runs this very agent, and keeps it"
+	}
+	return fmt.Sprintf("%s, %s, %s", which, contract.Bytes(f.Size), where)
 }

@@ -8,14 +8,17 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/kiln-appliance/kiln/builder/bundle"
+	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/partitions"
 	contract "github.com/kiln-appliance/kiln/systemd/contract/bundle"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
@@ -530,4 +533,141 @@ func TestDeltaFromTwoReleases(t *testing.T) {
 		}
 		n.checkStore(t)
 	}
+}
+
+// The bundle says which kiln made it and which agent it carries (edition,
+// version, size), in its summary line and in inspect; without kiln-agent
+// beside kiln it refuses rather than ship the factory binary unasked.
+func TestBundleSaysWhichAgent(t *testing.T) {
+	rs := newReleases(t)
+	r10 := rs.recipe(t, "acme", "1.0.0", releaseFiles)
+	r11 := rs.recipe(t, "acme", "1.1.0", releaseFiles)
+	disk10 := filepath.Join(rs.dir, "disk-1.0.raw")
+	rs.mustKiln(t, "build", r10, "-o", disk10)
+	rs.mustKiln(t, "lock", r11)
+	self := kilnVersion(t, kilnBin)
+	agent := kilnVersion(t, filepath.Join(filepath.Dir(kilnBin), "kiln-agent"))
+	agentSize := fileBytes(t, filepath.Join(filepath.Dir(kilnBin), "kiln-agent"))
+
+	full := filepath.Join(rs.dir, "full.img")
+	out := rs.mustKiln(t, "bundle", r11, "-o", full, "--key", rs.key)
+	if want := "agent: " + agent.String() + ", " + agentSize + ", on the stick\n"; !strings.Contains(out, want) {
+		t.Errorf("the summary does not say %q:\n%s", want, out)
+	}
+	m := inspectBundle(t, rs, full).Manifest
+	if m.SchemaVersion != contract.SchemaVersion || m.Kiln != self || m.AgentVersion != agent || m.AgentVersion.Edition != "node" {
+		t.Errorf("manifest schema %d, kiln %+v, agent %+v; want schema %d, %+v, %+v", m.SchemaVersion, m.Kiln, m.AgentVersion, contract.SchemaVersion, self, agent)
+	}
+	text := rs.mustKiln(t, "inspect", full)
+	for _, want := range []string{"Made by: " + self.String() + "\n", "Agent: " + agent.String() + ", " + agentSize + ", on the stick\n"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("inspect lacks %q:\n%s", want, text)
+		}
+	}
+
+	delta := filepath.Join(rs.dir, "delta.img")
+	out = rs.mustKiln(t, "bundle", r11, "-o", delta, "--key", rs.key, "--from", disk10)
+	if !strings.Contains(out, "agent: "+agent.String()+", "+agentSize+", not on the stick") {
+		t.Errorf("the delta's summary does not say its agent stays off the stick:\n%s", out)
+	}
+
+	// kiln alone, without the node edition beside it.
+	lone := filepath.Join(t.TempDir(), "kiln")
+	copyFile(t, kilnBin, lone)
+	os.Chmod(lone, 0o755)
+	runLone := func(args ...string) (string, int) {
+		cmd := exec.Command(lone, args...)
+		cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+rs.cache)
+		b, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		return string(b), cmd.ProcessState.ExitCode()
+	}
+	p := filepath.Join(rs.dir, "lone.img")
+	for _, args := range [][]string{
+		{"bundle", r11, "-o", p, "--key", rs.key},
+		{"build", r11, "-o", p},
+	} {
+		out, code := runLone(args...)
+		if code != 1 || !strings.Contains(out, "no kiln-agent beside "+lone) || !strings.Contains(out, "--agent") {
+			t.Errorf("%s without kiln-agent: exit %d\n%s", args[0], code, out)
+		}
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s without kiln-agent wrote %s", args[0], p)
+		}
+	}
+	// Asked for by name, the factory binary goes, and the summary says so.
+	out, code := runLone("bundle", r11, "-o", p, "--key", rs.key, "--agent", lone)
+	if code != 0 || !strings.Contains(out, "agent: "+self.String()+", "+fileBytes(t, lone)+", on the stick") || !strings.Contains(out, "factory edition") {
+		t.Errorf("bundle --agent kiln: exit %d\n%s", code, out)
+	}
+
+	// Not kiln at all: refused, naming it.
+	if out, code := rs.kiln(t, "bundle", r11, "-o", p, "--key", rs.key, "--agent", "/bin/true"); code != 1 || !strings.Contains(out, "agent binary /bin/true is not kiln") {
+		t.Errorf("bundle --agent /bin/true: exit %d\n%s", code, out)
+	}
+}
+
+// A delta for nodes whose agent predates manifest schema 2 (their kiln.json
+// has no kiln record) is written as schema 1, which those agents read, and
+// imports; one for newer nodes is schema 2.
+func TestBundleSchemaForOlderNodes(t *testing.T) {
+	rs := newReleases(t)
+	r10 := rs.recipe(t, "acme", "1.0.0", releaseFiles)
+	r11 := rs.recipe(t, "acme", "1.1.0", releaseFiles)
+	disk10 := filepath.Join(rs.dir, "disk-1.0.raw")
+	rs.mustKiln(t, "build", r10, "-o", disk10)
+	rs.mustKiln(t, "lock", r11)
+
+	data, err := os.ReadFile(filepath.Join(mountImagePartition(t, disk10), "kiln.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c map[string]json.RawMessage
+	if err := json.Unmarshal(data, &c); err != nil {
+		t.Fatal(err)
+	}
+	if v := kilnVersion(t, kilnBin); string(c["kiln"]) == "" || !strings.Contains(string(c["kiln"]), `"version": "`+v.Version+`"`) {
+		t.Fatalf("kiln.json does not record the kiln that built it (%s): %s", v, c["kiln"])
+	}
+	delete(c, "kiln") // as a kiln before schema 2 wrote it
+	old := filepath.Join(rs.dir, "old-kiln.json")
+	b, _ := json.Marshal(c)
+	os.WriteFile(old, b, 0o644)
+
+	for _, tc := range []struct {
+		from   string
+		schema int
+	}{{old, 1}, {disk10, contract.SchemaVersion}} {
+		p := filepath.Join(rs.dir, fmt.Sprintf("schema-%d.img", tc.schema))
+		rs.mustKiln(t, "bundle", r11, "-o", p, "--key", rs.key, "--from", tc.from)
+		rep := inspectBundle(t, rs, p)
+		if m := rep.Manifest; m.SchemaVersion != tc.schema || (tc.schema == 1) != (m.Kiln == version.Info{}) {
+			t.Errorf("--from %s: schema %d, kiln %+v; want schema %d", filepath.Base(tc.from), m.SchemaVersion, m.Kiln, tc.schema)
+		}
+		text := rs.mustKiln(t, "inspect", p)
+		if tc.schema == 1 && (!strings.Contains(text, "Made by: not recorded (manifest schema 1)") || !strings.Contains(text, "version not recorded")) {
+			t.Errorf("inspect of a schema 1 bundle:\n%s", text)
+		}
+		n := newImportNode(t, disk10, rs.pub)
+		if out, code := n.kiln(t, rs, "agent", "import", attachStick(t, p)); code != 0 {
+			t.Errorf("import of the schema %d bundle: exit %d\n%s", tc.schema, code, out)
+		}
+	}
+}
+
+// kilnVersion is what a kiln binary says of itself with --version.
+func kilnVersion(t *testing.T, bin string) version.Info {
+	t.Helper()
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		t.Fatalf("%s --version: %v", bin, err)
+	}
+	v, err := version.ParseText(string(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }

@@ -178,6 +178,16 @@ func sha256File(t *testing.T, p string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// fileBytes is a file's size as kiln prints sizes.
+func fileBytes(t *testing.T, p string) string {
+	t.Helper()
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return contract.Bytes(fi.Size())
+}
+
 // mountImagePartition loop-mounts the disk's image partition read-only with
 // the kernel's own squashfs driver.
 func mountImagePartition(t testing.TB, disk string) string {

@@ -14,6 +14,8 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/bundle"
+	"github.com/kiln-appliance/kiln/builder/reflashstick"
+	"github.com/kiln-appliance/kiln/internal/version"
 
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -23,8 +25,8 @@ func init() { subcommands = append(subcommands, newInspectCommand, newVerifyComm
 func newInspectCommand() *cobra.Command {
 	var format string
 	cmd := &cobra.Command{
-		Use:   "inspect DISK|BUNDLE",
-		Short: "Show a disk image's partitions and images, or what an upgrade bundle holds and whom it is for",
+		Use:   "inspect DISK|BUNDLE|STICK",
+		Short: "Show a disk image's partitions and images, what an upgrade bundle holds and whom it is for, or what a reflash stick carries",
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if format != "text" && format != "json" {
@@ -36,6 +38,13 @@ func newInspectCommand() *cobra.Command {
 					return err
 				}
 				return printBundle(cmd.OutOrStdout(), rep, format)
+			}
+			if isReflashStick(args[0]) {
+				rep, err := reflashstick.Inspect(args[0])
+				if err != nil {
+					return err
+				}
+				return printReflashStick(cmd.OutOrStdout(), rep, format)
 			}
 			rep, err := builder.Inspect(args[0])
 			if err != nil {
@@ -123,6 +132,9 @@ func printReport(w io.Writer, rep *builder.Report) {
 		return
 	}
 	fmt.Fprintf(w, "\nAppliance %s %s (%s), lock %s\n", c.Recipe, c.Version, c.Arch, short(c.LockDigest))
+	if c.Kiln != (version.Info{}) {
+		fmt.Fprintf(w, "Built by %s\n", c.Kiln)
+	}
 	var parts []string
 	for k := range rep.Sizes {
 		parts = append(parts, k)

@@ -70,9 +70,17 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	v := version.Current()
-	root.Version = v.Version
-	root.SetVersionTemplate(v.Text())
+	// --version by hand: cobra's own runs a text/template, which costs the
+	// node edition 3 MiB (reflection keeps every exported method).
+	var showVersion bool
+	root.Flags().BoolVar(&showVersion, "version", false, "print the version, commit, Go version and edition")
+	root.RunE = func(cmd *cobra.Command, args []string) error {
+		if !showVersion {
+			return cmd.Help()
+		}
+		fmt.Fprint(cmd.OutOrStdout(), version.Current().Text())
+		return nil
+	}
 	for _, add := range subcommands {
 		root.AddCommand(add())
 	}

@@ -3,12 +3,18 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-appliance/kiln/builder/reflashstick"
+	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	reflashfmt "github.com/kiln-appliance/kiln/systemd/contract/reflash"
 )
 
 func init() { subcommands = append(subcommands, newReflashStickCommand) }
@@ -54,8 +60,10 @@ any error. See docs/technician.md.`,
 			if res.Built {
 				disk = "the disk built from " + args[0]
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%s), carrying %s (%s, %s); %s\n",
-				res.Output, contract.Bytes(res.Size), disk, contract.Bytes(res.Record.Size), res.Record.SHA256, mode)
+			c := res.About.Disk
+			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%s), carrying %s (%s %s, %s, %s); %s\nagent: %s, %s\n",
+				res.Output, contract.Bytes(res.Size), disk, c.Recipe, c.Version, contract.Bytes(res.Record.Size), res.Record.SHA256, mode,
+				res.About.Agent, contract.Bytes(res.AgentSize))
 			return nil
 		},
 	}
@@ -67,4 +75,67 @@ any error. See docs/technician.md.`,
 	cmd.Flags().StringVar(&o.Agent, "agent", "", "kiln binary for the node's arch (default: kiln-agent beside this binary, else this binary)")
 	fetch.register(cmd)
 	return cmd
+}
+
+func printReflashStick(w io.Writer, rep *reflashstick.Report, format string) error {
+	if format == "json" {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	fmt.Fprintf(w, "Reflash stick %s: %s, disk GUID %s\n", rep.Path, contract.Bytes(rep.Layout.Size), rep.Layout.GUID)
+	d := rep.Disk
+	if c := d.Contents; c != nil {
+		fmt.Fprintf(w, "Carries: appliance %s %s (%s), lock %s, %d image(s)\n", c.Recipe, c.Version, c.Arch, short(c.LockDigest), len(c.Images))
+		if c.Kiln != (version.Info{}) {
+			fmt.Fprintf(w, "  built by %s\n", c.Kiln)
+		}
+	} else {
+		fmt.Fprintln(w, "Carries: an appliance disk; which one is not recorded (a stick made before kiln recorded it)")
+	}
+	fmt.Fprintf(w, "  disk.raw: %s, %s, disk GUID %s\n", contract.Bytes(d.Size), d.SHA256, d.DiskGUID)
+	which := "kiln, version not recorded"
+	if rep.Agent.Version != nil {
+		which = rep.Agent.Version.String()
+	}
+	fmt.Fprintf(w, "Agent: %s, %s, %s\n", which, contract.Bytes(rep.Agent.Size), short(rep.Agent.Digest))
+	if rep.Kiln != nil {
+		fmt.Fprintf(w, "Made by: %s\n", rep.Kiln)
+	}
+	ask := "asks on the console before writing"
+	if rep.Unattended {
+		ask = "unattended: writes without asking"
+	}
+	fmt.Fprintf(w, "Writes: %s; %s\n", targetText(rep.Target), ask)
+	if c := d.Contents; c != nil {
+		fmt.Fprintln(w)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "IMAGE\tDIGEST\tSIZE\tSERVED\tPRELOADED")
+		for _, img := range c.Images {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", img.Name, short(img.Digest), contract.Bytes(img.Size), yesNo(img.Served), yesNo(img.Preloaded))
+		}
+		tw.Flush()
+	}
+	return nil
+}
+
+// targetText says which disk a stick writes (the recipe's reflash.target).
+func targetText(t reflashfmt.Target) string {
+	if t.IsZero() {
+		return "the one non-removable disk that is neither the stick nor mounted"
+	}
+	var rule []string
+	if t.Path != "" {
+		rule = append(rule, "path "+t.Path)
+	}
+	if t.Model != "" {
+		rule = append(rule, "model "+t.Model)
+	}
+	if t.MinSize > 0 {
+		rule = append(rule, "at least "+contract.Bytes(t.MinSize))
+	}
+	if t.MaxSize > 0 {
+		rule = append(rule, "at most "+contract.Bytes(t.MaxSize))
+	}
+	return "the disk matching " + strings.Join(rule, ", ")
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kiln-appliance/kiln/builder/reflashstick"
 	"github.com/kiln-appliance/kiln/partitions"
 	format "github.com/kiln-appliance/kiln/systemd/contract/reflash"
 )
@@ -29,6 +30,7 @@ func TestReflashStick(t *testing.T) {
 	if out := mustKiln(t, f, "verify", stick); !strings.Contains(out, "OK (exactly the bytes kiln reflash-stick wrote)") {
 		t.Errorf("kiln verify %s:\n%s", stick, out)
 	}
+	checkStickInspect(t, f, stick, disk, out)
 	// Onto a "stick" with kiln write (checked, written, read back), and the
 	// written stick verifies too.
 	fi, _ := os.Stat(stick)
@@ -194,5 +196,40 @@ func TestReflashStickRefuses(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(stick); string(b) != "keep" {
 		t.Error("a refused run changed the output")
+	}
+}
+
+// checkStickInspect: the summary line and kiln inspect say what the stick
+// carries (the appliance, its disk's size and digest) and which agent.
+func checkStickInspect(t *testing.T, f *fixture, stick, disk, summary string) {
+	t.Helper()
+	agentBin := filepath.Join(filepath.Dir(kilnBin), "kiln-agent")
+	agent, self := kilnVersion(t, agentBin), kilnVersion(t, kilnBin)
+	diskSum := "sha256:" + sha256File(t, disk)
+	if want := "agent: " + agent.String() + ", " + fileBytes(t, agentBin); !strings.Contains(summary, want) || !strings.Contains(summary, "(test 1.0.0, ") {
+		t.Errorf("the summary does not say the appliance and %q:\n%s", want, summary)
+	}
+	text := mustKiln(t, f, "inspect", stick)
+	for _, want := range []string{
+		"Reflash stick " + stick + ": ",
+		"Carries: appliance test 1.0.0 (amd64), lock sha256:",
+		"  built by " + self.String() + "\n",
+		"  disk.raw: " + fileBytes(t, disk) + ", " + diskSum + ", disk GUID ",
+		"Agent: " + agent.String() + ", " + fileBytes(t, agentBin) + ", sha256:" + sha256File(t, agentBin)[:12] + "\n",
+		"Made by: " + self.String() + "\n",
+		"Writes: the one non-removable disk that is neither the stick nor mounted; unattended: writes without asking\n",
+		servedRef,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("inspect of the stick lacks %q:\n%s", want, text)
+		}
+	}
+	var rep reflashstick.Report
+	if err := json.Unmarshal([]byte(mustKiln(t, f, "inspect", "-o", "json", stick)), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if c := rep.Disk.Contents; c == nil || c.Recipe != "test" || c.Version != "1.0.0" || rep.Disk.SHA256 != diskSum ||
+		rep.Agent.Digest != "sha256:"+sha256File(t, agentBin) || rep.Agent.Version == nil || *rep.Agent.Version != agent || !rep.Unattended {
+		t.Errorf("inspect -o json of the stick: %+v", rep)
 	}
 }

@@ -83,14 +83,14 @@ func (i Info) String() string {
 	if i.Edition != "" {
 		parts = append(parts, i.Edition+" edition")
 	}
-	v := i.Version
-	if v == "" {
-		v = "(version unknown)"
+	head := i.Program() + " " + i.Version
+	if i.Version == "" {
+		head = i.Program() + ", version unknown"
 	}
 	if len(parts) == 0 {
-		return i.Program() + " " + v
+		return head
 	}
-	return fmt.Sprintf("%s %s (%s)", i.Program(), v, strings.Join(parts, ", "))
+	return fmt.Sprintf("%s (%s)", head, strings.Join(parts, ", "))
 }
 
 // Text is what --version prints: the program and version on the first

@@ -30,7 +30,8 @@ func TestString(t *testing.T) {
 	}{
 		{Info{Version: "v1.2.0", Commit: "0123abcdef0123abcdef", Go: "go1.26.8", Edition: Node}, "kiln-agent v1.2.0 (commit 0123abcdef01, go1.26.8, node edition)"},
 		{Info{Version: "devel", Go: "go1.26.8", Edition: Factory}, "kiln devel (go1.26.8, factory edition)"},
-		{Info{}, "kiln (version unknown)"},
+		{Info{Go: "go1.26.8", Edition: Node}, "kiln-agent, version unknown (go1.26.8, node edition)"},
+		{Info{}, "kiln, version unknown"},
 	} {
 		if got := tc.i.String(); got != tc.want {
 			t.Errorf("%+v: %q, want %q", tc.i, got, tc.want)

@@ -16,6 +16,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/kiln-appliance/kiln/internal/version"
 )
 
 // Paths inside the image partition.
@@ -49,13 +51,16 @@ const ContentsVersion = 1
 
 // Contents is kiln.json: what is on the partition, with digests.
 type Contents struct {
-	SchemaVersion int     `json:"schemaVersion"`
-	Recipe        string  `json:"recipe"`     // recipe name
-	Version       string  `json:"version"`    // recipe version
-	Arch          string  `json:"arch"`       // GOARCH
-	LockDigest    string  `json:"lockDigest"` // sha256 of the lock file bytes used
-	Created       int64   `json:"created"`    // SOURCE_DATE_EPOCH of the build
-	Images        []Image `json:"images"`
+	SchemaVersion int    `json:"schemaVersion"`
+	Recipe        string `json:"recipe"`     // recipe name
+	Version       string `json:"version"`    // recipe version
+	Arch          string `json:"arch"`       // GOARCH
+	LockDigest    string `json:"lockDigest"` // sha256 of the lock file bytes used
+	Created       int64  `json:"created"`    // SOURCE_DATE_EPOCH of the build
+	// Kiln is the kiln that built the disk (absent from disks built before
+	// kiln recorded it).
+	Kiln   version.Info `json:"kiln,omitzero"`
+	Images []Image      `json:"images"`
 	// Files lists every regular file on the partition except kiln.json itself,
 	// sorted by path, so `kiln verify` can re-hash all of it.
 	Files []File `json:"files"`

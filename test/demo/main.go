@@ -1,6 +1,7 @@
-// Command demo generates the inputs of recipes/demo.yaml with no network: a
-// small CoreOS-like base disk and OCI layouts of a tiny static Go program,
-// all made by code in this repository.
+// Command demo generates the inputs of recipes/demo.yaml (release 1.0) and
+// recipes/demo-1.1.yaml (its upgrade) with no network: a small CoreOS-like
+// base disk and an OCI layout of a tiny static Go program under each image
+// name, all made by code in this repository.
 //
 //	go run ./test/demo out/demo
 package main
@@ -21,6 +22,14 @@ var demoImages = []string{
 	"registry.example.com/kiln-demo/hello-served:1.0",
 	"quay.io/kiln-demo/hello-preloaded:1.0",
 }
+
+// Release 1.1 of the demo ships hello:1.1: hello:1.0's layer and one more,
+// as a new build of an image adds a layer to the ones it shares.
+const (
+	demoUpgrade      = "quay.io/kiln-demo/hello:1.1"
+	demoReleaseFile  = "etc/hello-release"
+	demoReleaseLabel = "kiln-demo hello 1.1\n"
+)
 
 func main() {
 	if len(os.Args) != 2 {
@@ -52,6 +61,9 @@ func generate(dir string) error {
 			return fmt.Errorf("image %s: %w", ref, err)
 		}
 	}
-	fmt.Printf("demo inputs in %s: base.raw, oci/ (%d images)\n", dir, len(demoImages))
+	if _, err := images.HelloImageWith(layout, demoUpgrade, map[string]string{demoReleaseFile: demoReleaseLabel}, "amd64", "arm64"); err != nil {
+		return fmt.Errorf("image %s: %w", demoUpgrade, err)
+	}
+	fmt.Printf("demo inputs in %s: base.raw, oci/ (%d images)\n", dir, len(demoImages)+1)
 	return nil
 }

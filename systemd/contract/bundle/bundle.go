@@ -29,6 +29,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 
+	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -64,8 +65,15 @@ const PartitionType = "3C0A7F52-9E1D-4B8A-A6F3-5D2E8C41B907"
 // PayloadType is the DSSE payload type of a bundle manifest.
 const PayloadType = "application/vnd.kiln.bundle.manifest.v1+json"
 
-// SchemaVersion is the version of Manifest.
-const SchemaVersion = 1
+// SchemaVersion is the version of Manifest this kiln writes; it reads every
+// version from MinSchemaVersion on. Schema 2 added Kiln and AgentVersion.
+// A reader refuses a newer manifest as made by a newer kiln (ErrNewerKiln),
+// looking at nothing but its schemaVersion (and kiln, to name it), so a
+// later schema may add fields. See docs/bundles.md, "Compatibility".
+const (
+	SchemaVersion    = 2
+	MinSchemaVersion = 1
+)
 
 // Kinds of bundle.
 const (
@@ -82,6 +90,8 @@ type Manifest struct {
 	Arch          string `json:"arch"`       // GOARCH
 	LockDigest    string `json:"lockDigest"` // sha256 of the release's lock file
 	Created       int64  `json:"created"`    // SOURCE_DATE_EPOCH of the bundle
+	// Kiln is the kiln that made the bundle (schema 2 on; absent in 1).
+	Kiln version.Info `json:"kiln,omitzero"`
 
 	Kind string `json:"kind"` // KindFull or KindDelta
 	// AppliesTo lists the releases a delta applies to (its bases); empty
@@ -100,6 +110,9 @@ type Manifest struct {
 	// agent (same digest), and the node keeps the one it has.
 	Agent        File `json:"agent"`
 	AgentOnStick bool `json:"agentOnStick"`
+	// AgentVersion says which kiln the agent is: edition, version, Go
+	// (schema 2 on; absent in 1).
+	AgentVersion version.Info `json:"agentVersion,omitzero"`
 	// Trust is the key set the node trusts once this release is confirmed
 	// (key rotation: the bundle itself is signed by a key the node trusts now).
 	Trust []Key `json:"trust"`

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -55,6 +56,137 @@ func testManifest(t *testing.T, pub ed25519.PublicKey) *Manifest {
 		Agent:        File{Path: AgentBinary, Size: 1, Digest: d("7")},
 		Filesystem:   Filesystem{Size: 4096, Metadata: d("6")},
 		Trust:        []Key{k},
+		Kiln:         version.Info{Version: "v1.4.0", Go: "go1.26.8", Edition: version.Factory},
+		AgentVersion: version.Info{Version: "v1.4.0", Go: "go1.26.8", Edition: version.Node},
+	}
+}
+
+// schema1 is the manifest as kiln wrote it before schema 2, and as the
+// agents of that time decode it (strictly: an unknown field is an error),
+// frozen here down to its nested types.
+type schema1 struct {
+	SchemaVersion int       `json:"schemaVersion"`
+	Recipe        string    `json:"recipe"`
+	Version       string    `json:"version"`
+	Arch          string    `json:"arch"`
+	LockDigest    string    `json:"lockDigest"`
+	Created       int64     `json:"created"`
+	Kind          string    `json:"kind"`
+	AppliesTo     []Release `json:"appliesTo,omitempty"`
+	Images        []struct {
+		Name      string   `json:"name"`
+		Digest    string   `json:"digest"`
+		MediaType string   `json:"mediaType"`
+		Size      int64    `json:"size"`
+		Served    bool     `json:"served"`
+		Preloaded bool     `json:"preloaded"`
+		ImageID   string   `json:"imageID"`
+		Blobs     []string `json:"blobs"`
+	} `json:"images"`
+	Blobs []struct {
+		Digest    string `json:"digest"`
+		Size      int64  `json:"size"`
+		MediaType string `json:"mediaType"`
+		OnStick   bool   `json:"onStick"`
+		Unpacked  int64  `json:"unpacked,omitempty"`
+	} `json:"blobs"`
+	Space struct {
+		CopyBytes     int64 `json:"copyBytes"`
+		UnpackedBytes int64 `json:"unpackedBytes"`
+	} `json:"space"`
+	ReleaseFiles []struct {
+		Path   string `json:"path"`
+		Mode   uint32 `json:"mode"`
+		Size   int64  `json:"size"`
+		Digest string `json:"digest"`
+	} `json:"releaseFiles"`
+	Agent        schema1File `json:"agent"`
+	AgentOnStick bool        `json:"agentOnStick"`
+	Trust        []struct {
+		KeyID     string `json:"keyid"`
+		PublicKey string `json:"publicKey"`
+	} `json:"trust"`
+	Filesystem struct {
+		Size     int64  `json:"size"`
+		Metadata string `json:"metadata"`
+	} `json:"filesystem"`
+	Files []schema1File `json:"files"`
+}
+
+type schema1File struct {
+	Path   string `json:"path"`
+	Size   int64  `json:"size"`
+	Digest string `json:"digest"`
+	Offset int64  `json:"offset"`
+}
+
+// Compatibility both ways: this kiln reads schema 1 and 2; what it writes
+// as schema 1 an agent of schema 1 reads; a newer schema is refused as made
+// by a newer kiln, naming it, not for a field this kiln does not know.
+func TestManifestSchemas(t *testing.T) {
+	priv, pub := testKey(t)
+	open := func(m *Manifest) (*Manifest, error) {
+		env, err := Sign(m, priv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hdr, _ := EncodeHeader(env, HeaderSize(len(env)))
+		got, _, _, err := Open(bytes.NewReader(hdr), []ed25519.PublicKey{pub})
+		return got, err
+	}
+
+	m2 := testManifest(t, pub)
+	if got, err := open(m2); err != nil || got.Kiln != m2.Kiln || got.AgentVersion != m2.AgentVersion {
+		t.Errorf("schema 2: %+v, %v", got, err)
+	}
+
+	m1 := testManifest(t, pub)
+	m1.SchemaVersion, m1.Kiln, m1.AgentVersion = 1, version.Info{}, version.Info{}
+	if got, err := open(m1); err != nil || got.SchemaVersion != 1 {
+		t.Errorf("schema 1: %+v, %v", got, err)
+	}
+	payload, _ := m1.Encode()
+	var old schema1
+	if err := decodeStrict(payload, &old); err != nil {
+		t.Errorf("a schema 1 agent cannot read the schema 1 manifest this kiln writes: %v\n%s", err, payload)
+	}
+
+	m1.Kiln = m2.Kiln // schema 1 with a schema 2 field: a schema 1 agent would refuse it
+	if _, err := open(m1); !errors.Is(err, ErrDamaged) {
+		t.Errorf("schema 1 with a kiln record: %v, want ErrDamaged", err)
+	}
+	m2.Kiln = version.Info{}
+	if _, err := open(m2); !errors.Is(err, ErrDamaged) {
+		t.Errorf("schema 2 without its kiln record: %v, want ErrDamaged", err)
+	}
+
+	// A manifest from a later kiln: schema 3, with a field this kiln does
+	// not know. Its signature is good; the schema is what is refused.
+	raw, _ := testManifest(t, pub).Encode()
+	raw = bytes.Replace(raw, []byte(`{"schemaVersion":2,`), []byte(`{"schemaVersion":3,"rollout":{"waves":2},`), 1)
+	raw = bytes.Replace(raw, []byte(`"kiln":{"version":"v1.4.0"`), []byte(`"kiln":{"version":"v2.0.0"`), 1)
+	for _, tc := range []struct {
+		name, payload string
+		want          []string
+	}{
+		{"schema 3", string(raw), []string{"bundle made by a newer kiln (v2.0.0): its manifest is schema 3", "reads schemas 1 to 2", "upgrade the node first"}},
+		{"schema 3, kiln not named", `{"schemaVersion":3,"kiln":"v2"}`, []string{"newer kiln (version not given)"}},
+	} {
+		_, err := Decode([]byte(tc.payload))
+		if !errors.Is(err, ErrNewerKiln) {
+			t.Errorf("%s: %v, want ErrNewerKiln", tc.name, err)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(fmt.Sprint(err), w) {
+				t.Errorf("%s: %v, want it to say %q", tc.name, err, w)
+			}
+		}
+	}
+	if _, err := Decode([]byte(`{"schemaVersion":0}`)); err == nil || errors.Is(err, ErrNewerKiln) {
+		t.Errorf("schema 0: %v", err)
+	}
+	if _, err := Decode([]byte(`{"schemaVersion":2,"rollout":{}}`)); err == nil || !strings.Contains(err.Error(), "unknown field") {
+		t.Errorf("schema 2 with an unknown field: %v", err)
 	}
 }
 

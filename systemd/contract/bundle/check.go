@@ -12,6 +12,7 @@ import (
 
 	"github.com/coreos/go-semver/semver"
 
+	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -112,6 +113,12 @@ func (m *Manifest) Validate() error {
 	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	if _, err := ParseVersion(m.Version); err != nil {
 		bad("%v", err)
+	}
+	switch {
+	case m.SchemaVersion == 1 && (m.Kiln != version.Info{} || m.AgentVersion != version.Info{}):
+		bad("schema 1 has no kiln or agentVersion")
+	case m.SchemaVersion > 1 && (m.Kiln.Version == "" || m.AgentVersion.Edition == ""):
+		bad("schema %d names the kiln that made the bundle and the agent's edition", m.SchemaVersion)
 	}
 	switch m.Kind {
 	case KindFull:

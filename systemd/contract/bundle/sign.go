@@ -13,6 +13,8 @@ import (
 
 	"github.com/secure-systems-lab/go-securesystemslib/dsse"
 	"github.com/secure-systems-lab/go-securesystemslib/signerverifier"
+
+	"github.com/kiln-appliance/kiln/internal/version"
 )
 
 // ErrUntrusted means no signature on the envelope names a trusted key. (One
@@ -182,14 +184,39 @@ func (m *Manifest) Encode() ([]byte, error) {
 	return json.Marshal(m)
 }
 
-// Decode parses a manifest strictly.
+// ErrNewerKiln means the manifest's schema is newer than this kiln reads.
+var ErrNewerKiln = errors.New("bundle made by a newer kiln")
+
+// Decode parses a manifest strictly, of any schema from MinSchemaVersion to
+// SchemaVersion. It reads the schema version first, so a newer manifest is
+// refused as such (naming the kiln that made it), not for a field this kiln
+// does not know.
 func Decode(b []byte) (*Manifest, error) {
+	var head struct {
+		SchemaVersion int             `json:"schemaVersion"`
+		Kiln          json.RawMessage `json:"kiln"`
+	}
+	if err := json.Unmarshal(b, &head); err != nil {
+		return nil, fmt.Errorf("bundle manifest: %w", err)
+	}
+	if head.SchemaVersion > SchemaVersion {
+		var maker struct {
+			Version string `json:"version"`
+		}
+		json.Unmarshal(head.Kiln, &maker) // only to name it
+		if maker.Version == "" {
+			maker.Version = "version not given"
+		}
+		me := version.Current()
+		return nil, fmt.Errorf("%w (%s): its manifest is schema %d, this %s %s reads schemas %d to %d; upgrade the node first with a bundle made by a kiln it reads (the release it brings carries a newer agent), or make this one with such a kiln",
+			ErrNewerKiln, maker.Version, head.SchemaVersion, me.Program(), me.Version, MinSchemaVersion, SchemaVersion)
+	}
+	if head.SchemaVersion < MinSchemaVersion {
+		return nil, fmt.Errorf("bundle manifest: schema version %d, this kiln reads %d to %d", head.SchemaVersion, MinSchemaVersion, SchemaVersion)
+	}
 	var m Manifest
 	if err := decodeStrict(b, &m); err != nil {
 		return nil, fmt.Errorf("bundle manifest: %w", err)
-	}
-	if m.SchemaVersion != SchemaVersion {
-		return nil, fmt.Errorf("bundle manifest: schema version %d, this kiln reads %d", m.SchemaVersion, SchemaVersion)
 	}
 	return &m, nil
 }

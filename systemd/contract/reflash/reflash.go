@@ -8,6 +8,8 @@
 //	/reflash.json   Record: the disk image's size, sha256 and per-chunk digests, and how to pick the target
 //	/disk.raw       the appliance disk, byte for byte the factory's (kiln verify accepted it)
 //	/bin/kiln       the node edition of kiln, which the stick's unit runs
+//	/about.json     About: the disk's kiln.json and which kiln the agent is, for kiln inspect
+//	                (the reflash reads none of it; sticks made before 2026-11-26 lack it)
 package reflash
 
 import (
@@ -24,6 +26,9 @@ import (
 	"runtime"
 	"sync"
 	"unsafe"
+
+	"github.com/kiln-appliance/kiln/internal/version"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // PartitionType is the GPT partition type GUID of the stick's payload
@@ -42,6 +47,19 @@ const (
 	// Unit runs the reflash on the stick's console.
 	Unit = "kiln-reflash.service"
 )
+
+// AboutFile describes the stick's payload for people: About.
+const AboutFile = "about.json"
+
+// About is what `kiln inspect` shows of a stick: the appliance disk it
+// carries (its image partition's kiln.json) and its agent. The reflash
+// reads only the Record, which alone is checked against every byte it
+// writes.
+type About struct {
+	Disk  contract.Contents `json:"disk"`  // kiln.json of disk.raw's image partition
+	Agent version.Info      `json:"agent"` // which kiln bin/kiln is
+	Kiln  version.Info      `json:"kiln"`  // the kiln that made the stick
+}
 
 // ChunkSize is the span of each digest in Record.Chunks: a damaged byte is
 // located to 4 MiB, and the list stays small (256 entries a GiB).
@@ -84,14 +102,23 @@ func Read(dir string) (*Record, error) {
 		return nil, fmt.Errorf("reflash record: %w (is %s the stick's %s partition?)", err, dir, PartitionName)
 	}
 	defer f.Close()
+	r, err := Decode(f)
+	if err != nil {
+		return nil, fmt.Errorf("reflash record %s: %w", p, err)
+	}
+	return r, nil
+}
+
+// Decode reads and checks a record.
+func Decode(f io.Reader) (*Record, error) {
 	var r Record
 	d := json.NewDecoder(io.LimitReader(f, maxRecord))
 	d.DisallowUnknownFields()
 	if err := d.Decode(&r); err != nil {
-		return nil, fmt.Errorf("reflash record %s: %w", p, err)
+		return nil, err
 	}
 	if err := r.check(); err != nil {
-		return nil, fmt.Errorf("reflash record %s: %w", p, err)
+		return nil, err
 	}
 	return &r, nil
 }

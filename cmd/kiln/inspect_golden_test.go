@@ -1,0 +1,91 @@
+//go:build !nodeonly
+
+package main
+
+import (
+	"bytes"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kiln-appliance/kiln/builder/bundle"
+	"github.com/kiln-appliance/kiln/builder/reflashstick"
+	"github.com/kiln-appliance/kiln/internal/version"
+	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/systemd/contract"
+	bundlefmt "github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	reflashfmt "github.com/kiln-appliance/kiln/systemd/contract/reflash"
+	"github.com/kiln-appliance/kiln/test/golden"
+)
+
+// What kiln inspect prints of a bundle and of a reflash stick, text and
+// JSON, for fixed reports (the black-box tests check real ones line by line).
+func TestInspectGolden(t *testing.T) {
+	d := func(c string) string { return "sha256:" + strings.Repeat(c, 64) }
+	kiln := version.Info{Version: "v1.4.0", Commit: "0123456789abcdef0123456789abcdef01234567", Go: "go1.26.8", Edition: version.Factory}
+	agent := version.Info{Version: "v1.4.0", Commit: kiln.Commit, Go: "go1.26.8", Edition: version.Node}
+	delta := &bundle.Report{
+		Path: "upgrade-1.1.img", Format: bundle.FormatImage, Size: 12 << 20, Offset: 1 << 20, Header: 8192,
+		SignedBy: []string{"SHA256:factorykey"},
+		Manifest: &bundlefmt.Manifest{
+			SchemaVersion: bundlefmt.SchemaVersion, Recipe: "acme", Version: "1.1.0", Arch: "amd64", LockDigest: d("1"), Created: 315532800,
+			Kiln: kiln, Kind: bundlefmt.KindDelta, AppliesTo: []bundlefmt.Release{{Version: "1.0.0", LockDigest: d("2")}},
+			Images: []bundlefmt.Image{
+				{Name: "quay.io/acme/app:1.1", Digest: d("a"), Size: 600 << 10, Served: true, Preloaded: true, ImageID: d("b"), Blobs: []string{d("b"), d("c")}},
+				{Name: "quay.io/acme/base:1", Digest: d("d"), Size: 300 << 10, Served: true, ImageID: d("e"), Blobs: []string{d("e"), d("f")}},
+			},
+			Blobs: []bundlefmt.Blob{
+				{Digest: d("a"), Size: 500, OnStick: true}, {Digest: d("b"), Size: 300, OnStick: true},
+				{Digest: d("c"), Size: 600 << 10, OnStick: true, Unpacked: 1 << 20},
+				{Digest: d("d"), Size: 500}, {Digest: d("e"), Size: 300}, {Digest: d("f"), Size: 300 << 10},
+			},
+			Space:        bundlefmt.Space{CopyBytes: 600<<10 + 800, UnpackedBytes: 1 << 20},
+			ReleaseFiles: []contract.ReleaseFile{{Path: "/etc/containers/systemd/app.container", Mode: 0o644, Size: 40, Digest: d("9")}},
+			Agent:        bundlefmt.File{Path: bundlefmt.AgentBinary, Size: 11 << 20, Digest: d("7"), Offset: 4096},
+			AgentOnStick: true, AgentVersion: agent,
+			Trust:      []bundlefmt.Key{{KeyID: "SHA256:factorykey", PublicKey: "-----BEGIN PUBLIC KEY-----\n…\n-----END PUBLIC KEY-----\n"}},
+			Filesystem: bundlefmt.Filesystem{Size: 11<<20 + 1<<20, Metadata: d("6")},
+		},
+	}
+	// The same delta as a schema 1 bundle (for nodes of an older kiln), the
+	// agent left off: the manifest says neither which kiln nor which agent.
+	old := *delta
+	oldManifest := *delta.Manifest
+	oldManifest.SchemaVersion, oldManifest.Kiln, oldManifest.AgentVersion, oldManifest.AgentOnStick = 1, version.Info{}, version.Info{}, false
+	old.Manifest, old.Format, old.Size = &oldManifest, bundle.FormatFile, 700<<10
+
+	stick := &reflashstick.Report{
+		Path: "reflash.img",
+		Layout: &partitions.Layout{Size: 1 << 30, SectorSize: 512, GUID: "0A1B2C3D-0000-4000-8000-000000000001", Partitions: []partitions.Partition{
+			{Number: 1, Name: "root", Type: "0FC63DAF-8483-4772-8E79-3D69D8477DE4", GUID: "0A1B2C3D-0001-4000-8000-000000000001", FirstLBA: 2048, LastLBA: 526335, Offset: 1 << 20, Size: 256 << 20, Filesystem: "ext4", Label: "root"},
+			{Number: 2, Name: reflashfmt.PartitionName, Type: reflashfmt.PartitionType, GUID: "0A1B2C3D-0002-4000-8000-000000000001", FirstLBA: 526336, LastLBA: 1574911, Offset: 257 << 20, Size: 512 << 20, Filesystem: "squashfs"},
+		}},
+		Disk: reflashstick.Disk{Size: 480 << 20, SHA256: d("4"), DiskGUID: "5E5E5E5E-0000-4000-8000-000000000001", Contents: &contract.Contents{
+			SchemaVersion: contract.ContentsVersion, Recipe: "acme", Version: "1.0.0", Arch: "amd64", LockDigest: d("2"), Created: 315532800, Kiln: kiln,
+			Images:   []contract.Image{{Name: "quay.io/acme/app:1.0", Digest: d("a"), MediaType: "application/vnd.oci.image.manifest.v1+json", Size: 600 << 10, Served: true, Preloaded: true, ImageID: d("b")}},
+			Files:    []contract.File{{Path: "bin/kiln", Size: 11 << 20, Digest: d("7")}},
+			Registry: contract.Registry{Listen: "127.0.0.1:5050", MirrorTags: true, Upstreams: []string{"quay.io"}},
+		}},
+		Target: reflashfmt.Target{Path: "/dev/disk/by-path/pci-0000:00:1f.2-ata-1", MinSize: 64 << 30},
+		Agent:  reflashstick.Agent{Size: 11 << 20, Digest: d("7"), Version: &agent},
+		Kiln:   &kiln,
+	}
+	// A stick made before kiln recorded what it carries.
+	bare := *stick
+	bare.Disk.Contents, bare.Agent.Version, bare.Kiln, bare.Target, bare.Unattended = nil, nil, nil, reflashfmt.Target{}, true
+
+	for name, print := range map[string]func(*bytes.Buffer, string) error{
+		"bundle-delta":          func(w *bytes.Buffer, f string) error { return printBundle(w, delta, f) },
+		"bundle-schema1":        func(w *bytes.Buffer, f string) error { return printBundle(w, &old, f) },
+		"reflash-stick":         func(w *bytes.Buffer, f string) error { return printReflashStick(w, stick, f) },
+		"reflash-stick-unnamed": func(w *bytes.Buffer, f string) error { return printReflashStick(w, &bare, f) },
+	} {
+		for _, format := range []string{"text", "json"} {
+			var w bytes.Buffer
+			if err := print(&w, format); err != nil {
+				t.Fatal(err)
+			}
+			golden.Check(t, filepath.Join("testdata", "inspect-"+name+"."+format+".golden"), w.Bytes())
+		}
+	}
+}
