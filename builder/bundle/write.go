@@ -47,7 +47,8 @@ type Options struct {
 	Format string   // FormatImage (default) or FormatFile
 	From   []string // releases the appliances run; none: a full bundle
 	Key    string   // private key file (PKCS#8 PEM)
-	// Agent is the kiln binary the release carries; empty: this executable.
+	// Agent is the kiln binary the release carries; empty: kiln-agent
+	// beside this executable (refused when there is none).
 	Agent           string
 	CacheDir        string // blob cache; fetch.DefaultDir() when empty
 	SourceDateEpoch int64  // 0: $SOURCE_DATE_EPOCH, else builder.DefaultSourceDateEpoch

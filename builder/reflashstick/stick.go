@@ -43,7 +43,7 @@ type Options struct {
 	// recipe's reflash.unattended says.
 	Unattended bool
 	// Agent is the node edition of kiln the stick runs; empty: kiln-agent
-	// beside this executable, else this executable.
+	// beside this executable (refused when there is none).
 	Agent           string
 	SourceDateEpoch int64 // 0: $SOURCE_DATE_EPOCH, else builder.DefaultSourceDateEpoch
 	Progress        progress.Reporter

@@ -66,7 +66,7 @@ and left untouched by a failed or interrupted build.`,
 	cmd.Flags().StringVarP(&o.Output, "output", "o", "", "disk image to write (required)")
 	cmd.Flags().StringVar(&o.CacheDir, "cache", "", "blob cache directory (default $XDG_CACHE_HOME/kiln)")
 	cmd.Flags().BoolVar(&o.RefreshLock, "refresh-lock", false, "re-resolve the recipe's tags and rewrite its lock file")
-	cmd.Flags().StringVar(&o.Agent, "agent", "", "the node's kiln binary (kiln-agent, built with -tags nodeonly) for the recipe's arch (default: kiln-agent beside this binary, else this binary, when the arches match)")
+	cmd.Flags().StringVar(&o.Agent, "agent", "", "the node's kiln binary (kiln-agent, built with -tags nodeonly) for the recipe's arch (default: kiln-agent beside this binary, when the arches match)")
 	cmd.MarkFlagRequired("output")
 	fetch.register(cmd)
 	return cmd

@@ -62,7 +62,7 @@ a full bundle that applies to any earlier release. See docs/bundles.md.`,
 	cmd.Flags().StringArrayVar(&o.From, "from", nil, "a release the appliances run: lock, disk, kiln.json or bundle (repeatable); none: a full bundle")
 	cmd.Flags().StringVar(&o.Key, "key", "", "private key to sign with (NAME.key from kiln key generate; required)")
 	cmd.Flags().StringVar(&o.CacheDir, "cache", "", "blob cache directory (default $XDG_CACHE_HOME/kiln)")
-	cmd.Flags().StringVar(&o.Agent, "agent", "", "kiln binary for the node's arch (default: this binary, when the arches match)")
+	cmd.Flags().StringVar(&o.Agent, "agent", "", "the node's kiln binary (kiln-agent, built with -tags nodeonly) for the recipe's arch (default: kiln-agent beside this binary, when the arches match)")
 	fetch.register(cmd)
 	return cmd
 }

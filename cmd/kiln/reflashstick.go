@@ -72,7 +72,7 @@ any error. See docs/technician.md.`,
 	cmd.Flags().StringVar(&o.Build.CacheDir, "cache", "", "blob cache directory, when building the disk (default $XDG_CACHE_HOME/kiln)")
 	cmd.Flags().BoolVar(&o.Build.RefreshLock, "refresh-lock", false, "re-resolve the recipe's tags and rewrite its lock file, when building the disk")
 	cmd.Flags().BoolVar(&o.Unattended, "unattended", false, "write without asking on the console (default: the recipe's reflash.unattended)")
-	cmd.Flags().StringVar(&o.Agent, "agent", "", "kiln binary for the node's arch (default: kiln-agent beside this binary, else this binary)")
+	cmd.Flags().StringVar(&o.Agent, "agent", "", "the node's kiln binary (kiln-agent, built with -tags nodeonly) for the recipe's arch (default: kiln-agent beside this binary, when the arches match)")
 	fetch.register(cmd)
 	return cmd
 }
