@@ -12,10 +12,6 @@ import (
 // The pieces of the build other outputs of the pipeline share (upgrade
 // bundles, builder/bundle).
 
-// AgentBinary finds the kiln binary the node will run (path, or this
-// executable when empty) and checks it is a Linux executable for arch.
-func AgentBinary(path, arch string) (string, error) { return agentBinary(path, arch) }
-
 // SourceDateEpoch picks the timestamp of everything written: v, then
 // $SOURCE_DATE_EPOCH, then DefaultSourceDateEpoch.
 func SourceDateEpoch(v int64) (int64, error) { return sourceDateEpoch(v) }

@@ -114,11 +114,7 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	if err != nil {
 		return nil, err
 	}
-	agent, err := builder.AgentBinary(o.Agent, r.Arch)
-	if err != nil {
-		return nil, err
-	}
-	agentVersion, err := builder.DescribeAgent(ctx, agent)
+	agent, err := builder.FindAgent(ctx, o.Agent, r.Arch)
 	if err != nil {
 		return nil, err
 	}
@@ -164,7 +160,7 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 		Created:       epoch,
 		Kiln:          version.Current(),
 		Kind:          bundle.KindFull,
-		AgentVersion:  agentVersion,
+		AgentVersion:  agent.Version,
 	}
 	for _, b := range bases {
 		m.Kind = bundle.KindDelta
@@ -191,7 +187,7 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 		return len(bases) > 0
 	}
 	layers := describeImages(m, r, images, held)
-	agentDigest, agentSize, err := stage.HashFile(agent)
+	agentDigest, agentSize, err := stage.HashFile(agent.Path)
 	if err != nil {
 		return nil, fmt.Errorf("agent binary: %w", err)
 	}
@@ -223,7 +219,7 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	}
 	defer os.RemoveAll(work)
 	tree := filepath.Join(work, "tree")
-	if err := stageTree(ctx, tree, cache, r, images, agent, m, layers, o); err != nil {
+	if err := stageTree(ctx, tree, cache, r, images, agent.Path, m, layers, o); err != nil {
 		return nil, err
 	}
 
@@ -254,7 +250,7 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 		return nil, fmt.Errorf("write %s: %w", o.Output, err)
 	}
 	builder.SyncDir(filepath.Dir(o.Output))
-	return &Result{Output: o.Output, Size: size, Manifest: m, KeyID: keyID, Agent: agentVersion}, nil
+	return &Result{Output: o.Output, Size: size, Manifest: m, KeyID: keyID, Agent: agent.Version}, nil
 }
 
 // checkBase refuses a --from the new release cannot follow.

@@ -84,15 +84,7 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	if err := r.CheckFiles(); err != nil {
 		return nil, err
 	}
-	agent, err := builder.AgentBinary(o.Agent, r.Arch)
-	if err != nil {
-		return nil, err
-	}
-	agentVersion, err := builder.DescribeAgent(ctx, agent)
-	if err != nil {
-		return nil, err
-	}
-	agentInfo, err := os.Stat(agent)
+	agent, err := builder.FindAgent(ctx, o.Agent, r.Arch)
 	if err != nil {
 		return nil, err
 	}
@@ -138,10 +130,10 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	}()
 
 	rec := &format.Record{DiskGUID: rep.Layout.GUID, Unattended: r.Reflash.Unattended || o.Unattended, Target: target(r.Reflash.Target)}
-	if err := stagePayload(ctx, tree, o.Disk, agent, rec, o.Progress); err != nil {
+	if err := stagePayload(ctx, tree, o.Disk, agent.Path, rec, o.Progress); err != nil {
 		return nil, err
 	}
-	about := &format.About{Disk: *rep.Contents, Agent: agentVersion, Kiln: version.Current()}
+	about := &format.About{Disk: *rep.Contents, Agent: agent.Version, Kiln: version.Current()}
 	if err := writeJSON(filepath.Join(tree, format.AboutFile), about); err != nil {
 		return nil, err
 	}
@@ -179,7 +171,7 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 		return nil, fmt.Errorf("rename %s to %s: %w", out.Name(), o.Output, err)
 	}
 	builder.SyncDir(filepath.Dir(o.Output))
-	return &Result{Output: o.Output, Built: built, Size: layout.Size, Record: rec, About: about, AgentSize: agentInfo.Size(), Layout: layout}, nil
+	return &Result{Output: o.Output, Built: built, Size: layout.Size, Record: rec, About: about, AgentSize: agent.Size, Layout: layout}, nil
 }
 
 // workDirPrefix names the work directory beside the output (the payload

@@ -92,6 +92,18 @@ trust: [%s]
 	return p
 }
 
+// disk10Lock11 builds release 1.0's disk and locks release 1.1 (both with
+// releaseFiles), where an upgrade starts; it returns 1.1's recipe and the disk.
+func (rs *releases) disk10Lock11(t *testing.T) (r11, disk10 string) {
+	t.Helper()
+	r10 := rs.recipe(t, "acme", "1.0.0", releaseFiles)
+	r11 = rs.recipe(t, "acme", "1.1.0", releaseFiles)
+	disk10 = filepath.Join(rs.dir, "disk-1.0.raw")
+	rs.mustKiln(t, "build", r10, "-o", disk10)
+	rs.mustKiln(t, "lock", r11)
+	return r11, disk10
+}
+
 const releaseFiles = `release:
   files:
     - path: /etc/containers/systemd/app.container
@@ -540,11 +552,7 @@ func TestDeltaFromTwoReleases(t *testing.T) {
 // beside kiln it refuses rather than ship the factory binary unasked.
 func TestBundleSaysWhichAgent(t *testing.T) {
 	rs := newReleases(t)
-	r10 := rs.recipe(t, "acme", "1.0.0", releaseFiles)
-	r11 := rs.recipe(t, "acme", "1.1.0", releaseFiles)
-	disk10 := filepath.Join(rs.dir, "disk-1.0.raw")
-	rs.mustKiln(t, "build", r10, "-o", disk10)
-	rs.mustKiln(t, "lock", r11)
+	r11, disk10 := rs.disk10Lock11(t)
 	self := kilnVersion(t, kilnBin)
 	agent := kilnVersion(t, filepath.Join(filepath.Dir(kilnBin), "kiln-agent"))
 	agentSize := fileBytes(t, filepath.Join(filepath.Dir(kilnBin), "kiln-agent"))
@@ -615,11 +623,7 @@ func TestBundleSaysWhichAgent(t *testing.T) {
 // imports; one for newer nodes is schema 2.
 func TestBundleSchemaForOlderNodes(t *testing.T) {
 	rs := newReleases(t)
-	r10 := rs.recipe(t, "acme", "1.0.0", releaseFiles)
-	r11 := rs.recipe(t, "acme", "1.1.0", releaseFiles)
-	disk10 := filepath.Join(rs.dir, "disk-1.0.raw")
-	rs.mustKiln(t, "build", r10, "-o", disk10)
-	rs.mustKiln(t, "lock", r11)
+	r11, disk10 := rs.disk10Lock11(t)
 
 	data, err := os.ReadFile(filepath.Join(mountImagePartition(t, disk10), "kiln.json"))
 	if err != nil {

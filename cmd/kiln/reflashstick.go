@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -14,7 +13,6 @@ import (
 	"github.com/kiln-appliance/kiln/builder/reflashstick"
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	reflashfmt "github.com/kiln-appliance/kiln/systemd/contract/reflash"
 )
 
 func init() { subcommands = append(subcommands, newReflashStickCommand) }
@@ -106,7 +104,11 @@ func printReflashStick(w io.Writer, rep *reflashstick.Report, format string) err
 	if rep.Unattended {
 		ask = "unattended: writes without asking"
 	}
-	fmt.Fprintf(w, "Writes: %s; %s\n", targetText(rep.Target), ask)
+	disk := rep.Target.String()
+	if !rep.Target.IsZero() {
+		disk = "the disk matching " + disk
+	}
+	fmt.Fprintf(w, "Writes: %s; %s\n", disk, ask)
 	if c := d.Contents; c != nil {
 		fmt.Fprintln(w)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -117,25 +119,4 @@ func printReflashStick(w io.Writer, rep *reflashstick.Report, format string) err
 		tw.Flush()
 	}
 	return nil
-}
-
-// targetText says which disk a stick writes (the recipe's reflash.target).
-func targetText(t reflashfmt.Target) string {
-	if t.IsZero() {
-		return "the one non-removable disk that is neither the stick nor mounted"
-	}
-	var rule []string
-	if t.Path != "" {
-		rule = append(rule, "path "+t.Path)
-	}
-	if t.Model != "" {
-		rule = append(rule, "model "+t.Model)
-	}
-	if t.MinSize > 0 {
-		rule = append(rule, "at least "+contract.Bytes(t.MinSize))
-	}
-	if t.MaxSize > 0 {
-		rule = append(rule, "at most "+contract.Bytes(t.MaxSize))
-	}
-	return "the disk matching " + strings.Join(rule, ", ")
 }

@@ -23,11 +23,7 @@ import (
 // tag and by digest with every byte verified.
 func TestServeRelease(t *testing.T) {
 	rs := newReleases(t)
-	r10 := rs.recipe(t, "acme", "1.0.0", releaseFiles)
-	r11 := rs.recipe(t, "acme", "1.1.0", releaseFiles)
-	disk10 := filepath.Join(rs.dir, "disk-1.0.raw")
-	rs.mustKiln(t, "build", r10, "-o", disk10)
-	rs.mustKiln(t, "lock", r11)
+	r11, disk10 := rs.disk10Lock11(t)
 	b11 := filepath.Join(rs.dir, "upgrade-1.1.kbundle")
 	rs.mustKiln(t, "bundle", r11, "-o", b11, "--key", rs.key, "--from", disk10, "--format", "file")
 	ign, err := partitions.ReadIgnition(disk10)

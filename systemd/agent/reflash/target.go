@@ -185,22 +185,9 @@ func globMatch(pattern, s string) bool {
 
 func ruleText(t format.Target) string {
 	if t.IsZero() {
-		return "default rule: the one non-removable disk that is neither the stick nor mounted"
+		return "default rule: " + t.String()
 	}
-	var parts []string
-	if t.Path != "" {
-		parts = append(parts, "path "+t.Path)
-	}
-	if t.Model != "" {
-		parts = append(parts, "model "+t.Model)
-	}
-	if t.MinSize > 0 {
-		parts = append(parts, "at least "+contract.Bytes(t.MinSize))
-	}
-	if t.MaxSize > 0 {
-		parts = append(parts, "at most "+contract.Bytes(t.MaxSize))
-	}
-	return "recipe's rule: " + strings.Join(parts, ", ")
+	return "recipe's rule: " + t.String()
 }
 
 func list(cs []candidate) string {

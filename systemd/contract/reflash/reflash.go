@@ -24,6 +24,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -93,6 +94,28 @@ type Target struct {
 
 // IsZero reports an empty rule (the default choice).
 func (t Target) IsZero() bool { return t == Target{} }
+
+// String says which disks the rule takes: "path /dev/disk/by-id/nvme-*,
+// at least 64.0 GiB", or for the empty rule the default choice.
+func (t Target) String() string {
+	if t.IsZero() {
+		return "the one non-removable disk that is neither the stick nor mounted"
+	}
+	var parts []string
+	if t.Path != "" {
+		parts = append(parts, "path "+t.Path)
+	}
+	if t.Model != "" {
+		parts = append(parts, "model "+t.Model)
+	}
+	if t.MinSize > 0 {
+		parts = append(parts, "at least "+contract.Bytes(t.MinSize))
+	}
+	if t.MaxSize > 0 {
+		parts = append(parts, "at most "+contract.Bytes(t.MaxSize))
+	}
+	return strings.Join(parts, ", ")
+}
 
 // Read reads and checks the record in a mounted payload directory.
 func Read(dir string) (*Record, error) {
