@@ -30,6 +30,9 @@ func FuzzLoad(f *testing.F) {
 		"? [a, b]\n: c\n",
 		"--- !!map\n!!str apiVersion: !!binary aGVsbG8=\n",
 		"kind: Lock\nimages: [{size: 99999999999999999999999}]\n",
+		// Names go-containerregistry accepts and the distribution grammar does not.
+		head + "images:\n  - name: quay.io/../../etc/passwd:1.0\n  - name: quay.io//x:1\n  - name: ..:5000/x:1\n",
+		"kind: Lock\nimages: [{name: quay.io/./x:1, source: docker://quay.io/./x:1}]\n",
 		"disk: {size: 9223372036854775807}\nimagePartition: {headroom: -9223372036854775808}\n",
 		// Inputs that once crashed yaml.v3 (go-yaml/yaml #323, #560, #665, #666, #744, #833).
 		"\"\\0\\\r\n", "  0: [\n] 0", "? ? \"\n\" 0", "    - {\n000}0", " \ufeff\n", "? \ufeff: \ufeff\n",

@@ -346,6 +346,13 @@ func (r *Recipe) validateImages(v validator) {
 	}
 }
 
+// badReference explains the distribution reference grammar, whose own
+// error is only "invalid reference format".
+const badReference = `is not a valid image reference (invalid reference format): write REGISTRY/PATH:TAG, ` +
+	`where REGISTRY is a host name with an optional :PORT (e.g. quay.io or registry.local:5000) and PATH is ` +
+	`lower-case letters and digits, separated by '.', '_', '__' or '-', in components joined by single '/' ` +
+	`(no empty, "." or ".." components)`
+
 // parseImageName parses a recipe image name strictly: registry, full
 // repository path and a tag or digest all written out, since the node's
 // registry serves and CRI-O pins images by exactly that name. Its errors
@@ -361,6 +368,12 @@ func parseImageName(s string) (name.Reference, error) {
 			_, err = name.NewTag(s)
 		}
 		return nil, fmt.Errorf("is not a valid image reference: %v", err)
+	}
+	// go-containerregistry lets path components such as "..", "." and ""
+	// through; the distribution grammar, which the node's registry, CRI-O
+	// and podman parse names with, does not (contract.ParseReference).
+	if _, err := contract.ParseReference(s); err != nil {
+		return nil, errors.New(badReference)
 	}
 	if ref, err := name.ParseReference(s, name.StrictValidation); err == nil {
 		return ref, nil

@@ -18,6 +18,9 @@ base: {path: base.raw}
 `
 
 // oneImage is lines 5-6 of a valid recipe.
+// badRef is the reason given for a name outside the distribution grammar.
+const badRef = badReference
+
 const oneImage = `images:
   - name: quay.io/acme/app:1.2
 `
@@ -184,6 +187,12 @@ func TestLoadErrors(t *testing.T) {
 		{"image name no tag", head + "images:\n  - name: quay.io/acme/app\n", `r.yaml:6:11: images[0].name: "quay.io/acme/app" has no tag or digest (kiln never assumes :latest); write it in full, e.g. quay.io/acme/app:TAG`},
 		{"image name upper case", head + "images:\n  - name: quay.io/Acme/app:1\n", "r.yaml:6:11: images[0].name: \"quay.io/Acme/app:1\" is not a valid image reference: repository can only contain the characters `abcdefghijklmnopqrstuvwxyz0123456789_-./`: Acme/app"},
 		{"image name bad digest", head + "images:\n  - name: quay.io/acme/app@sha256:abc\n", `r.yaml:6:11: images[0].name: "quay.io/acme/app@sha256:abc" is not a valid image reference: invalid checksum digest length: sha256:abc`},
+		// The distribution grammar the node's registry and CRI-O use: go-containerregistry alone lets these by.
+		{"image name dot-dot path", head + "images:\n  - name: quay.io/../../etc/passwd:1.0\n", `r.yaml:6:11: images[0].name: "quay.io/../../etc/passwd:1.0" ` + badRef},
+		{"image name empty component", head + "images:\n  - name: quay.io//x:1\n", `r.yaml:6:11: images[0].name: "quay.io//x:1" ` + badRef},
+		{"image name dot component", head + "images:\n  - name: quay.io/./x:1\n", `r.yaml:6:11: images[0].name: "quay.io/./x:1" ` + badRef},
+		{"image name dot-dot registry", head + "images:\n  - name: ..:5000/x:1\n", `r.yaml:6:11: images[0].name: "..:5000/x:1" ` + badRef},
+		{"source dot-dot path", head + oneImage + "    source: docker://quay.io/../x:1\n", `r.yaml:7:13: images[0].source: source "docker://quay.io/../x:1": "quay.io/../x:1" ` + badRef},
 		{"duplicate image", head + oneImage + "  - name: quay.io/acme/app:1.2\n    preload: true\n", `r.yaml:7:11: images[1].name: "quay.io/acme/app:1.2" is listed twice (also at images[0].name, line 6); keep one entry`},
 		{"duplicate docker.io spelling", head + "images:\n  - name: docker.io/library/nginx:1\n  - name: index.docker.io/library/nginx:1\n", `r.yaml:7:11: images[1].name: "index.docker.io/library/nginx:1" is listed twice (also at images[0].name, line 6); keep one entry`},
 		{"source no transport", head + oneImage + "    source: quay.io/acme/app:1.2\n", `r.yaml:7:13: images[0].source: source "quay.io/acme/app:1.2" has no transport; write docker://quay.io/acme/app:1.2 for a registry, oci:DIR[:TAG] for an OCI layout directory or docker-archive:FILE[:REF] for a docker save archive`},
