@@ -3,13 +3,13 @@ package builder
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/kiln-appliance/kiln/ignition"
+	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/units"
@@ -58,7 +58,7 @@ func (b *build) ignitionFor(id partitions.ImageIdentity) ([]byte, error) {
 	}
 	cfg := ignition.Config{Version: r.Ignition.Version, User: r.Ignition.User, SSHKeys: r.Ignition.SSHKeys, Units: us, Files: append(files, release...)}
 	for _, p := range r.Ignition.Fragments {
-		data, err := os.ReadFile(r.Resolve(p))
+		data, err := inputfile.ReadFile(r.Resolve(p), -1)
 		if err != nil {
 			return nil, fmt.Errorf("ignition fragment: %w", err)
 		}

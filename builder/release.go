@@ -3,10 +3,10 @@ package builder
 import (
 	"crypto/ed25519"
 	"fmt"
-	"os"
 	"path"
 
 	"github.com/kiln-appliance/kiln/ignition"
+	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
@@ -28,7 +28,7 @@ func releaseFiles(r *recipes.Recipe) ([]ignition.File, error) {
 		files = append(files, ignition.File{Path: path.Join(bundle.TrustDir, bundle.TrustFileName(pemBytes)), Mode: 0o644, Contents: pemBytes})
 	}
 	for _, f := range r.Release.Files {
-		data, err := os.ReadFile(r.Resolve(f.Source))
+		data, err := inputfile.ReadFile(r.Resolve(f.Source), -1)
 		if err != nil {
 			return nil, fmt.Errorf("release file %s: %w", f.Path, err)
 		}
@@ -41,7 +41,7 @@ func releaseFiles(r *recipes.Recipe) ([]ignition.File, error) {
 func TrustKeys(r *recipes.Recipe) ([]ed25519.PublicKey, error) {
 	var keys []ed25519.PublicKey
 	for _, k := range r.Trust {
-		data, err := os.ReadFile(r.Resolve(k))
+		data, err := inputfile.ReadFile(r.Resolve(k), -1)
 		if err != nil {
 			return nil, fmt.Errorf("trust key: %w", err)
 		}

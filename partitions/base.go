@@ -15,6 +15,8 @@ import (
 	"strings"
 
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/kiln-appliance/kiln/internal/inputfile"
 )
 
 // Compression formats of a base image, detected from its first bytes.
@@ -62,7 +64,7 @@ func OpenBase(path, digest string) (*Base, error) {
 	if err != nil {
 		return nil, fmt.Errorf("base image %s: %w", path, err)
 	}
-	f, err := os.Open(path)
+	f, err := inputfile.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("open base image: %w", err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/diskfs/go-diskfs/partition/gpt"
 
+	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
 
@@ -89,14 +90,11 @@ func (l *Layout) names() string {
 // primary and backup GPT present, partitions inside the usable area and not
 // overlapping. It needs only read access.
 func Inspect(path string) (*Layout, error) {
-	f, err := os.Open(path)
+	f, err := openDisk(path)
 	if err != nil {
 		return nil, fmt.Errorf("inspect disk: %w", err)
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.IsDir() {
-		return nil, fmt.Errorf("inspect disk: %s is a directory: give a disk image file or a disk device (e.g. /dev/sdX)", path)
-	}
 	size, err := f.Seek(0, io.SeekEnd) // Stat says 0 for block devices
 	if err != nil {
 		return nil, fmt.Errorf("inspect disk: %w", err)
@@ -113,6 +111,16 @@ func Inspect(path string) (*Layout, error) {
 		return nil, fmt.Errorf("disk %s: %w", path, err)
 	}
 	return l, nil
+}
+
+// openDisk opens a disk image or device to read (inputfile: a FIFO or a
+// directory is refused at once, with what to give instead).
+func openDisk(path string) (*os.File, error) {
+	f, err := inputfile.Open(path)
+	if errors.Is(err, inputfile.ErrNotFile) {
+		return nil, fmt.Errorf("%w; give a disk image file or a disk device (e.g. /dev/sdX)", err)
+	}
+	return f, err
 }
 
 // readLayout reads the primary GPT of r, which holds at least the first MiB of

@@ -29,7 +29,7 @@ func OpenImagePartition(disk string) (fs.FS, io.Closer, error) {
 	if p.Filesystem != FSSquashfs {
 		return nil, nil, fmt.Errorf("%s: partition %d (%s) holds no squashfs filesystem: damaged, or not built by kiln", disk, p.Number, contract.PartitionName)
 	}
-	f, err := os.Open(disk)
+	f, err := openDisk(disk)
 	if err != nil {
 		return nil, nil, err
 	}

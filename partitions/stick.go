@@ -57,7 +57,7 @@ func WriteStickTable(f *os.File, content int64, partType, name string, seed []by
 // OpenSquashfs opens the squashfs at offset in the file at path (size bytes)
 // as an fs.FS, read with go-diskfs's reader: no root, no loop device.
 func OpenSquashfs(path string, offset, size int64) (fs.FS, io.Closer, error) {
-	f, err := os.Open(path)
+	f, err := openDisk(path)
 	if err != nil {
 		return nil, nil, err
 	}

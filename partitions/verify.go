@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
-	"os"
 
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -49,14 +48,11 @@ func VerifyDisk(ctx context.Context, path string, o VerifyOptions) (rep *VerifyR
 			rep, err = nil, &VerifyError{"disk", fmt.Errorf("unreadable (kiln's reader failed: %v): damaged or not a kiln disk", r)}
 		}
 	}()
-	f, err := os.Open(path)
+	f, err := openDisk(path)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("verify disk: %w", err)
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.IsDir() {
-		return nil, fmt.Errorf("verify disk: %s is a directory: give a disk image file or a disk device (e.g. /dev/sdX)", path)
-	}
 	size, err := f.Seek(0, io.SeekEnd)
 	if err != nil {
 		return nil, err

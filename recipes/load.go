@@ -3,7 +3,7 @@ package recipes
 import (
 	"errors"
 	"fmt"
-	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +18,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
@@ -48,18 +49,15 @@ func Load(path string) (*Recipe, error) {
 }
 
 // readSmallFile reads a recipe or lock file, refusing anything over maxFileSize.
+// A FIFO or a device given as one is refused, not waited on (inputfile).
 func readSmallFile(path, what string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", what, err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", what, err)
-	}
-	if len(data) > maxFileSize {
+	data, err := inputfile.ReadFile(path, maxFileSize)
+	var tooLarge *inputfile.TooLargeError
+	switch {
+	case errors.As(err, &tooLarge):
 		return nil, fmt.Errorf("%s: larger than 1 MiB, which no %s is; is this the right file?", path, what)
+	case err != nil:
+		return nil, fmt.Errorf("read %s: %w", what, err)
 	}
 	return data, nil
 }
@@ -478,66 +476,92 @@ func abbreviate(s string) string {
 	return strconv.Quote(s)
 }
 
-// CheckFiles checks that the files the recipe names exist: the base image,
-// the Ignition fragments, and the directories and archives of oci: and
-// docker-archive: sources. The builder calls it before a build; Load does
-// not, so recipes can be checked (and examples tested) without their inputs.
+// File is a file or directory a recipe names.
+type File struct {
+	Field string // where the recipe names it, e.g. "base.path"
+	Path  string // resolved against the recipe's directory
+	What  string // for messages: "base image", "Ignition fragment", …
+	Dir   bool   // an OCI layout directory; else a regular file
+}
+
+// keyFile is what a trusted key is called in messages (File.What).
+const keyFile = "public key file"
+
+// Files lists the files the recipe names, in recipe order: the base image,
+// the Ignition fragments, the trusted keys, the release files and the
+// directories and archives of oci: and docker-archive: sources.
+func (r *Recipe) Files() []File {
+	var files []File
+	add := func(field, p, what string, dir bool) {
+		files = append(files, File{Field: field, Path: r.Resolve(p), What: what, Dir: dir})
+	}
+	if r.Base.Path != "" {
+		add("base.path", r.Base.Path, "base image", false)
+	}
+	for i, f := range r.Ignition.Fragments {
+		add(fmt.Sprintf("ignition.fragments[%d]", i), f, "Ignition fragment", false)
+	}
+	for i, k := range r.Trust {
+		add(fmt.Sprintf("trust[%d]", i), k, keyFile, false)
+	}
+	for i, f := range r.Release.Files {
+		add(fmt.Sprintf("release.files[%d].source", i), f.Source, "release file", false)
+	}
+	for i, img := range r.Images {
+		src, err := ParseSource(img.EffectiveSource()) // Load has checked it
+		switch {
+		case err != nil:
+		case src.Transport == TransportOCI:
+			add(fmt.Sprintf("images[%d].source", i), src.Path, "OCI layout directory", true)
+		case src.Transport == TransportDockerArchive:
+			add(fmt.Sprintf("images[%d].source", i), src.Path, "docker archive", false)
+		}
+	}
+	return files
+}
+
+// CheckFiles checks that the files the recipe names (Files) exist and are
+// of the right kind, that trusted keys parse and that OCI layouts have
+// their layout files. The builder calls it before a build; Load does not,
+// so recipes can be checked (and examples tested) without their inputs.
 func (r *Recipe) CheckFiles() error {
 	d := newDocument(r.Path)
 	if r.pos != nil {
 		d.pos = r.pos
 	}
-	// check reports a missing or wrong-kind file and says whether p is usable.
-	check := func(field, p string, dir bool, want string) bool {
-		abs := r.Resolve(p)
-		fi, err := os.Stat(abs)
+	for _, f := range r.Files() {
+		fi, err := os.Stat(f.Path)
 		switch {
 		case err != nil:
-			d.errorf(field, "%s %s: %v", want, abs, unwrapPathError(err))
-		case dir && !fi.IsDir():
-			d.errorf(field, "%s is not a directory; give the %s", abs, want)
-		case !dir && !fi.Mode().IsRegular():
-			d.errorf(field, "%s is not a regular file; give the %s", abs, want)
-		default:
-			return true
-		}
-		return false
-	}
-	if r.Base.Path != "" {
-		check("base.path", r.Base.Path, false, "base image")
-	}
-	for i, f := range r.Ignition.Fragments {
-		check(fmt.Sprintf("ignition.fragments[%d]", i), f, false, "Ignition fragment")
-	}
-	for i, k := range r.Trust {
-		field := fmt.Sprintf("trust[%d]", i)
-		if check(field, k, false, "public key file") {
-			if data, err := os.ReadFile(r.Resolve(k)); err != nil {
-				d.errorf(field, "%v", err)
-			} else if _, err := bundle.ParsePublicKey(data); err != nil {
-				d.errorf(field, "%s: %v", r.Resolve(k), err)
-			}
-		}
-	}
-	for i, f := range r.Release.Files {
-		check(fmt.Sprintf("release.files[%d].source", i), f.Source, false, "release file")
-	}
-	for i, img := range r.Images {
-		field := fmt.Sprintf("images[%d].source", i)
-		src, err := ParseSource(img.EffectiveSource())
-		if err != nil {
-			d.errorf(field, "%v", err)
+			d.errorf(f.Field, "%s %s: %v", f.What, f.Path, unwrapPathError(err))
+			continue
+		case f.Dir && !fi.IsDir():
+			d.errorf(f.Field, "%s is not a directory; give the %s", f.Path, f.What)
+			continue
+		case !f.Dir && !fi.Mode().IsRegular():
+			d.errorf(f.Field, "%s is not a regular file; give the %s", f.Path, f.What)
 			continue
 		}
-		switch src.Transport {
-		case TransportOCI:
-			if check(field, src.Path, true, "OCI layout directory") {
-				if _, err := os.Stat(filepath.Join(r.Resolve(src.Path), "oci-layout")); err != nil {
-					d.errorf(field, "%s has no oci-layout file, so it is not an OCI image layout (make one with: skopeo copy docker://REF oci:DIR:TAG)", r.Resolve(src.Path))
+		switch {
+		case f.What == keyFile:
+			if data, err := inputfile.ReadFile(f.Path, maxFileSize); err != nil {
+				d.errorf(f.Field, "%v", err)
+			} else if _, err := bundle.ParsePublicKey(data); err != nil {
+				d.errorf(f.Field, "%s: %v", f.Path, err)
+			}
+		case f.Dir:
+			for _, name := range []string{"oci-layout", "index.json"} {
+				err := inputfile.Check(filepath.Join(f.Path, name))
+				switch {
+				case errors.Is(err, fs.ErrNotExist):
+					d.errorf(f.Field, "%s has no %s file, so it is not an OCI image layout (make one with: skopeo copy docker://REF oci:DIR:TAG)", f.Path, name)
+				case err != nil:
+					d.errorf(f.Field, "%v", err)
+				}
+				if err != nil {
+					break // one problem per layout
 				}
 			}
-		case TransportDockerArchive:
-			check(field, src.Path, false, "docker archive")
 		}
 	}
 	if len(d.errs) > 0 {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/fetch"
+	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/recipes"
@@ -44,9 +45,9 @@ type base struct {
 // (stick image or file), or a lock file with its recipe beside it.
 func loadBase(ctx context.Context, p string, cache *fetch.Cache, o Options) (*base, error) {
 	head := make([]byte, 8)
-	f, err := os.Open(p)
+	f, err := inputfile.Open(p)
 	if err != nil {
-		return nil, fmt.Errorf("--from %s: %w", p, err)
+		return nil, fmt.Errorf("--from: %w", err)
 	}
 	n, _ := f.Read(head)
 	f.Close()
@@ -141,7 +142,7 @@ func diskTrust(disk string) ([]ed25519.PublicKey, error) {
 }
 
 func baseFromContents(p string) (*base, error) {
-	f, err := os.Open(p)
+	f, err := inputfile.Open(p)
 	if err != nil {
 		return nil, err
 	}
@@ -177,7 +178,7 @@ func baseOfContents(c *contract.Contents) *base {
 // release, whether the bundle was full or a delta. The bundle is not
 // verified here: it is the factory's own output, named on its command line.
 func baseFromBundle(p string, offset int64) (*base, error) {
-	f, err := os.Open(p)
+	f, err := inputfile.Open(p)
 	if err != nil {
 		return nil, err
 	}
@@ -207,8 +208,8 @@ func baseFromBundle(p string, offset int64) (*base, error) {
 // isLock tells a lock file by its kind line (ReadLock then says what else
 // is wrong with it).
 func isLock(p string) bool {
-	data, err := os.ReadFile(p)
-	return err == nil && len(data) < 1<<20 && bytes.Contains(data, []byte("kind: "+recipes.KindLock))
+	data, err := inputfile.ReadFile(p, 1<<20)
+	return err == nil && bytes.Contains(data, []byte("kind: "+recipes.KindLock))
 }
 
 // baseFromLock reads a lock and the recipe beside it (for the recipe's name,

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/kiln-appliance/kiln/builder"
+	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/systemd/contract"
@@ -45,7 +46,7 @@ func IsBundle(p string) bool {
 
 // locate finds where a bundle's bytes start in p.
 func locate(p string) (format string, l *partitions.Layout, err error) {
-	f, err := os.Open(p)
+	f, err := inputfile.Open(p)
 	if err != nil {
 		return "", nil, err
 	}
@@ -98,7 +99,7 @@ func readHeader(p string) (*Report, error) {
 	if l != nil {
 		rep.Offset = bundlePartition(l).Offset
 	}
-	f, err := os.Open(p)
+	f, err := inputfile.Open(p)
 	if err != nil {
 		return nil, err
 	}
@@ -132,7 +133,7 @@ func Verify(ctx context.Context, p string, keys []ed25519.PublicKey, rp progress
 	fail := func(what string, err error) (*Report, error) {
 		return rep, fmt.Errorf("%s failed verification: %s: %w", p, what, err)
 	}
-	f, err := os.Open(p)
+	f, err := inputfile.Open(p)
 	if err != nil {
 		return nil, err
 	}

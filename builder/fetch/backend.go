@@ -18,9 +18,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/kiln-appliance/kiln/internal/inputfile"
 )
 
 // refNameAnnotation is where OCI layouts keep an entry's reference.
@@ -149,10 +150,10 @@ func (b *dockerBackend) blob(ctx context.Context, d v1.Descriptor) (io.ReadClose
 	return rc, nil
 }
 
-// ociBackend reads an OCI image layout directory.
+// ociBackend reads an OCI image layout directory. Its files are opened
+// with inputfile, so a FIFO in a layout is refused, never waited on.
 type ociBackend struct {
 	src      source
-	path     layout.Path
 	platform v1.Platform
 }
 
@@ -167,21 +168,34 @@ func newOCIBackend(src source, platform v1.Platform) (*ociBackend, error) {
 		return nil, fmt.Errorf("%w: %s: %s is a file, not an OCI layout directory (for a tar file made by `docker save` use docker-archive:%s)", ErrBadSource, src, src.Path, src.Path)
 	}
 	for _, f := range []string{"oci-layout", "index.json"} {
-		if _, err := os.Stat(filepath.Join(src.Path, f)); err != nil {
+		err := inputfile.Check(filepath.Join(src.Path, f))
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
 			return nil, fmt.Errorf("%w: %s: %s is not an OCI image layout (no %s); create one with `skopeo copy docker://REF oci:%s:TAG`", ErrBadSource, src, src.Path, f, src.Path)
+		case err != nil:
+			return nil, fmt.Errorf("%w: %s: %v", ErrBadSource, src, err)
 		}
 	}
-	return &ociBackend{src: src, path: layout.Path(src.Path), platform: platform}, nil
+	return &ociBackend{src: src, platform: platform}, nil
+}
+
+// index reads the layout's index.json.
+func (b *ociBackend) index() (*v1.IndexManifest, error) {
+	raw, err := inputfile.ReadFile(filepath.Join(b.src.Path, "index.json"), maxManifestSize)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: read index.json: %v", ErrBadSource, b.src, err)
+	}
+	im, err := v1.ParseIndexManifest(bytes.NewReader(raw))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: parse index.json: %v", ErrBadSource, b.src, err)
+	}
+	return im, nil
 }
 
 func (b *ociBackend) top(ctx context.Context) (v1.Descriptor, []byte, error) {
-	ii, err := b.path.ImageIndex()
+	im, err := b.index()
 	if err != nil {
-		return v1.Descriptor{}, nil, fmt.Errorf("%w: %s: read index.json: %v", ErrBadSource, b.src, err)
-	}
-	im, err := ii.IndexManifest()
-	if err != nil {
-		return v1.Descriptor{}, nil, fmt.Errorf("%w: %s: parse index.json: %v", ErrBadSource, b.src, err)
+		return v1.Descriptor{}, nil, err
 	}
 	d, err := b.pick(im.Manifests)
 	if err != nil {
@@ -253,7 +267,7 @@ func tagPart(ref string) string {
 }
 
 func (b *ociBackend) open(h v1.Hash) (io.ReadCloser, error) {
-	rc, err := b.path.Blob(h)
+	rc, err := inputfile.OpenFile(filepath.Join(b.src.Path, "blobs", h.Algorithm, h.Hex))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%w: %s: blob %s is missing from the layout %s; the copy is incomplete, copy the image again", ErrNotFound, b.src, h, b.src.Path)
 	}
@@ -285,7 +299,11 @@ type archiveBackend struct {
 }
 
 func newArchiveBackend(src source) (*archiveBackend, error) {
-	if _, err := os.Stat(src.Path); err != nil {
+	// go-containerregistry opens the archive by name, often: it must be a
+	// file that cannot block it.
+	if err := inputfile.Check(src.Path); errors.Is(err, inputfile.ErrNotFile) {
+		return nil, fmt.Errorf("%w: %s: %v; give the file `docker save` wrote", ErrBadSource, src, err)
+	} else if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v; check the source path in the recipe (relative paths start at the recipe's directory)", ErrBadSource, src, err)
 	}
 	var tag *name.Tag

@@ -10,6 +10,8 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
+
+	"github.com/kiln-appliance/kiln/internal/inputfile"
 )
 
 // inPlace reports whether blob d of a local OCI layout can be used where it
@@ -32,11 +34,9 @@ func (c *Cache) inPlace(src source, d v1.Descriptor) (string, bool) {
 	if err != nil || got.mode&unix.S_IFMT != unix.S_IFREG || got.size != d.Size || got.dev != want.dev || !slices.Equal(got.xattrs, want.xattrs) {
 		return "", false
 	}
-	f, err := os.Open(p)
-	if err != nil {
+	if inputfile.Check(p) != nil {
 		return "", false
 	}
-	f.Close()
 	return p, true
 }
 

@@ -65,18 +65,14 @@ func otherName(b backend, h v1.Hash) string {
 	if !ok {
 		return ""
 	}
-	ii, err := ob.path.ImageIndex()
-	if err != nil {
-		return ""
-	}
-	im, err := ii.IndexManifest()
+	im, err := ob.index()
 	if err != nil {
 		return ""
 	}
 	for _, e := range im.Manifests {
 		match := e.Digest == h
 		if !match && e.MediaType.IsIndex() {
-			raw, err := ob.path.Bytes(e.Digest)
+			raw, err := ob.manifest(context.Background(), e.Digest)
 			match = err == nil && inIndex(raw, h)
 		}
 		if match {

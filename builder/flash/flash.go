@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kiln-appliance/kiln/internal/blockdev"
+	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -66,7 +67,7 @@ func (d *Device) Check(size int64, o Options) error {
 // kernel's cache of the device and reads every byte back, comparing the
 // sha256 of what it read with the image's. It returns that digest.
 func Write(ctx context.Context, image string, d *Device, p progress.Reporter) (string, error) {
-	in, err := os.Open(image)
+	in, err := inputfile.OpenFile(image)
 	if err != nil {
 		return "", err
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/kiln-appliance/kiln/builder/stage"
 	"github.com/kiln-appliance/kiln/ignition"
 	"github.com/kiln-appliance/kiln/internal/blockdev"
+	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/partitions"
@@ -86,6 +87,13 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	}
 	agent, err := builder.FindAgent(ctx, o.Agent, r.Arch)
 	if err != nil {
+		return nil, err
+	}
+	inputs := append(builder.RecipeInputs(r), builder.Input{What: "the agent binary the stick carries", Path: agent})
+	if o.Disk != "" {
+		inputs = append(inputs, builder.Input{What: "the appliance disk (--disk)", Path: o.Disk})
+	}
+	if err := builder.CheckNotInput(o.Output, inputs); err != nil {
 		return nil, err
 	}
 
@@ -209,7 +217,7 @@ func stagePayload(ctx context.Context, dir, disk, agent string, rec *format.Reco
 	}
 	dst := filepath.Join(dir, format.DiskFile)
 	linked := os.Link(disk, dst) == nil
-	in, err := os.Open(disk)
+	in, err := inputfile.Open(disk)
 	if err != nil {
 		return err
 	}

@@ -7,12 +7,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-appliance/kiln/builder/bundle"
+	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/version"
 	bundlefmt "github.com/kiln-appliance/kiln/systemd/contract/bundle"
 
@@ -71,7 +71,7 @@ a full bundle that applies to any earlier release. See docs/bundles.md.`,
 func readKeys(paths []string) ([]ed25519.PublicKey, error) {
 	var keys []ed25519.PublicKey
 	for _, p := range paths {
-		data, err := os.ReadFile(p)
+		data, err := inputfile.ReadFile(p, 1<<20)
 		if err != nil {
 			return nil, fmt.Errorf("--key: %w", err)
 		}

@@ -22,6 +22,7 @@ import (
 	"go.podman.io/storage"
 	"golang.org/x/sys/unix"
 
+	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
@@ -80,9 +81,9 @@ func Import(ctx context.Context, source string, opts ...Option) (*contract.State
 	if i.machine == nil {
 		i.machine = release.New(release.WithRoot(i.root), release.WithLog(i.log))
 	}
-	f, err := os.Open(source)
+	f, err := inputfile.Open(source) // a FIFO is refused, not waited on
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", source, err)
+		return nil, fmt.Errorf("bundle: %w; give the upgrade stick's bundle partition (e.g. /dev/sdb1) or a bundle file", err)
 	}
 	defer f.Close()
 

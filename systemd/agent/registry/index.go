@@ -111,6 +111,9 @@ func (ix *index) stats() Stats {
 	return st
 }
 
+// maxLayoutFile bounds the oci-layout file, a line of JSON.
+const maxLayoutFile = 4096
+
 // layoutRoot returns the OCI layout directory for dir: dir itself, or
 // dir/oci when dir is an image partition root (it has kiln.json).
 func layoutRoot(dir string) (string, error) {
@@ -124,7 +127,10 @@ func layoutRoot(dir string) (string, error) {
 			return "", fmt.Errorf("%s/%s is not a directory (%s): the registry serves only files inside the layout", dir, sub, fi.Mode().Type())
 		}
 	}
-	b, err := os.ReadFile(filepath.Join(dir, ocispec.ImageLayoutFile))
+	b, err := readRegular(filepath.Join(dir, ocispec.ImageLayoutFile), maxLayoutFile) // a FIFO here once hung kiln serve
+	if err == nil && len(b) > maxLayoutFile {
+		err = fmt.Errorf("larger than %d bytes", maxLayoutFile)
+	}
 	if err != nil {
 		return "", fmt.Errorf("%s is not an OCI image layout or kiln image partition (no oci-layout file): %w", dir, err)
 	}
