@@ -14,6 +14,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/kiln-appliance/kiln/builder/fetch"
+	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/recipes"
@@ -159,6 +160,10 @@ func (b *build) createOutput(context.Context) error {
 	if err := checkOutput(b.o.Output); err != nil {
 		return err
 	}
+	inputs := append(RecipeInputs(b.recipe), Input{"the agent binary that goes on the disk", b.agent})
+	if err := CheckNotInput(b.o.Output, inputs); err != nil {
+		return err
+	}
 	f, err := CreateTemp(b.o.Output)
 	b.out = f
 	return err
@@ -271,11 +276,15 @@ func agentBinary(path, arch string) (string, error) {
 				NodeBinaryName, exe, NodeBinaryName, exe, size)
 		}
 	}
-	f, err := elf.Open(path)
+	file, err := inputfile.OpenFile(path)
+	if err != nil {
+		return "", fmt.Errorf("agent binary: %w", err)
+	}
+	defer file.Close()
+	f, err := elf.NewFile(file)
 	if err != nil {
 		return "", fmt.Errorf("agent binary %s: not a Linux executable: %w", path, err)
 	}
-	defer f.Close()
 	if want := elfMachine[arch]; f.Machine != want {
 		return "", fmt.Errorf("agent binary %s is for %s, the recipe needs %s", path, f.Machine, want)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/fetch"
 	"github.com/kiln-appliance/kiln/builder/stage"
+	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/partitions"
@@ -116,6 +117,14 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	}
 	agent, err := builder.FindAgent(ctx, o.Agent, r.Arch)
 	if err != nil {
+		return nil, err
+	}
+	inputs := append(builder.RecipeInputs(r), builder.Input{What: "the signing key (--key)", Path: o.Key},
+		builder.Input{What: "the agent binary the bundle carries", Path: agent})
+	for _, f := range o.From {
+		inputs = append(inputs, builder.Input{What: "a release given with --from", Path: f})
+	}
+	if err := builder.CheckNotInput(o.Output, inputs); err != nil {
 		return nil, err
 	}
 	trust, err := builder.TrustKeys(r)
@@ -306,7 +315,7 @@ func readPrivateKey(p string) (ed25519.PrivateKey, error) {
 	if p == "" {
 		return nil, fmt.Errorf("no signing key: pass --key NAME.key (make one with `kiln key generate NAME`)")
 	}
-	data, err := os.ReadFile(p)
+	data, err := inputfile.ReadFile(p, 1<<20)
 	if err != nil {
 		return nil, fmt.Errorf("signing key: %w", err)
 	}
