@@ -427,7 +427,7 @@ func sealDisk(version int, f *os.File, l *Layout, img *Partition, image SealImag
 	sector := int64(l.SectorSize)
 	s := &Seal{SchemaVersion: version, DiskSize: l.Size, SectorSize: l.SectorSize}
 	var err error
-	if s.GPTHeaders, err = headerDigest(f, sector); err != nil {
+	if s.GPTHeaders, err = headerDigest(version, f, sector); err != nil {
 		return nil, err
 	}
 	_, backup, err := gptHeaderSectors(f, sector)

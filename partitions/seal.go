@@ -26,7 +26,7 @@ import (
 const (
 	SealSize      = 64 << 10
 	sealMagic     = "KILNSEAL"
-	SealVersion   = 2
+	SealVersion   = 3
 	sealHeaderLen = len(sealMagic) + 4 // magic, uint32 length of the JSON
 )
 
@@ -35,8 +35,10 @@ type Seal struct {
 	SchemaVersion int   `json:"schemaVersion"`
 	DiskSize      int64 `json:"diskSize"` // the image file's size, bytes
 	SectorSize    int   `json:"sectorSize"`
-	// GPTHeaders is the sha256 of the primary and backup GPT headers with
-	// their CRC and disk GUID fields zeroed (the GUID is this seal's digest).
+	// GPTHeaders is the sha256 of the primary and backup GPT header
+	// sectors with their CRC and disk GUID fields zeroed (the GUID is this
+	// seal's digest). Before version 3 it covered only the headers' 92
+	// bytes, not the reserved rest of their sectors (fullHeaderSectors).
 	GPTHeaders string `json:"gptHeaders"`
 	// Outside is the sha256 of every byte of the disk outside the partitions
 	// and the two GPT header sectors: protective MBR, both entry arrays, gaps.
@@ -99,8 +101,8 @@ func decodeSeal(b []byte) (*Seal, error) {
 	if err := dec.Decode(&s); err != nil {
 		return nil, fmt.Errorf("seal record: %w", err)
 	}
-	if s.SchemaVersion != SealVersion && s.SchemaVersion != 1 {
-		return nil, fmt.Errorf("seal record version %d, this kiln reads 1 and %d", s.SchemaVersion, SealVersion)
+	if s.SchemaVersion < 1 || s.SchemaVersion > SealVersion {
+		return nil, fmt.Errorf("seal record version %d, this kiln reads 1 to %d", s.SchemaVersion, SealVersion)
 	}
 	return &s, nil
 }
@@ -138,15 +140,25 @@ func gptHeaderSectors(r io.ReaderAt, sector int64) (primary, backup int64, err e
 	return 1, int64(binary.LittleEndian.Uint64(b[32:40])), nil
 }
 
-// headerDigest hashes both GPT headers without their CRC and disk GUID.
-func headerDigest(r io.ReaderAt, sector int64) (string, error) {
+// fullHeaderSectors is the first seal version whose GPTHeaders covers the
+// header sectors whole: a bit flipped in the reserved rest of either sector
+// (bytes 92 to the sector's end) verified as OK before.
+const fullHeaderSectors = 3
+
+// headerDigest hashes both GPT header sectors (only their first 92 bytes
+// before fullHeaderSectors) without their CRC and disk GUID.
+func headerDigest(version int, r io.ReaderAt, sector int64) (string, error) {
 	p, b, err := gptHeaderSectors(r, sector)
 	if err != nil {
 		return "", err
 	}
+	n := sector
+	if version < fullHeaderSectors {
+		n = 92
+	}
 	h := sha256.New()
 	for _, lba := range []int64{p, b} {
-		hdr := make([]byte, 92)
+		hdr := make([]byte, n)
 		if _, err := r.ReadAt(hdr, lba*sector); err != nil {
 			return "", fmt.Errorf("read GPT header at LBA %d: %w", lba, err)
 		}

@@ -107,6 +107,11 @@ func VerifyDisk(ctx context.Context, path string, o VerifyOptions) (rep *VerifyR
 		if size < s.DiskSize {
 			return nil, &VerifyError{"disk", fmt.Errorf("%d bytes, the build wrote %d: it is truncated", size, s.DiskSize)}
 		}
+		// A device is as large as it is; a file that is longer than the
+		// disk was made so after the build (a copy of a whole stick?).
+		if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() && size > s.DiskSize {
+			rep.Unchecked = append(rep.Unchecked, fmt.Sprintf("bytes %d-%d of the file, after the end of the disk the build wrote (%d bytes)", s.DiskSize, size-1, s.DiskSize))
+		}
 		if primary.alternate != (s.DiskSize/sec)-1 {
 			return nil, &VerifyError{"primary GPT", fmt.Errorf("says its backup is at LBA %d, the build put it at LBA %d", primary.alternate, s.DiskSize/sec-1)}
 		}
@@ -117,8 +122,12 @@ func VerifyDisk(ctx context.Context, path string, o VerifyOptions) (rep *VerifyR
 		if backup.alternate != 1 || string(backup.entries) != string(primary.entries) {
 			return nil, &VerifyError{"backup GPT", errors.New("differs from the primary (sgdisk -v shows details)")}
 		}
-		if d, err := headerDigest(f, sec); err != nil || d != s.GPTHeaders {
+		if d, err := headerDigest(s.SchemaVersion, f, sec); err != nil || d != s.GPTHeaders {
 			return nil, &VerifyError{"GPT headers", fmt.Errorf("differ from the build's (%v)", err)}
+		}
+		if s.SchemaVersion < fullHeaderSectors {
+			rep.Unchecked = append(rep.Unchecked, fmt.Sprintf("bytes 92-%d of the GPT header sectors (LBA 1 and LBA %d): "+
+				"this disk's seal (version %d) does not record them; a disk built by this kiln has every byte checked", sec-1, primary.alternate, s.SchemaVersion))
 		}
 		if d, err := outsideDigest(s.SchemaVersion, io.NewSectionReader(f, 0, s.DiskSize), s.DiskSize, sec, l.Partitions, 1, primary.alternate); err != nil {
 			return nil, &VerifyError{"disk", err}

@@ -356,3 +356,53 @@ func TestVerifyVersion1Seal(t *testing.T) {
 		})
 	}
 }
+
+// TestVerifyHeaderSectors (issue 26, item 8): a byte changed anywhere in
+// either GPT header sector fails verify, the reserved rest of the sector
+// (bytes 92-511, which the header's CRC does not cover) included; before
+// seal version 3 those 2×420 bytes verified as OK. A disk sealed before
+// says, in its OK, that they were not checked.
+func TestVerifyHeaderSectors(t *testing.T) {
+	disk, _ := sealedDisk(t, false)
+	img, err := os.ReadFile(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scratch := filepath.Join(t.TempDir(), "flipped.raw")
+	if err := os.WriteFile(scratch, img, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	backup := int64(len(img)) - 512
+	for _, sector := range []int64{512, backup} {
+		for off := sector; off < sector+512; off++ {
+			flipped(t, img, scratch, off*8+off%8)
+		}
+	}
+
+	t.Run("version 2 seal", func(t *testing.T) {
+		opts := defaultOpts(t, stageTree(t))
+		opts.Base, opts.Placement, opts.sealVersion = smallBase(t), PlaceBeforeRoot, 2
+		old, _ := assemble(t, opts)
+		rep := mustVerify(t, old, VerifyOptions{})
+		if got := strings.Join(rep.Unchecked, "\n"); !strings.Contains(got, "bytes 92-511 of the GPT header sectors") {
+			t.Errorf("a version 2 disk's OK does not say the header sectors' rest is unchecked: %q", got)
+		}
+		// What version 2 did record still fails.
+		flipByte(t, old, 512+40)
+		if _, err := VerifyDisk(context.Background(), old, VerifyOptions{}); err == nil {
+			t.Error("a version 2 disk with its primary GPT header changed verified")
+		}
+	})
+
+	t.Run("longer file", func(t *testing.T) {
+		p := filepath.Join(t.TempDir(), "disk.raw")
+		copyBytes(t, disk, p, 0, int64(len(img)))
+		if err := os.Truncate(p, int64(len(img))+4096); err != nil {
+			t.Fatal(err)
+		}
+		rep := mustVerify(t, p, VerifyOptions{})
+		if got := strings.Join(rep.Unchecked, "\n"); !strings.Contains(got, "after the end of the disk the build wrote") {
+			t.Errorf("bytes appended to the file are not reported: %q", got)
+		}
+	})
+}

@@ -337,11 +337,21 @@ func TestVerifyFindsTampering(t *testing.T) {
 	if code != 1 || !strings.Contains(out, "failed verification") || !strings.Contains(out, "image partition") {
 		t.Fatalf("verify of a tampered disk: exit %d, want 1 naming the image partition\n%s", code, out)
 	}
-	// Put the byte back and damage boot instead: exit 1 with the --booted
-	// hint; with --booted, OK with boot listed as not checked.
+	// Put the byte back and damage the disk's last byte (the reserved rest
+	// of the backup GPT header sector, which verify once let by).
 	fd, _ = os.OpenFile(disk, os.O_RDWR, 0)
 	buf[0] ^= 0xff
 	fd.WriteAt(buf, off)
+	last := []byte{0}
+	fd.ReadAt(last, layout.Size-1)
+	fd.WriteAt([]byte{last[0] ^ 1}, layout.Size-1)
+	out, code = kiln(t, f, "verify", disk)
+	if code != 1 || !strings.Contains(out, "GPT headers") {
+		t.Fatalf("verify with the disk's last byte changed: exit %d, want 1 naming the GPT headers\n%s", code, out)
+	}
+	fd.WriteAt(last, layout.Size-1)
+	// Damage boot instead: exit 1 with the --booted hint; with --booted,
+	// OK with boot listed as not checked.
 	boot, _ := layout.Find("boot")
 	fd.WriteAt([]byte("node was here"), boot.Offset+boot.Size/2)
 	fd.Close()
