@@ -9,11 +9,13 @@ import (
 	"io/fs"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/diskfs/go-diskfs/partition/gpt"
 
 	"github.com/kiln-appliance/kiln/internal/inputfile"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
 
@@ -110,7 +112,28 @@ func Inspect(path string) (*Layout, error) {
 	if err := l.check(t); err != nil {
 		return nil, fmt.Errorf("disk %s: %w", path, err)
 	}
+	if err := l.checkOne(contract.PartitionName); err != nil {
+		return nil, fmt.Errorf("disk %s: %w", path, err)
+	}
 	return l, nil
+}
+
+// checkOne refuses a layout with more than one partition named name. kiln
+// adds one, and finds it by that name: of two, inspect and verify would
+// each show one and say nothing of the other, and nothing on the disk
+// tells which one a node would serve.
+func (l *Layout) checkOne(name string) error {
+	var numbers []string
+	for _, p := range l.Partitions {
+		if p.Name == name {
+			numbers = append(numbers, strconv.Itoa(p.Number))
+		}
+	}
+	if len(numbers) > 1 {
+		return fmt.Errorf("partitions %s are all named %s, where kiln writes one: the disk was changed after its build, or not built by kiln; rebuild or reflash it",
+			strings.Join(numbers, " and "), name)
+	}
+	return nil
 }
 
 // openDisk opens a disk image or device to read (inputfile: a FIFO or a

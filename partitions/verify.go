@@ -76,6 +76,9 @@ func VerifyDisk(ctx context.Context, path string, o VerifyOptions) (rep *VerifyR
 	if name == "" {
 		name = contract.PartitionName
 	}
+	if err := l.checkOne(name); err != nil {
+		return nil, &VerifyError{"GPT", err}
+	}
 	img, ok := l.Find(name)
 	if !ok {
 		return nil, &VerifyError{"GPT", fmt.Errorf("no %s partition (partitions: %s): not a kiln disk", name, l.names())}

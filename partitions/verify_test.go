@@ -406,3 +406,33 @@ func TestVerifyHeaderSectors(t *testing.T) {
 		}
 	})
 }
+
+// TestTwoImagePartitions (issue 26, item 16): a disk with a second
+// partition named kiln-images is refused by inspect and verify, naming
+// both, rather than shown with one of them.
+func TestTwoImagePartitions(t *testing.T) {
+	disk, _ := sealedDisk(t, false)
+	p := filepath.Join(t.TempDir(), "disk.raw")
+	data, err := os.ReadFile(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Room for one more partition at the end, and the backup GPT moved there.
+	if err := os.Truncate(p, int64(len(data))+4*MiB); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("sgdisk", "-e", "-n", "0:0:+1M", "-c", "0:"+contract.PartitionName, p).CombinedOutput(); err != nil {
+		t.Fatalf("sgdisk: %v\n%s", err, out)
+	}
+	want := "are all named " + contract.PartitionName
+	if _, err := Inspect(p); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("Inspect: %v, want %q", err, want)
+	}
+	var ve *VerifyError
+	if _, err := VerifyDisk(context.Background(), p, VerifyOptions{}); !errors.As(err, &ve) || !strings.Contains(ve.Error(), want) {
+		t.Errorf("VerifyDisk: %v, want %q", err, want)
+	}
+}
