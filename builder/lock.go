@@ -79,6 +79,38 @@ func EnsureLock(ctx context.Context, r *recipes.Recipe, o LockOptions, log io.Wr
 	if err := lock.WriteFile(path); err != nil {
 		return nil, fmt.Errorf("write lock file: %w", err)
 	}
+	lock.Path = path
 	fmt.Fprintf(log, "wrote %s (%d images)\n", path, len(lock.Images))
 	return lock, nil
+}
+
+// lockError places a fetch's error that blames the lock (a digest or index
+// digest the source contradicts) at the lock entry's line; other errors
+// are returned as they are.
+func lockError(lock *recipes.Lock, err error) error {
+	var re *fetch.RequestError
+	if !errors.As(err, &re) || !errors.Is(err, fetch.ErrLockMismatch) {
+		return err
+	}
+	field := "digest"
+	if errors.Is(err, fetch.ErrLockedIndex) {
+		field = "indexDigest"
+	}
+	return lock.Errorf(re.Name, field, "%v", re.Err)
+}
+
+// CheckLockedSize refuses a lock whose size for an image (li) is not the
+// size of what was fetched for it (manifest, config and layers, as Resolve
+// adds them): the lock's size goes into kiln.json and bundle manifests, so
+// a lock edited by one byte would put a wrong size on the disk.
+func CheckLockedSize(lock *recipes.Lock, li recipes.LockedImage, img *fetch.Image) error {
+	size := int64(len(img.Manifest))
+	for _, d := range img.Blobs() {
+		size += d.Size
+	}
+	if li.Size != size {
+		return lock.Errorf(li.Name, "size", "%d, but image %s is %d bytes (its manifest, config and layers as fetched): "+
+			"the lock was edited or damaged; run `kiln lock` (or build with --refresh-lock) to rewrite it", li.Size, li.Name, size)
+	}
+	return nil
 }

@@ -41,7 +41,7 @@ func (b *build) fetchImages(ctx context.Context) error {
 			return fmt.Errorf("image %s is not in the lock file: run `kiln lock %s`", img.Name, b.recipe.Path)
 		}
 		locked = append(locked, li)
-		reqs = append(reqs, fetch.Request{Name: img.Name, Source: li.Source, BaseDir: b.recipe.Dir, Digest: li.Digest, Platform: platform(b.recipe),
+		reqs = append(reqs, fetch.Request{Name: img.Name, Source: li.Source, BaseDir: b.recipe.Dir, Digest: li.Digest, IndexDigest: li.IndexDigest, Platform: platform(b.recipe),
 			// A served image's blobs go onto the partition as they are, so a
 			// local layout's may be packed from where they lie and checked
 			// there (checkInPlace); preloading reads them from the cache.
@@ -49,10 +49,13 @@ func (b *build) fetchImages(ctx context.Context) error {
 	}
 	fetched, err := cache.FetchAll(ctx, reqs, b.o.Progress, b.o.Fetch...)
 	if err != nil {
-		return err
+		return lockError(b.lock, err)
 	}
 	b.images = make([]fetchedImage, len(fetched))
 	for i, fi := range fetched {
+		if err := CheckLockedSize(b.lock, locked[i], fi); err != nil {
+			return err
+		}
 		b.images[i] = fetchedImage{recipe: b.recipe.Images[i], locked: locked[i], image: fi}
 	}
 	b.collectInPlace()

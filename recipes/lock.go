@@ -29,6 +29,9 @@ type Lock struct {
 
 	// Path is the file the lock was read from. Not YAML.
 	Path string `yaml:"-"`
+
+	// pos remembers where each field was written (Errorf points there).
+	pos map[string]position
 }
 
 // LockedImage is one image resolved to a digest.
@@ -113,6 +116,7 @@ func ParseLock(path string, data []byte) (*Lock, error) {
 	top := d.parse(data, "a lock file is written by `kiln lock RECIPE`")
 	if top != nil && !d.wrongKind(top, KindRecipe, "this is a recipe, not a lock file; a lock file is written by `kiln lock RECIPE`") {
 		d.decode(top, reflect.ValueOf(l).Elem(), "")
+		l.pos = d.pos
 		l.validate(d)
 	}
 	if len(d.errs) > 0 {
@@ -237,6 +241,23 @@ func (l *Lock) WriteFile(path string) error {
 		dir.Close()
 	}
 	return nil
+}
+
+// Errorf is a problem with field (e.g. "size") of the lock's entry for the
+// image name, placed where the lock file says it: FILE:LINE:COLUMN.
+func (l *Lock) Errorf(name, field, format string, args ...any) *Error {
+	d := newDocument(l.Path)
+	if l.pos != nil {
+		d.pos = l.pos
+	}
+	for i, img := range l.Images {
+		if img.Name == name {
+			field = fmt.Sprintf("images[%d].%s", i, field)
+			break
+		}
+	}
+	d.errorf(field, format, args...)
+	return d.errs[0]
 }
 
 // Image finds the locked image with this name.

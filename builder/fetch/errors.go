@@ -23,7 +23,27 @@ var (
 	// ErrLockMismatch: the lock's digest is not what the source has for
 	// the image's name.
 	ErrLockMismatch = errors.New("the lock and the source disagree")
+	// ErrLockedIndex (an ErrLockMismatch): the lock's index digest does
+	// not list the lock's manifest digest for the platform, or the source
+	// has no such index.
+	ErrLockedIndex = fmt.Errorf("%w about the index", ErrLockMismatch)
 )
+
+// RequestError is FetchAll's error: which request failed, and why.
+type RequestError struct {
+	Index int    // in the requests
+	Name  string // Request.Name
+	Err   error
+}
+
+func (e *RequestError) Error() string {
+	if e.Name == "" {
+		return e.Err.Error()
+	}
+	return "image " + e.Name + ": " + e.Err.Error()
+}
+
+func (e *RequestError) Unwrap() error { return e.Err }
 
 // loginHint tells a technician how to give kiln registry credentials. kiln
 // reads them through go-containerregistry's default keychain.

@@ -77,6 +77,11 @@ func (c *Cache) fetch(ctx context.Context, r Request, reporter progress.Reporter
 			return nil, err
 		}
 	}
+	if r.IndexDigest != "" {
+		if err := c.checkIndex(ctx, b, r.IndexDigest, h); err != nil {
+			return nil, err
+		}
+	}
 	k, err := kindOf(raw, src, h)
 	if err != nil {
 		return nil, err
@@ -188,7 +193,10 @@ type Request struct {
 	Source   string
 	BaseDir  string
 	Digest   string
-	Platform v1.Platform
+	// IndexDigest, when the lock has one, is the multi-arch index the
+	// manifest Digest was picked from: it must list Digest for Platform.
+	IndexDigest string
+	Platform    v1.Platform
 	// InPlace lets the blobs of a local oci: layout stay where they are
 	// (Image.InPlace) when they could be hard-linked from the cache
 	// directory exactly as a cached copy would be (same filesystem, mode
@@ -208,11 +216,11 @@ func (c *Cache) FetchAll(ctx context.Context, reqs []Request, reporter progress.
 	for i, r := range reqs {
 		g.Go(func() error {
 			img, err := c.fetch(ctx, r, reporter, opts...)
-			if err != nil && r.Name != "" {
-				return fmt.Errorf("image %s: %w", r.Name, err)
+			if err != nil {
+				return &RequestError{Index: i, Name: r.Name, Err: err}
 			}
 			out[i] = img
-			return err
+			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {

@@ -3,6 +3,7 @@ package fetch
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 
@@ -33,6 +34,36 @@ func checkLocked(ctx context.Context, lb *lazyBackend, h v1.Hash) error {
 	}
 	return fmt.Errorf("%w: %s: the lock says %s, the source has %s and no %s at all; %s",
 		ErrLockMismatch, lb.src, h, d.Digest, h, hint)
+}
+
+// checkIndex refuses a locked index digest that does not pick the locked
+// manifest h for the platform: two images' index digests swapped in a lock
+// would otherwise build, each recorded under the other's index. The index
+// is fetched by its digest (and cached, so a rebuild needs no source).
+func (c *Cache) checkIndex(ctx context.Context, b *lazyBackend, index string, h v1.Hash) error {
+	hint := "the lock was edited or damaged: run `kiln lock` (or build with --refresh-lock) to rewrite it"
+	ih, err := v1.NewHash(index)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %q is not a digest; %s", ErrLockedIndex, b.src, index, hint)
+	}
+	raw, err := c.manifest(ctx, b, ih)
+	if errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("%w: %s has no index %s; %s", ErrLockedIndex, b.src, ih, hint)
+	}
+	if err != nil {
+		return err
+	}
+	if k, err := kindOf(raw, b.src, ih); err != nil || !k.isIndex() {
+		return fmt.Errorf("%w: %s: %s is a manifest, not an index; %s", ErrLockedIndex, b.src, ih, hint)
+	}
+	d, err := pickPlatform(raw, b.src, b.platform)
+	if err != nil {
+		return fmt.Errorf("%w: index %s: %v; %s", ErrLockedIndex, ih, err, hint)
+	}
+	if d.Digest != h {
+		return fmt.Errorf("%w: %s: index %s gives %s for %s, not the locked digest %s; %s", ErrLockedIndex, b.src, ih, d.Digest, b.platform, h, hint)
+	}
+	return nil
 }
 
 // localSourceThere says whether src is a layout or archive that exists.
