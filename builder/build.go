@@ -151,7 +151,11 @@ func newBuild(recipePath string, o Options) (*build, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &build{o: o, epoch: epoch, recipe: r, agent: agent}, nil
+	b := &build{o: o, epoch: epoch, recipe: r, agent: agent}
+	if err := b.checkSizes(nil); err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // createOutput creates the temporary file the disk is written to, beside
@@ -171,7 +175,7 @@ func (b *build) createOutput(context.Context) error {
 
 // lockImages reads the lock, or resolves and writes one (EnsureLock).
 func (b *build) lockImages(ctx context.Context) error {
-	lock, err := EnsureLock(ctx, b.recipe, LockOptions{Refresh: b.o.RefreshLock, Fetch: b.o.Fetch}, b.o.Log)
+	lock, err := EnsureLock(ctx, b.recipe, LockOptions{Refresh: b.o.RefreshLock, Fetch: b.o.Fetch, Check: b.checkSizes}, b.o.Log)
 	if err != nil {
 		return err
 	}

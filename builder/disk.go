@@ -2,7 +2,9 @@ package builder
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/kiln-appliance/kiln/ignition"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/units"
 )
@@ -70,39 +73,25 @@ func (b *build) ignitionFor(id partitions.ImageIdentity) ([]byte, error) {
 
 // assembleDisk writes the disk into the temporary output file.
 func (b *build) assembleDisk(ctx context.Context) error {
-	r := b.recipe
-	opts := partitions.AssembleOptions{
-		Output:          b.out,
-		Base:            r.Resolve(r.Base.Path),
-		BaseDigest:      r.Base.Digest,
-		ImageTree:       b.root,
-		Headroom:        r.ImagePartition.HeadroomPercent(),
-		Compression:     r.ImagePartition.Compression,
-		Placement:       r.ImagePartition.Placement,
-		SourceDateEpoch: b.epoch,
-		GUIDSeed:        b.seed(),
-		Ignition:        b.ignitionFor,
-		NoVerity:        !r.ImagePartition.VerityOn(),
-		HashFiles:       b.inPlacePaths(),
-		FilesHashed:     b.checkInPlace,
-		HashFilesStep:   "check blobs read in place",
-		VerityTrees:     &partitions.VerityTrees{Dir: filepath.Join(b.cache.Dir(), "verity")},
-		KnownFiles:      b.servedBlobs(),
-		Progress:        b.o.Progress,
-	}
-	if !r.Disk.Size.Auto {
-		opts.DiskSize = r.Disk.Size.Bytes
-	}
-	if !r.ImagePartition.Size.Auto {
-		opts.PartitionSize = r.ImagePartition.Size.Bytes
-	}
+	opts := b.diskOptions()
+	opts.Output = b.out
+	opts.ImageTree = b.root
+	opts.SourceDateEpoch = b.epoch
+	opts.GUIDSeed = b.seed()
+	opts.Ignition = b.ignitionFor
+	opts.HashFiles = b.inPlacePaths()
+	opts.FilesHashed = b.checkInPlace
+	opts.HashFilesStep = "check blobs read in place"
+	opts.VerityTrees = &partitions.VerityTrees{Dir: filepath.Join(b.cache.Dir(), "verity")}
+	opts.KnownFiles = b.servedBlobs()
+	opts.Progress = b.o.Progress
 	var err error
 	if opts.Attrs, err = b.inPlaceAttrs(); err != nil {
 		return err
 	}
 	defer opts.VerityTrees.Discard() // unless committed below
 	if b.layout, err = partitions.Assemble(ctx, opts); err != nil {
-		return err
+		return b.sizeError(err)
 	}
 	if err := b.inPlaceUnchanged(); err != nil {
 		return err
@@ -113,6 +102,69 @@ func (b *build) assembleDisk(ctx context.Context) error {
 		fmt.Fprintf(b.o.Log, "warning: %v; the next build hashes the image partition again\n", err)
 	}
 	return nil
+}
+
+// diskOptions are the recipe's choices for the disk: the base, the image
+// partition's filesystem and place, and the fixed sizes.
+func (b *build) diskOptions() partitions.AssembleOptions {
+	r := b.recipe
+	opts := partitions.AssembleOptions{
+		Base:        r.Resolve(r.Base.Path),
+		BaseDigest:  r.Base.Digest,
+		Headroom:    r.ImagePartition.HeadroomPercent(),
+		Compression: r.ImagePartition.Compression,
+		Placement:   r.ImagePartition.Placement,
+		NoVerity:    !r.ImagePartition.VerityOn(),
+	}
+	if !r.Disk.Size.Auto {
+		opts.DiskSize = r.Disk.Size.Bytes
+	}
+	if !r.ImagePartition.Size.Auto {
+		opts.PartitionSize = r.ImagePartition.Size.Bytes
+	}
+	return opts
+}
+
+// sizeError places a size the disk cannot be built with at the recipe line
+// that sets it.
+func (b *build) sizeError(err error) error {
+	var se *partitions.SizeError
+	if errors.As(err, &se) {
+		return b.recipe.Errorf(se.Field, "%v", se)
+	}
+	return err
+}
+
+// checkSizes refuses a fixed disk.size or imagePartition.size that cannot
+// hold what is known to go on the disk so far: the node's kiln binary and,
+// once the lock is known (lock not nil), the largest served image: with
+// compression none the image filesystem stores its blobs as they are, so
+// it holds at least that many bytes. It runs before the lock is written
+// and before anything is fetched.
+func (b *build) checkSizes(lock *recipes.Lock) error {
+	r := b.recipe
+	if r.Disk.Size.Auto && r.ImagePartition.Size.Auto {
+		return nil
+	}
+	fi, err := os.Stat(b.agent)
+	if err != nil {
+		return fmt.Errorf("agent binary: %w", err)
+	}
+	least := fi.Size()
+	known := fmt.Sprintf("the node's kiln binary (%s)", contract.Bytes(least))
+	if lock != nil && r.ImagePartition.Compression == "none" {
+		var largest recipes.LockedImage
+		for _, img := range r.Images {
+			if li, ok := lock.Image(img.Name); ok && img.Served() && li.Size > largest.Size {
+				largest = li
+			}
+		}
+		if largest.Size > 0 {
+			least += largest.Size
+			known += fmt.Sprintf(" and the largest served image, %s (%s as locked),", largest.Name, contract.Bytes(largest.Size))
+		}
+	}
+	return b.sizeError(partitions.CheckSizes(b.diskOptions(), least, known))
 }
 
 // servedBlobs names every blob of the partition's OCI layout by its locked

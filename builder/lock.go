@@ -52,6 +52,9 @@ func Resolve(ctx context.Context, r *recipes.Recipe, log io.Writer, opts ...fetc
 type LockOptions struct {
 	Refresh bool // re-resolve even when the lock is fresh, and replace it
 	Fetch   []fetch.Option
+	// Check, when set, is asked about the lock before it is used, or
+	// written when new: a lock it refuses is not written.
+	Check func(*recipes.Lock) error
 }
 
 // EnsureLock returns the recipe's lock: the lock file when it is fresh; a new
@@ -66,6 +69,9 @@ func EnsureLock(ctx context.Context, r *recipes.Recipe, o LockOptions, log io.Wr
 		if err := lock.Check(r); err != nil {
 			return nil, fmt.Errorf("%w (or build with --refresh-lock)", err)
 		}
+		if err := o.check(lock); err != nil {
+			return nil, err
+		}
 		return lock, nil
 	case err != nil && !errors.Is(err, fs.ErrNotExist):
 		return nil, err
@@ -76,12 +82,22 @@ func EnsureLock(ctx context.Context, r *recipes.Recipe, o LockOptions, log io.Wr
 	if err != nil {
 		return nil, err
 	}
+	if err := o.check(lock); err != nil {
+		return nil, err
+	}
 	if err := lock.WriteFile(path); err != nil {
 		return nil, fmt.Errorf("write lock file: %w", err)
 	}
 	lock.Path = path
 	fmt.Fprintf(log, "wrote %s (%d images)\n", path, len(lock.Images))
 	return lock, nil
+}
+
+func (o LockOptions) check(l *recipes.Lock) error {
+	if o.Check == nil {
+		return nil
+	}
+	return o.Check(l)
 }
 
 // lockError places a fetch's error that blames the lock (a digest or index

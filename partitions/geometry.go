@@ -1,6 +1,9 @@
 package partitions
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // Where everything goes on the disk, computed from the base's layout and the
 // sizes alone: no I/O, so every rule is a row in a table test.
@@ -51,10 +54,54 @@ func placeImagePartition(base *Layout, baseName, place string, diskSize int64) (
 		p.baseNeed += alignUp(p.root.Size, MiB)
 	}
 	if diskSize > 0 && diskSize < p.baseNeed+MiB {
-		return p, fmt.Errorf("disk size %s is too small: the base alone needs %s; set disk.size to at least %s plus the image partition (about the size of the images), or to fit",
-			human(diskSize), human(p.baseNeed), human(p.baseNeed))
+		return p, &SizeError{Field: DiskSizeField, Size: diskSize, Base: p.baseNeed}
 	}
 	return p, nil
+}
+
+// The recipe fields a SizeError is about.
+const (
+	DiskSizeField      = "disk.size"
+	PartitionSizeField = "imagePartition.size"
+)
+
+// SizeError is a fixed size (the recipe's disk.size or imagePartition.size)
+// too small for what must fit in it, and how large it must be.
+type SizeError struct {
+	Field string // DiskSizeField or PartitionSizeField
+	Size  int64  // as given
+	Base  int64  // bytes the base's partitions take on the disk
+	// Partition and Need: the image partition (its content) and the disk or
+	// partition size that fits. 0: not known yet (the disk then needs Base
+	// and an image partition).
+	Partition, Need int64
+	// Known, when set, says the content is not known yet and what Need
+	// counts ("the node's kiln binary (11 MiB)"): Need is then the least
+	// that could fit, not enough for sure.
+	Known  string
+	Sector int64 // set when Size is not whole sectors of this size
+}
+
+func (e *SizeError) Error() string {
+	size, need := human(e.Size), human(alignUp(e.Need, MiB))
+	switch {
+	case e.Sector != 0:
+		return fmt.Sprintf("disk size %d bytes is not a multiple of the %d-byte sector size; use a size in MiB or GiB", e.Size, e.Sector)
+	case e.Field == PartitionSizeField && e.Known != "":
+		return fmt.Sprintf("image partition size %s is too small: with kiln's seal it needs at least %s for %s alone; set %s to at least %s and more for the images (the exact size is said once they are fetched), or to auto",
+			size, human(e.Need), e.Known, e.Field, need)
+	case e.Field == PartitionSizeField:
+		return fmt.Sprintf("image partition size %s is too small: the image filesystem (with its verity tree and kiln's seal) needs %s; set %s to at least %s, or to auto",
+			size, human(e.Need), e.Field, need)
+	case e.Need == 0:
+		return fmt.Sprintf("disk size %s is too small: the base alone needs %s; set %s to at least %s plus the image partition (about the size of the images), or to fit",
+			size, human(e.Base), e.Field, human(e.Base))
+	case e.Known != "":
+		return fmt.Sprintf("disk size %s is too small: the base needs %s, and the image partition at least %s for %s alone; set %s to at least %s and more for the images (the exact size is said once they are fetched), or to fit",
+			size, human(e.Base), human(e.Partition), e.Known, e.Field, need)
+	}
+	return fmt.Sprintf("disk size %s is too small: the base needs %s, the image partition %s, so at least %s; set %s to at least %s, or to fit",
+		size, human(e.Base), human(e.Partition), need, e.Field, need)
 }
 
 // size completes the plan for an image filesystem of fsSize bytes followed
@@ -67,8 +114,7 @@ func (p placement) size(fsSize, extra int64, headroom int, partitionSize, diskSi
 	g.partSize = alignUp(fsSize+extra+fsSize*int64(headroom)/100, MiB)
 	if partitionSize > 0 {
 		if need := fsSize + extra; partitionSize < need {
-			return g, fmt.Errorf("image partition size %s is too small: the image filesystem (with its verity tree and kiln's seal) needs %s; set imagePartition.size to at least %s or to auto",
-				human(partitionSize), human(need), human(alignUp(need, MiB)))
+			return g, &SizeError{Field: PartitionSizeField, Size: partitionSize, Need: need}
 		}
 		g.partSize = alignUp(partitionSize, MiB)
 	}
@@ -85,11 +131,10 @@ func (p placement) size(fsSize, extra int64, headroom int, partitionSize, diskSi
 	g.diskSize = need
 	if diskSize > 0 {
 		if diskSize < need {
-			return g, fmt.Errorf("disk size %s is too small: the base needs %s, the image partition %s, so at least %s; set disk.size to at least %s or to fit",
-				human(diskSize), human(p.baseNeed), human(g.partSize), human(need), human(need))
+			return g, &SizeError{Field: DiskSizeField, Size: diskSize, Base: p.baseNeed, Partition: g.partSize, Need: need}
 		}
 		if diskSize%p.sector != 0 {
-			return g, fmt.Errorf("disk size %d bytes is not a multiple of the %d-byte sector size; use a size in MiB or GiB", diskSize, p.sector)
+			return g, &SizeError{Field: DiskSizeField, Size: diskSize, Sector: p.sector}
 		}
 		g.diskSize = diskSize
 	}
@@ -103,4 +148,28 @@ func (g geometry) segments() []segment {
 		segs = append(segs, segment{src: g.root.Offset, size: g.root.Size, dst: g.rootDst})
 	}
 	return segs
+}
+
+// CheckSizes refuses, before any long work, a fixed opts.DiskSize or
+// opts.PartitionSize that cannot hold the base and an image filesystem of
+// least bytes: a lower bound of the content, which known says (the node's
+// kiln binary, the largest served image).
+func CheckSizes(opts AssembleOptions, least int64, known string) error {
+	if opts.DiskSize == 0 && opts.PartitionSize == 0 {
+		return nil
+	}
+	base, err := readBaseLayout(opts.Base)
+	if err != nil {
+		return err
+	}
+	place, err := placeImagePartition(base, opts.Base, opts.Placement, opts.DiskSize)
+	if err != nil {
+		return err
+	}
+	_, err = place.size(least, SealSize, opts.Headroom, opts.PartitionSize, opts.DiskSize)
+	var se *SizeError
+	if errors.As(err, &se) && se.Sector == 0 {
+		se.Known = known
+	}
+	return err
 }

@@ -157,6 +157,7 @@ func (r *Recipe) validate(d *document) {
 		v.digest("base.digest", r.Base.Digest)
 	}
 
+	r.validateSizes(v)
 	p := r.ImagePartition
 	if h := p.HeadroomPercent(); h < 0 || h > maxHeadroom {
 		v.errorf("imagePartition.headroom", "%d is out of range; give a percentage from 0 to %d", h, maxHeadroom)
@@ -190,6 +191,23 @@ func (r *Recipe) validate(d *document) {
 	r.validateRelease(v)
 	r.validateUpgrade(v)
 	r.validateReflash(v)
+}
+
+// minSector is the smallest sector a disk has: a disk size must be a
+// whole number of them (of 4096 bytes on a 4Kn base; the build checks that).
+const minSector = 512
+
+// validateSizes refuses fixed sizes that no base and no content could
+// make work; what depends on them (the base's partitions, the images, the
+// node's kiln) is checked by the build as soon as it is known.
+func (r *Recipe) validateSizes(v validator) {
+	disk, part := r.Disk.Size, r.ImagePartition.Size
+	if !disk.Auto && disk.Bytes%minSector != 0 {
+		v.errorf("disk.size", "%s is not a whole number of %d-byte sectors; write it in MiB or GiB (e.g. %s)", disk, minSector, Size{Bytes: min(disk.Bytes>>20+1, 1<<42) << 20})
+	}
+	if !disk.Auto && !part.Auto && disk.Bytes <= part.Bytes {
+		v.errorf("disk.size", "%s cannot hold imagePartition.size %s and the base's partitions; make disk.size larger than the image partition by the base's size, or write fit", disk, part)
+	}
 }
 
 // validateReflash checks the reflash target rule: a /dev glob, a model

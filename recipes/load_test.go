@@ -247,6 +247,8 @@ func TestLoadErrors(t *testing.T) {
 		{"size negative", head + oneImage + "imagePartition: {size: -1G}\n", `r.yaml:7:24: imagePartition.size: size "-1G" is negative; sizes must be greater than zero`},
 		{"size overflow", head + oneImage + "disk: {size: 9000000TiB}\n", `r.yaml:7:14: disk.size: size "9000000TiB" is too large`},
 		{"size Auto", head + oneImage + "disk: {size: Auto}\n", `r.yaml:7:14: disk.size: size "Auto": write "auto" in lower case`},
+		{"disk size not whole sectors", head + oneImage + "disk: {size: 1000000001}\n", `r.yaml:7:14: disk.size: 1000000001B is not a whole number of 512-byte sectors; write it in MiB or GiB (e.g. 954MiB)`},
+		{"disk size no larger than the image partition", head + oneImage + "disk: {size: 4GiB}\nimagePartition: {size: 4GiB}\n", `r.yaml:7:14: disk.size: 4GiB cannot hold imagePartition.size 4GiB and the base's partitions; make disk.size larger than the image partition by the base's size, or write fit`},
 		{"size list", head + oneImage + "disk: {size: [1]}\n", `r.yaml:7:14: disk.size: expected a size such as "8GiB" or "auto", got a list`},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -134,4 +134,15 @@ func (f ReleaseFile) FileMode() uint32 {
 	return uint32(n)
 }
 
+// Errorf is a problem with field (e.g. "disk.size") found after Load, placed
+// where the recipe file says it: FILE:LINE:COLUMN.
+func (r *Recipe) Errorf(field, format string, args ...any) *Error {
+	d := newDocument(r.Path)
+	if r.pos != nil {
+		d.pos = r.pos
+	}
+	d.errorf(field, format, args...)
+	return d.errs[0]
+}
+
 func ptr[T any](v T) *T { return &v }

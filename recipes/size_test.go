@@ -85,8 +85,9 @@ func TestSizeYAMLRoundTrip(t *testing.T) {
 		if err := yaml.Unmarshal(out, &back); err != nil || back.Size != s {
 			t.Errorf("%+v → %q → %+v, %v", s, out, back.Size, err)
 		}
-		r, err := Parse("r.yaml", []byte(head+oneImage+"disk:\n  "+string(out)))
-		if err != nil || r.Disk.Size != s {
+		// (imagePartition.size: a disk's size must be whole sectors)
+		r, err := Parse("r.yaml", []byte(head+oneImage+"imagePartition:\n  "+string(out)))
+		if err != nil || r.ImagePartition.Size != s {
 			t.Errorf("%+v → %q → Load %+v, %v", s, out, r, err)
 		}
 	}

@@ -189,10 +189,10 @@ func (c *Cache) manifest(ctx context.Context, b *lazyBackend, h v1.Hash) ([]byte
 
 // Request is one image for FetchAll.
 type Request struct {
-	Name     string // the image's name, for messages
-	Source   string
-	BaseDir  string
-	Digest   string
+	Name    string // the image's name, for messages
+	Source  string
+	BaseDir string
+	Digest  string
 	// IndexDigest, when the lock has one, is the multi-arch index the
 	// manifest Digest was picked from: it must list Digest for Platform.
 	IndexDigest string
