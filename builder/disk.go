@@ -82,7 +82,9 @@ func (b *build) assembleDisk(ctx context.Context) error {
 	opts.HashFiles = b.inPlacePaths()
 	opts.FilesHashed = b.checkInPlace
 	opts.HashFilesStep = "check blobs read in place"
-	opts.VerityTrees = &partitions.VerityTrees{Dir: filepath.Join(b.cache.Dir(), "verity")}
+	// Temporary files in the work directory: a killed build's go with it.
+	opts.TempDir = b.work
+	opts.VerityTrees = &partitions.VerityTrees{Dir: filepath.Join(b.cache.Dir(), "verity"), StageDir: b.work}
 	opts.KnownFiles = b.servedBlobs()
 	opts.Progress = b.o.Progress
 	var err error

@@ -9,11 +9,14 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
+	"path/filepath"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/kiln-appliance/kiln/builder/fetch"
+	"github.com/kiln-appliance/kiln/builder/internal/leftover"
 	"github.com/kiln-appliance/kiln/recipes"
 )
 
@@ -85,12 +88,62 @@ func EnsureLock(ctx context.Context, r *recipes.Recipe, o LockOptions, log io.Wr
 	if err := o.check(lock); err != nil {
 		return nil, err
 	}
-	if err := lock.WriteFile(path); err != nil {
-		return nil, fmt.Errorf("write lock file: %w", err)
+	if err := WriteLock(lock, path, log); err != nil {
+		return nil, err
 	}
 	lock.Path = path
 	fmt.Fprintf(log, "wrote %s (%d images)\n", path, len(lock.Images))
 	return lock, nil
+}
+
+// WriteLock writes the lock to path atomically: a temporary file beside
+// it, synced, then renamed over path. On any failure path is left as it
+// was and the temporary file is removed. The temporary file's name carries
+// this process's tag (leftover.Pattern): one a killed kiln left is removed
+// here, by the next run that writes this lock, once its owner is provably
+// gone, and reported to log.
+func WriteLock(l *recipes.Lock, path string, log io.Writer) error {
+	data, err := l.Encode()
+	if err != nil {
+		return err
+	}
+	dir, prefix := filepath.Dir(path), "."+filepath.Base(path)+".tmp-"
+	removed, err := leftover.Sweep(dir, prefix)
+	for _, p := range removed {
+		fmt.Fprintf(log, "removed %s, left by a kiln that was killed\n", p)
+	}
+	if err != nil {
+		fmt.Fprintf(log, "warning: %v\n", err)
+	}
+	f, err := os.CreateTemp(dir, leftover.Pattern(prefix))
+	if err != nil {
+		return fmt.Errorf("write lock file: %w", err)
+	}
+	tmp := f.Name()
+	defer func() {
+		if tmp != "" {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if _, err := f.Write(data); err != nil {
+		return fmt.Errorf("write lock file %s: %w", path, err)
+	}
+	if err := f.Chmod(0o644); err != nil {
+		return fmt.Errorf("write lock file %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("write lock file %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write lock file %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("write lock file %s: %w", path, err)
+	}
+	tmp = ""
+	syncDir(dir) // persist the rename; best effort, the file is in place
+	return nil
 }
 
 func (o LockOptions) check(l *recipes.Lock) error {

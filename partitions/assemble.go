@@ -109,6 +109,11 @@ type AssembleOptions struct {
 	// (default contract.PartitionName and contract.PartitionType; a reflash
 	// stick's payload partition has its own).
 	PartitionName, PartitionType string
+	// TempDir is where Assemble writes its temporary files (the Ignition
+	// config for debugfs, mksquashfs's pseudo file); default $TMPDIR. A
+	// build gives its work directory, which the next build removes if this
+	// one is killed before it could.
+	TempDir string
 	// Progress may be nil.
 	Progress Reporter
 	// sealVersion, when set, seals as that version instead of SealVersion:
@@ -179,7 +184,7 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	// sqfswrite writes only past its end.
 	fsSize, err := writeSquashfs(ctx, squashfsOptions{
 		Tree: opts.ImageTree, Disk: disk, Offset: place.start,
-		Compression: opts.Compression, SourceDateEpoch: opts.SourceDateEpoch, Attrs: opts.Attrs, Progress: opts.Progress,
+		Compression: opts.Compression, SourceDateEpoch: opts.SourceDateEpoch, Attrs: opts.Attrs, TempDir: opts.TempDir, Progress: opts.Progress,
 		// When the verity tree will likely be copied, nothing but the disk
 		// is left after the write: let it write alongside.
 		WritebackEarly: !opts.NoVerity && len(opts.HashFiles) == 0 && opts.VerityTrees.any(),
@@ -291,7 +296,7 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := writeIgnition(disk, boot.Offset, config, opts.SourceDateEpoch); err != nil {
+		if err := writeIgnition(disk, boot.Offset, config, opts.SourceDateEpoch, opts.TempDir); err != nil {
 			return nil, err
 		}
 	}

@@ -523,7 +523,7 @@ func baseCopy(t *testing.T) (string, *Partition) {
 func TestWriteIgnitionReplaces(t *testing.T) {
 	disk, boot := baseCopy(t)
 	for _, cfg := range []string{`{"ignition":{"version":"3.3.0"},"first":true}`, `{"ignition":{"version":"3.4.0"}}`} {
-		if err := writeIgnition(disk, boot.Offset, []byte(cfg), epoch); err != nil {
+		if err := writeIgnition(disk, boot.Offset, []byte(cfg), epoch, ""); err != nil {
 			t.Fatal(err)
 		}
 		got, err := ReadIgnition(disk)
@@ -541,7 +541,7 @@ func TestWriteIgnitionReplaces(t *testing.T) {
 	src := filepath.Join(t.TempDir(), "f")
 	os.WriteFile(src, []byte("x"), 0o644)
 	exec.Command("debugfs", "-w", "-R", "write "+src+" ignition", fsSpec(disk, boot.Offset)).Run()
-	if err := writeIgnition(disk, boot.Offset, []byte("{}"), epoch); err == nil || !strings.Contains(err.Error(), "/ignition, but it is a regular file, not a directory") {
+	if err := writeIgnition(disk, boot.Offset, []byte("{}"), epoch, ""); err == nil || !strings.Contains(err.Error(), "/ignition, but it is a regular file, not a directory") {
 		t.Errorf("want an error about /ignition, got %v", err)
 	}
 }
@@ -557,7 +557,7 @@ func TestWriteIgnitionIsReproducible(t *testing.T) {
 			if i > 0 {
 				time.Sleep(1100 * time.Millisecond) // the clock's second moves on
 			}
-			if err := writeIgnition(disk, boot.Offset, testIgnition, at); err != nil {
+			if err := writeIgnition(disk, boot.Offset, testIgnition, at, ""); err != nil {
 				t.Fatal(err)
 			}
 			sums = append(sums, hashRange(t, disk, boot.Offset, boot.Size))

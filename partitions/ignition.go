@@ -23,9 +23,10 @@ const BootPartition = "boot"
 // mounting: debugfs opens the filesystem inside the disk file through the
 // unix I/O manager's "?offset=" option. E2FSPROGS_FAKE_TIME makes every
 // timestamp debugfs writes (inodes, superblock) SOURCE_DATE_EPOCH, so the
-// result is reproducible.
-func writeIgnition(disk string, offset int64, config []byte, epoch int64) error {
-	dir, err := os.MkdirTemp("", "kiln-ignition-")
+// result is reproducible. The config goes through a temporary directory in
+// tempDir ("": $TMPDIR).
+func writeIgnition(disk string, offset int64, config []byte, epoch int64, tempDir string) error {
+	dir, err := os.MkdirTemp(tempDir, "kiln-ignition-")
 	if err != nil {
 		return err
 	}

@@ -34,6 +34,11 @@ import (
 // tree of bytes that turned out not to match their digests is never kept.
 type VerityTrees struct {
 	Dir string
+	// StageDir is where a new tree waits for Commit (default Dir): a build
+	// gives its work directory, on Dir's filesystem, so the staged tree of
+	// a build that is killed goes with that directory (which the next
+	// build removes).
+	StageDir string
 
 	pending, key string // a staged tree (temp file) and its name
 }
@@ -152,7 +157,11 @@ func (t *VerityTrees) stage(key string, src io.ReaderAt, tree, size int64) (err 
 	if err := os.MkdirAll(t.Dir, 0o755); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(t.Dir, keptTempPrefix+"*")
+	dir := t.StageDir
+	if dir == "" {
+		dir = t.Dir
+	}
+	f, err := os.CreateTemp(dir, keptTempPrefix+"*")
 	if err != nil {
 		return err
 	}

@@ -38,6 +38,7 @@ type squashfsOptions struct {
 	Compression     string
 	SourceDateEpoch int64
 	Attrs           []FileAttrs
+	TempDir         string // for the pseudo file of Attrs ("": $TMPDIR)
 	Progress        Reporter
 	// WritebackEarly starts the disk's writeback behind the writer (see
 	// writeback), for a build with nothing to hash after the write.
@@ -87,7 +88,7 @@ func writeSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
 		"-mem", "64M"}
 	args = append(args, flags...)
 	if len(o.Attrs) > 0 {
-		pf, err := writeAttrs(o.Attrs)
+		pf, err := writeAttrs(o.TempDir, o.Attrs)
 		if err != nil {
 			return 0, err
 		}
@@ -152,9 +153,9 @@ func writeOwnSquashfs(ctx context.Context, o squashfsOptions) (int64, error) {
 }
 
 // writeAttrs writes attrs as mksquashfs "modify" pseudo definitions
-// ("PATH m MODE UID GID") into a temp file and returns its name.
-func writeAttrs(attrs []FileAttrs) (string, error) {
-	f, err := os.CreateTemp("", "kiln-attrs-")
+// ("PATH m MODE UID GID") into a temp file in dir and returns its name.
+func writeAttrs(dir string, attrs []FileAttrs) (string, error) {
+	f, err := os.CreateTemp(dir, "kiln-attrs-")
 	if err != nil {
 		return "", fmt.Errorf("mksquashfs pseudo file: %w", err)
 	}

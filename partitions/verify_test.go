@@ -230,7 +230,7 @@ func TestVerifyCases(t *testing.T) {
 			copyBytes(t, other, p, ip.Offset, ip.Size)
 		}, VerifyOptions{}, "seal", "disk GUID"},
 		{"Ignition with another build's root hash", func(t *testing.T, p string) {
-			if err := writeIgnition(p, boot.Offset, []byte(`{"kiln":"`+strings.Repeat("ab", 32)+`"}`), epoch); err != nil {
+			if err := writeIgnition(p, boot.Offset, []byte(`{"kiln":"`+strings.Repeat("ab", 32)+`"}`), epoch, ""); err != nil {
 				t.Fatal(err)
 			}
 		}, VerifyOptions{}, "partition 3 (boot)", "differs"},

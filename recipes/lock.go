@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -198,49 +197,6 @@ func (l *Lock) Encode() ([]byte, error) {
 		return nil, fmt.Errorf("encode lock: %w", err)
 	}
 	return buf.Bytes(), nil
-}
-
-// WriteFile writes the lock to path atomically: a temporary file in the same
-// directory, synced, then renamed over path. On any failure path is left as
-// it was and the temporary file is removed.
-func (l *Lock) WriteFile(path string) error {
-	data, err := l.Encode()
-	if err != nil {
-		return err
-	}
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write lock file: %w", err)
-	}
-	tmp := f.Name()
-	defer func() {
-		if tmp != "" {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		return fmt.Errorf("write lock file %s: %w", path, err)
-	}
-	if err := f.Chmod(0o644); err != nil {
-		return fmt.Errorf("write lock file %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("write lock file %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write lock file %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write lock file %s: %w", path, err)
-	}
-	tmp = ""
-	// Persist the rename itself; best effort, the file is already in place.
-	if dir, err := os.Open(filepath.Dir(path)); err == nil {
-		dir.Sync()
-		dir.Close()
-	}
-	return nil
 }
 
 // Errorf is a problem with field (e.g. "size") of the lock's entry for the

@@ -3,7 +3,6 @@ package recipes
 import (
 	"errors"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -239,52 +238,3 @@ images:
 	}
 }
 
-func TestLockWriteFile(t *testing.T) {
-	t.Parallel()
-	dir := t.TempDir()
-	path := filepath.Join(dir, "demo.lock")
-	r := lockRecipe(t)
-	l := testLock(r)
-	if err := l.WriteFile(path); err != nil {
-		t.Fatal(err)
-	}
-	back, err := ReadLock(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if back.Path != path || back.Check(r) != nil {
-		t.Errorf("read back: %+v, %v", back, back.Check(r))
-	}
-	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o644 {
-		t.Errorf("mode: %v, %v", fi.Mode(), err)
-	}
-	before, _ := os.ReadFile(path)
-
-	// A lock that would not read back is refused and the old file kept.
-	bad := testLock(r)
-	bad.Images[0].Digest = "sha256:nope"
-	if err := bad.WriteFile(path); err == nil || !strings.Contains(err.Error(), "images[0].digest") {
-		t.Errorf("invalid lock written: %v", err)
-	}
-	if after, _ := os.ReadFile(path); string(after) != string(before) {
-		t.Error("old lock changed by a failed write")
-	}
-
-	// A rename that fails (the target is a non-empty directory) leaves the
-	// directory alone and no temporary file behind.
-	blocked := filepath.Join(dir, "blocked.lock")
-	if err := os.MkdirAll(filepath.Join(blocked, "keep"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.WriteFile(blocked); err == nil {
-		t.Error("write over a directory succeeded")
-	}
-	entries, _ := os.ReadDir(dir)
-	var names []string
-	for _, e := range entries {
-		names = append(names, e.Name())
-	}
-	if !reflect.DeepEqual(names, []string{"blocked.lock", "demo.lock"}) {
-		t.Errorf("directory holds %v", names)
-	}
-}

@@ -16,6 +16,8 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sync/singleflight"
+
+	"github.com/kiln-appliance/kiln/builder/internal/leftover"
 )
 
 // Cache is a content-addressed store of blobs, shared by every build on the
@@ -43,14 +45,18 @@ func Open(dir string) (*Cache, error) {
 	if err := os.MkdirAll(blobs, 0o755); err != nil {
 		return nil, fmt.Errorf("open blob cache: %w (set XDG_CACHE_HOME or --cache to a writable directory)", err)
 	}
-	removeStaleTemps(blobs)
-	removeStaleTemps(filepath.Join(dir, "checked", "sha256"))
+	for _, d := range []string{blobs, filepath.Join(dir, "checked", "sha256")} {
+		leftover.Sweep(d, tempPrefix) // best effort: a temp kept costs space, not correctness
+		removeStaleTemps(d)
+	}
 	return &Cache{dir: dir, stall: stallTimeout}, nil
 }
 
-// staleAfter is how long a temp file goes unwritten before it is taken for
-// the leftover of a killed kiln. (A live fetch writes to its file all the
-// time, so its modification time stays fresh.)
+// staleAfter is how long a temp file without its owner's tag (written by a
+// kiln before temps carried one: leftover.Pattern) goes unwritten before
+// it is taken for the leftover of a killed kiln. (A live fetch writes to
+// its file all the time, so its modification time stays fresh.) Tagged
+// temps are removed as soon as their owner is dead (leftover.Sweep).
 const staleAfter = time.Hour
 
 func removeStaleTemps(dir string) {
@@ -59,7 +65,7 @@ func removeStaleTemps(dir string) {
 		return
 	}
 	for _, e := range ents {
-		if !strings.HasPrefix(e.Name(), tempPrefix) {
+		if !strings.HasPrefix(e.Name(), tempPrefix) || leftover.Tagged(e.Name(), tempPrefix) {
 			continue
 		}
 		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > staleAfter {
@@ -138,7 +144,7 @@ func (c *Cache) write(ctx context.Context, d v1.Descriptor, what string, open fu
 	}
 	defer rc.Close()
 
-	tmp, err := os.CreateTemp(filepath.Dir(c.Path(d.Digest)), tempPrefix+d.Digest.Hex[:12]+"-")
+	tmp, err := os.CreateTemp(filepath.Dir(c.Path(d.Digest)), leftover.Pattern(tempPrefix))
 	if err != nil {
 		return fmt.Errorf("blob cache: %w", err)
 	}

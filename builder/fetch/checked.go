@@ -11,6 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/kiln-appliance/kiln/builder/internal/leftover"
 )
 
 // A build packs a local oci: layout's blobs from where they lie and checks
@@ -113,7 +115,7 @@ func (c *Cache) RecordChecked(d v1.Descriptor, s Stamp) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, tempPrefix+d.Digest.Hex[:12]+"-")
+	tmp, err := os.CreateTemp(dir, leftover.Pattern(tempPrefix))
 	if err != nil {
 		return fmt.Errorf("blob cache: %w", err)
 	}

@@ -11,6 +11,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
 
+	"github.com/kiln-appliance/kiln/builder/internal/leftover"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 )
 
@@ -89,7 +90,7 @@ func looksOf(path string) (looks, error) {
 // created and chmodded as write does it, once per Cache.
 func (c *Cache) newBlobLooks() (looks, error) {
 	c.probeOnce.Do(func() {
-		f, err := os.CreateTemp(filepath.Join(c.dir, "blobs", "sha256"), tempPrefix+"probe-")
+		f, err := os.CreateTemp(filepath.Join(c.dir, "blobs", "sha256"), leftover.Pattern(tempPrefix))
 		if err != nil {
 			c.probeErr = err
 			return

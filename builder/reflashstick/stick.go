@@ -151,6 +151,7 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 		Base:       r.Resolve(r.Base.Path),
 		BaseDigest: r.Base.Digest,
 		ImageTree:  tree,
+		TempDir:    work, // swept with it if this run is killed
 		// The disk inside is mostly the image partition, already
 		// compressed; uncompressed, the stick reads at the medium's speed.
 		Compression:     "none",

@@ -88,7 +88,7 @@ func newLockCommand() *cobra.Command {
 				return err
 			}
 			path := recipes.LockPath(r.Path)
-			if err := lock.WriteFile(path); err != nil {
+			if err := builder.WriteLock(lock, path, cmd.ErrOrStderr()); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%d images)\n", path, len(lock.Images))

@@ -146,12 +146,7 @@ func Sweep(dir, prefix string) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, e := range ents {
-		rest, ok := strings.CutPrefix(e.Name(), prefix)
-		tag, _, hasRandom := strings.Cut(rest, "-")
-		if !ok || !hasRandom {
-			continue
-		}
-		o, ok := parseTag(tag)
+		o, ok := ownerOf(e.Name(), prefix)
 		if !ok || !dead(o) {
 			continue
 		}
@@ -163,6 +158,23 @@ func Sweep(dir, prefix string) ([]string, error) {
 		removed = append(removed, p)
 	}
 	return removed, errors.Join(errs...)
+}
+
+// ownerOf reads the owner's tag from a name Pattern(prefix) made.
+func ownerOf(name, prefix string) (owner, bool) {
+	rest, ok := strings.CutPrefix(name, prefix)
+	tag, _, hasRandom := strings.Cut(rest, "-")
+	if !ok || !hasRandom {
+		return owner{}, false
+	}
+	return parseTag(tag)
+}
+
+// Tagged says whether name carries an owner's tag after prefix, as
+// Pattern(prefix) names it: Sweep decides about it, nothing else should.
+func Tagged(name, prefix string) bool {
+	_, ok := ownerOf(name, prefix)
+	return ok
 }
 
 // removeTree unmounts whatever is mounted under p, deepest first, checks
