@@ -2,6 +2,7 @@ package partitions
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -249,5 +250,49 @@ func TestKeptVerityTree(t *testing.T) {
 	}
 	if err := verify(t, lied); err == nil || !strings.Contains(err.Error(), "image partition") {
 		t.Fatalf("verify of a disk whose blob is not its digest's: %v", err)
+	}
+}
+
+// TestAssembleTempDir (issue 26, item 9): Assemble writes its temporary
+// files (the Ignition config for debugfs, mksquashfs's pseudo file) in
+// TempDir and stages the tree to keep in StageDir, never in $TMPDIR or
+// beside the kept trees, where a killed build's would stay: the builder
+// gives its work directory, which the next build removes.
+func TestAssembleTempDir(t *testing.T) {
+	for _, compression := range []string{"none", "zstd"} { // zstd: mksquashfs, with a pseudo file for Attrs
+		t.Run(compression, func(t *testing.T) {
+			tree, work, kept := stageTree(t), t.TempDir(), filepath.Join(t.TempDir(), "verity")
+			noise := make([]byte, 64<<10) // blocks for verity to hash once compressed
+			rand.Read(noise)
+			if err := os.WriteFile(filepath.Join(tree, "noise"), noise, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			opts := defaultOpts(t, tree) // (its shared base is made in the real $TMPDIR)
+			// A $TMPDIR that does not exist: any temporary file made there
+			// fails the assembly.
+			t.Setenv("TMPDIR", filepath.Join(t.TempDir(), "missing"))
+			opts.Compression = compression
+			opts.Attrs = []FileAttrs{{Path: "kiln.json", Mode: 0o644}}
+			opts.TempDir = work
+			opts.VerityTrees = &VerityTrees{Dir: kept, StageDir: work}
+			opts.KnownFiles = knownBlobs(t, tree) // so the tree may be kept
+			assemble(t, opts)
+			if ents, _ := os.ReadDir(kept); len(ents) > 0 {
+				t.Errorf("a tree was staged beside the kept ones: %v", ents)
+			}
+			if compression != "none" {
+				return // a compressed filesystem's tree is not kept
+			}
+			staged, _ := filepath.Glob(filepath.Join(work, keptTempPrefix+"*"))
+			if len(staged) != 1 {
+				t.Fatalf("staged trees in the work directory: %v, want one", staged)
+			}
+			if err := opts.VerityTrees.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			if ents, _ := os.ReadDir(kept); len(ents) != 1 {
+				t.Errorf("after Commit the kept directory holds %d entries, want the tree", len(ents))
+			}
+		})
 	}
 }
