@@ -189,7 +189,24 @@ func sectorSize(r io.ReaderAt) (int, error) {
 			return s, nil
 		}
 	}
-	return 0, errors.New("no GPT partition table (no \"EFI PART\" header at byte 512 or 4096); the base must be a GPT disk image such as a CoreOS metal image")
+	return 0, fmt.Errorf("%w (no \"EFI PART\" header at byte 512 or 4096); the base must be a GPT disk image such as a CoreOS metal image", ErrNoPartitionTable)
+}
+
+// ErrNoPartitionTable: no GPT header where a GPT disk has one.
+var ErrNoPartitionTable = errors.New("no GPT partition table")
+
+// ReadTable reads the primary GPT of the disk at path and nothing else:
+// what a file is (a kiln disk, a stick) can be told from it even when the
+// rest of the disk is damaged or cut short, which Inspect then reports.
+// A file with no GPT at all is an error wrapping ErrNoPartitionTable.
+func ReadTable(path string) (*Layout, error) {
+	f, err := openDisk(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	l, _, err := readLayout(f, path)
+	return l, err
 }
 
 // check validates the partitions against the usable area and each other.
@@ -218,8 +235,11 @@ func checkBackup(r io.ReaderAt, l *Layout, t *gpt.Table) error {
 		return fmt.Errorf("read GPT header: %w", err)
 	}
 	alt := int64(binary.LittleEndian.Uint64(b[32:40]))
-	if alt <= 1 || (alt+1)*sector > l.Size {
-		return fmt.Errorf("the GPT says its backup is at LBA %d, but the disk has %d sectors: the disk image is truncated", alt, l.Size/sector)
+	if alt <= 1 {
+		return fmt.Errorf("the GPT header says its backup is at LBA %d, which cannot be: the header is damaged (sgdisk -v shows details)", alt)
+	}
+	if want := (alt + 1) * sector; want > l.Size {
+		return truncated(l.Size, want)
 	}
 	if _, err := r.ReadAt(b, alt*sector); err != nil {
 		return fmt.Errorf("read backup GPT header: %w", err)
@@ -275,4 +295,15 @@ func (readerFile) Close() error               { return nil }
 func (readerFile) Seek(int64, int) (int64, error) {
 	// go-diskfs seeks only to read the backup after a bad primary.
 	return 0, errors.New("the primary GPT header or its partition entries are damaged (CRC mismatch); kiln disks must be exact: reflash it (sgdisk -v shows details)")
+}
+
+// truncated says a disk of size bytes is short of the want bytes its GPT
+// (or seal) says it was built with, and by how much.
+func truncated(size, want int64) error {
+	missing := fmt.Sprintf("%d bytes", want-size)
+	if want-size == 1 {
+		missing = "1 byte"
+	}
+	return fmt.Errorf("it is truncated: %d bytes of the %d it was built with (%s missing: copied or downloaded only in part?); copy it again, or rebuild it",
+		size, want, missing)
 }

@@ -108,7 +108,7 @@ func VerifyDisk(ctx context.Context, path string, o VerifyOptions) (rep *VerifyR
 		rep.Unchecked = append(rep.Unchecked, "GPT headers and backup GPT: the node moves the backup to the end of its disk and grows root")
 	} else {
 		if size < s.DiskSize {
-			return nil, &VerifyError{"disk", fmt.Errorf("%d bytes, the build wrote %d: it is truncated", size, s.DiskSize)}
+			return nil, &VerifyError{"disk", truncated(size, s.DiskSize)}
 		}
 		// A device is as large as it is; a file that is longer than the
 		// disk was made so after the build (a copy of a whole stick?).

@@ -32,7 +32,13 @@ func newInspectCommand() *cobra.Command {
 			if format != "text" && format != "json" {
 				return usageError{fmt.Errorf("--output %q: want text or json", format)}
 			}
-			if bundle.IsBundle(args[0]) {
+			id, err := identify(args[0])
+			switch {
+			case err != nil:
+				return err
+			case id.kind == notKiln:
+				return id.notKilnError(args[0])
+			case id.kind == bundleImage:
 				rep, err := bundle.Inspect(args[0])
 				if err != nil {
 					return err
@@ -71,7 +77,13 @@ func newVerifyCommand() *cobra.Command {
 		Short: "Check that a disk holds exactly the bytes kiln wrote (both GPTs, every partition, the image partition through dm-verity, every file against kiln.json), or a bundle (signature, every blob re-hashed)",
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if bundle.IsBundle(args[0]) {
+			id, err := identify(args[0])
+			switch {
+			case err != nil:
+				return err
+			case id.kind == notKiln || id.kind == otherDisk:
+				return id.notKilnError(args[0])
+			case id.kind == bundleImage:
 				if len(keys) == 0 {
 					return usageError{fmt.Errorf("%s is an upgrade bundle: give the public key(s) to check its signature with --key NAME.pub", args[0])}
 				}
@@ -86,8 +98,7 @@ func newVerifyCommand() *cobra.Command {
 				m := rep.Manifest
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: OK (%s %s %s bundle signed by %s, %d files, %d images verified)\n", args[0], m.Recipe, m.Version, m.Kind, rep.Verified, len(m.Files), len(m.Images))
 				return nil
-			}
-			if isReflashStick(args[0]) {
+			case id.kind == reflashStick:
 				return verifyReflashStick(cmd, args[0])
 			}
 			rep, err := builder.Verify(cmd.Context(), args[0], o, newProgress())
@@ -97,24 +108,30 @@ func newVerifyCommand() *cobra.Command {
 			w := cmd.OutOrStdout()
 			v := rep.Verified
 			fmt.Fprintf(w, "%s: checked against the build's seal (disk GUID %s):\n", args[0], rep.Layout.GUID)
-			for _, c := range v.Checked {
-				fmt.Fprintf(w, "  ok           %s\n", c)
-			}
-			fmt.Fprintf(w, "  ok           %d files, %d images against kiln.json\n", len(rep.Contents.Files), len(rep.Contents.Images))
-			for _, u := range v.Unchecked {
-				fmt.Fprintf(w, "  not checked  %s\n", u)
-			}
-			if len(v.Unchecked) > 0 {
-				fmt.Fprintf(w, "%s: OK, except what is not checked above\n", args[0])
-			} else {
-				fmt.Fprintf(w, "%s: OK (exactly the bytes the build wrote)\n", args[0])
-			}
+			checked := append(v.Checked, fmt.Sprintf("%d files, %d images against kiln.json", len(rep.Contents.Files), len(rep.Contents.Images)))
+			printChecks(w, args[0], checked, v.Unchecked, "exactly the bytes the build wrote")
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&o.Booted, "booted", false, "the disk has booted on a node: skip boot, root and the GPT headers, which the node changes")
 	cmd.Flags().StringArrayVar(&keys, "key", nil, "public key a bundle must be signed with (NAME.pub; repeatable)")
 	return cmd
+}
+
+// printChecks lists what verify checked and what it could not, then says
+// OK: with exactly when everything was checked, else with the exception.
+func printChecks(w io.Writer, path string, checked, unchecked []string, exactly string) {
+	for _, c := range checked {
+		fmt.Fprintf(w, "  ok           %s\n", c)
+	}
+	for _, u := range unchecked {
+		fmt.Fprintf(w, "  not checked  %s\n", u)
+	}
+	if len(unchecked) > 0 {
+		fmt.Fprintf(w, "%s: OK, except what is not checked above\n", path)
+	} else {
+		fmt.Fprintf(w, "%s: OK (%s)\n", path, exactly)
+	}
 }
 
 func printReport(w io.Writer, rep *builder.Report) {

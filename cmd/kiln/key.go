@@ -5,6 +5,9 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -26,11 +29,14 @@ out of version control), and NAME.pub, the public key a recipe lists under trust
 overwritten: generating over an existing key would orphan every appliance that trusts it.`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			if err := checkKeyName(name); err != nil {
+				return usageError{err}
+			}
 			priv, pub, err := bundle.GenerateKey()
 			if err != nil {
 				return err
 			}
-			name := args[0]
 			if err := writeNew(name+".key", priv, 0o600); err != nil {
 				return err
 			}
@@ -51,6 +57,25 @@ overwritten: generating over an existing key would orphan every appliance that t
 		},
 	})
 	return key
+}
+
+// keyFileName is what the last element of a key's NAME may be: a plain
+// name, not empty and not hidden, so NAME.key and NAME.pub are files a
+// technician sees (kiln key generate "" wrote ".key").
+var keyFileName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+
+// checkKeyName refuses a NAME that does not end in a plain file name, or
+// that already ends in .key or .pub.
+func checkKeyName(name string) error {
+	base := filepath.Base(name)
+	switch {
+	case name == "" || strings.HasSuffix(name, "/") || !keyFileName.MatchString(base):
+		return fmt.Errorf("key name %q: give a name such as factory (or DIR/factory): letters, digits, '.', '_' and '-', starting with a letter or digit; kiln writes NAME.key and NAME.pub", name)
+	case strings.HasSuffix(base, ".key") || strings.HasSuffix(base, ".pub"):
+		stem := name[:len(name)-len(".key")]
+		return fmt.Errorf("key name %q: give it without .key or .pub (kiln key generate %s writes %s.key and %s.pub)", name, stem, stem, stem)
+	}
+	return nil
 }
 
 // writeNew writes a file that must not exist yet, durably.

@@ -39,7 +39,7 @@ kernel's cache and reads every byte back, comparing sha256. It says "done" only 
 				return fmt.Errorf("image: %w", err)
 			}
 			if !fi.Mode().IsRegular() {
-				return fmt.Errorf("image %s is not a regular file: give the disk image (kiln build -o) or bundle stick image (kiln bundle --stick) to write", image)
+				return fmt.Errorf("image %s is not a regular file: give the image file to write: a disk (kiln build -o), an upgrade stick image (kiln bundle -o) or a recovery stick image (kiln reflash-stick -o)", image)
 			}
 			d, err := flash.Open(dev)
 			if err != nil {
@@ -70,7 +70,12 @@ kernel's cache and reads every byte back, comparing sha256. It says "done" only 
 // checkImage runs kiln verify's checks on a kiln disk or bundle. Only an
 // image that is neither may be written unchecked, with --no-verify.
 func checkImage(cmd *cobra.Command, image string, keys []string, noVerify bool) error {
-	if bundle.IsBundle(image) {
+	id, err := identify(image)
+	if err != nil {
+		return err
+	}
+	switch id.kind {
+	case bundleImage:
 		if len(keys) == 0 {
 			return usageError{fmt.Errorf("%s is an upgrade bundle: give the public key(s) to check its signature with --key NAME.pub", image)}
 		}
@@ -82,35 +87,22 @@ func checkImage(cmd *cobra.Command, image string, keys []string, noVerify bool) 
 			return fmt.Errorf("not writing %s: %w", image, err)
 		}
 		return nil
-	}
-	if isReflashStick(image) {
+	case reflashStick:
 		if _, err := partitions.VerifyDisk(cmd.Context(), image, partitions.VerifyOptions{PartitionName: reflash.PartitionName}); err != nil {
 			return fmt.Errorf("not writing %s: %s failed verification; the stick image is damaged or was modified: make it again: %w", image, image, err)
 		}
 		return nil
-	}
-	if !isKilnDisk(image) {
+	case otherDisk, notKiln:
 		if noVerify {
 			fmt.Fprintf(cmd.ErrOrStderr(), "%s is not a kiln disk or bundle: writing it unchecked (--no-verify); it is still read back\n", image)
 			return nil
 		}
-		return fmt.Errorf("%s is not a kiln disk or bundle (no %s partition, no bundle header), so kiln cannot check it: "+
-			"give --no-verify to write it anyway", image, contract.PartitionName)
+		return fmt.Errorf("%v; so kiln cannot check it: give --no-verify to write it anyway", id.notKilnError(image))
 	}
 	if _, err := builder.Verify(cmd.Context(), image, builder.VerifyOptions{}, newProgress()); err != nil {
 		return fmt.Errorf("not writing %s: %w", image, err)
 	}
 	return nil
-}
-
-// isReflashStick: the image has a GPT with a reflash stick's payload partition.
-func isReflashStick(image string) bool {
-	l, err := partitions.Inspect(image)
-	if err != nil {
-		return false
-	}
-	_, ok := l.Find(reflash.PartitionName)
-	return ok
 }
 
 // verifyReflashStick checks a stick image (or a written stick) against the
@@ -122,19 +114,6 @@ func verifyReflashStick(cmd *cobra.Command, path string) error {
 	}
 	w := cmd.OutOrStdout()
 	fmt.Fprintf(w, "%s: a recovery reflash stick, checked against its seal:\n", path)
-	for _, c := range rep.Checked {
-		fmt.Fprintf(w, "  ok           %s\n", c)
-	}
-	fmt.Fprintf(w, "%s: OK (exactly the bytes kiln reflash-stick wrote)\n", path)
+	printChecks(w, path, rep.Checked, rep.Unchecked, "exactly the bytes kiln reflash-stick wrote")
 	return nil
-}
-
-// isKilnDisk: the image has a GPT with kiln's image partition.
-func isKilnDisk(image string) bool {
-	l, err := partitions.Inspect(image)
-	if err != nil {
-		return false
-	}
-	_, ok := l.Find(contract.PartitionName)
-	return ok
 }

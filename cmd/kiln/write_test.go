@@ -132,7 +132,10 @@ func TestWrite(t *testing.T) {
 		{"damaged image, --no-verify does not help", func(t *testing.T) string { d, _ := loopDevice(t, size); return d }, []string{"--force", "--no-verify"}, damaged,
 			[]string{"not writing " + damaged, "failed verification"}},
 		{"plain file without --no-verify", func(t *testing.T) string { d, _ := loopDevice(t, size); return d }, []string{"--force"}, plain,
-			[]string{"is not a kiln disk or bundle", "--no-verify"}},
+			[]string{plain + " is not a kiln disk (kiln build), an upgrade bundle", "so kiln cannot check it: give --no-verify"}},
+		// It named a --stick flag kiln bundle does not have (issue 26).
+		{"image is a directory", func(t *testing.T) string { d, _ := loopDevice(t, size); return d }, []string{"--force"}, f.dir,
+			[]string{"is not a regular file", "an upgrade stick image (kiln bundle -o) or a recovery stick image (kiln reflash-stick -o)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			target := tc.target(t)
