@@ -240,7 +240,7 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	var image SealImage
 	imageDigest := func(from int64) (err error) {
 		image.DigestFrom = from
-		image.Digest, err = digestRange(version, opts.Output, start+from, partSize-SealSize-from)
+		image.Digest, err = digestRange(ctx, version, opts.Output, start+from, partSize-SealSize-from)
 		return err
 	}
 	steps, stepsCtx := errgroup.WithContext(ctx)
@@ -305,7 +305,7 @@ func Assemble(ctx context.Context, opts AssembleOptions) (*Layout, error) {
 	// digest becomes the disk GUID (only the GPT headers change).
 	img, _ := l.Find(opts.PartitionName)
 	image.FSSize, image.Verity = fsSize, id.Verity
-	seal, err := sealDisk(version, opts.Output, l, img, image)
+	seal, err := sealDisk(ctx, version, opts.Output, l, img, image)
 	if err != nil {
 		return nil, fmt.Errorf("seal the disk: %w", err)
 	}
@@ -428,7 +428,7 @@ func writeImageVerity(ctx context.Context, opts AssembleOptions, start, fsSize i
 
 // sealDisk writes the seal at the end of the image partition and returns
 // its area.
-func sealDisk(version int, f *os.File, l *Layout, img *Partition, image SealImage) ([]byte, error) {
+func sealDisk(ctx context.Context, version int, f *os.File, l *Layout, img *Partition, image SealImage) ([]byte, error) {
 	sector := int64(l.SectorSize)
 	s := &Seal{SchemaVersion: version, DiskSize: l.Size, SectorSize: l.SectorSize}
 	var err error
@@ -444,7 +444,7 @@ func sealDisk(version int, f *os.File, l *Layout, img *Partition, image SealImag
 	var g errgroup.Group
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	g.Go(func() (err error) {
-		s.Outside, err = outsideDigest(version, f, l.Size, sector, l.Partitions, 1, backup)
+		s.Outside, err = outsideDigest(ctx, version, f, l.Size, sector, l.Partitions, 1, backup)
 		return err
 	})
 	s.Partitions = make([]SealPartition, len(l.Partitions))
@@ -453,7 +453,7 @@ func sealDisk(version int, f *os.File, l *Layout, img *Partition, image SealImag
 		*sp = SealPartition{Number: p.Number, Name: p.Name, Type: p.Type, GUID: p.GUID, FirstLBA: p.FirstLBA, LastLBA: p.LastLBA, Attributes: p.Attributes}
 		if p.Number != img.Number {
 			g.Go(func() (err error) {
-				sp.Digest, err = digestRange(version, f, p.Offset, p.Size)
+				sp.Digest, err = digestRange(ctx, version, f, p.Offset, p.Size)
 				return err
 			})
 		}

@@ -161,7 +161,7 @@ func BenchmarkVerityAndFiles(b *testing.B) {
 			var g errgroup.Group
 			g.SetLimit(runtime.GOMAXPROCS(0))
 			for _, fh := range feeder().files {
-				g.Go(func() error { return hashRead(fh.h, f, fh.start, fh.size, make([]byte, MiB)) })
+				g.Go(func() error { return hashRead(context.Background(), fh.h, f, fh.start, fh.size, make([]byte, MiB)) })
 			}
 			if err := g.Wait(); err != nil {
 				b.Fatal(err)

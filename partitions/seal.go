@@ -2,6 +2,7 @@ package partitions
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -174,7 +175,7 @@ type span struct{ off, size int64 }
 
 // outsideDigest hashes every byte of the first size bytes of r that lies in
 // no partition and in neither GPT header sector.
-func outsideDigest(version int, r io.ReaderAt, size, sector int64, parts []Partition, skip ...int64) (string, error) {
+func outsideDigest(ctx context.Context, version int, r io.ReaderAt, size, sector int64, parts []Partition, skip ...int64) (string, error) {
 	var inside []span
 	for _, p := range parts {
 		inside = append(inside, span{p.Offset, p.Size})
@@ -198,7 +199,7 @@ func outsideDigest(version int, r io.ReaderAt, size, sector int64, parts []Parti
 			off = skipTo
 			continue
 		}
-		if err := hashSpan(h, r, off, next-off, buf); err != nil {
+		if err := hashSpan(ctx, h, r, off, next-off, buf); err != nil {
 			return "", err
 		}
 		off = next
@@ -209,15 +210,15 @@ func outsideDigest(version int, r io.ReaderAt, size, sector int64, parts []Parti
 // hashSpan feeds h size bytes of r at off. A file's holes (the disk file
 // kiln writes is sparse: the base's zero runs, the headroom) are hashed
 // from zeros in memory rather than read (hashHoles).
-func hashSpan(h io.Writer, r io.ReaderAt, off, size int64, buf []byte) error {
+func hashSpan(ctx context.Context, h io.Writer, r io.ReaderAt, off, size int64, buf []byte) error {
 	// A section past the end of r would read short without an error.
 	if end, err := sizeOf(r); err == nil && off+size > end {
 		return fmt.Errorf("bytes %d-%d lie past the end of the disk (%d bytes): it is truncated", off, off+size-1, end)
 	}
 	if f, base, ok := fileOf(r); ok {
-		return hashHoles(h, f, base+off, size, buf)
+		return hashHoles(ctx, h, f, base+off, size, buf)
 	}
-	return hashRead(h, r, off, size, buf)
+	return hashRead(ctx, h, r, off, size, buf)
 }
 
 // fileOf finds the file under r (a partition's section of the disk file)

@@ -2,6 +2,7 @@ package partitions
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"hash"
@@ -44,11 +45,11 @@ func newSealHash(version int) sealHash {
 const parallelSpan = 64 * MiB
 
 // digestRange is the seal digest (of version) of size bytes of r at off.
-func digestRange(version int, r io.ReaderAt, off, size int64) (string, error) {
+func digestRange(ctx context.Context, version int, r io.ReaderAt, off, size int64) (string, error) {
 	cpus := int64(runtime.GOMAXPROCS(0))
 	if version == 1 || size < parallelSpan || cpus == 1 {
 		h := newSealHash(version)
-		if err := hashSpan(h, r, off, size, make([]byte, MiB)); err != nil {
+		if err := hashSpan(ctx, h, r, off, size, make([]byte, MiB)); err != nil {
 			return "", err
 		}
 		return h.digest(), nil
@@ -60,7 +61,7 @@ func digestRange(version int, r io.ReaderAt, off, size int64) (string, error) {
 		from := int64(i) * per
 		g.Go(func() error {
 			c := &chunkedHash{outer: &runs[i], inner: sha256.New()}
-			if err := hashSpan(c, r, off+from, min(per, size-from), make([]byte, MiB)); err != nil {
+			if err := hashSpan(ctx, c, r, off+from, min(per, size-from), make([]byte, MiB)); err != nil {
 				return err
 			}
 			c.endChunk()

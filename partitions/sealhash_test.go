@@ -1,6 +1,7 @@
 package partitions
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
@@ -128,11 +129,11 @@ func TestDigestRangeOnEveryCPU(t *testing.T) {
 		{0, size}, {1, size - 1}, {sealChunk + 9, 2*parallelSpan + 1}, {0, parallelSpan}, {17, parallelSpan - 1},
 	} {
 		one := newSealHash(SealVersion)
-		if err := hashSpan(one, f, span.off, span.size, make([]byte, MiB)); err != nil {
+		if err := hashSpan(context.Background(), one, f, span.off, span.size, make([]byte, MiB)); err != nil {
 			t.Fatal(err)
 		}
 		want := one.digest()
-		got, err := digestRange(SealVersion, f, span.off, span.size)
+		got, err := digestRange(context.Background(), SealVersion, f, span.off, span.size)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -140,7 +141,7 @@ func TestDigestRangeOnEveryCPU(t *testing.T) {
 			t.Errorf("bytes %d+%d: on every CPU %s, in one go %s", span.off, span.size, got, want)
 		}
 		// And through a plain reader (no holes to seek), the same again.
-		got, err = digestRange(SealVersion, io.NewSectionReader(struct{ io.ReaderAt }{f}, 0, size), span.off, span.size)
+		got, err = digestRange(context.Background(), SealVersion, io.NewSectionReader(struct{ io.ReaderAt }{f}, 0, size), span.off, span.size)
 		if err != nil || got != want {
 			t.Errorf("bytes %d+%d read plainly: %s, %v; want %s", span.off, span.size, got, err, want)
 		}

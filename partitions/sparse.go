@@ -1,6 +1,7 @@
 package partitions
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -87,7 +88,7 @@ var zeroBlock [MiB]byte
 // offset is touched besides reads (pread), so goroutines may share f.
 // Where holes cannot be told (a block device, a filesystem without
 // SEEK_DATA), every byte is read.
-func hashHoles(h io.Writer, f *os.File, off, size int64, buf []byte) error {
+func hashHoles(ctx context.Context, h io.Writer, f *os.File, off, size int64, buf []byte) error {
 	fi, err := f.Stat()
 	if err != nil {
 		return err
@@ -101,7 +102,7 @@ func hashHoles(h io.Writer, f *os.File, off, size int64, buf []byte) error {
 		if errors.Is(err, unix.ENXIO) { // no data from off to the end of the file
 			data = end
 		} else if err != nil {
-			return hashRead(h, f, off, end-off, buf)
+			return hashRead(ctx, h, f, off, end-off, buf)
 		}
 		if data = min(data, end); data > off {
 			writeZeros(h, data-off)
@@ -110,10 +111,10 @@ func hashHoles(h io.Writer, f *os.File, off, size int64, buf []byte) error {
 		}
 		hole, err := unix.Seek(fd, off, unix.SEEK_HOLE)
 		if err != nil {
-			return hashRead(h, f, off, end-off, buf)
+			return hashRead(ctx, h, f, off, end-off, buf)
 		}
 		hole = min(max(hole, off+1), end)
-		if err := hashRead(h, f, off, hole-off, buf); err != nil {
+		if err := hashRead(ctx, h, f, off, hole-off, buf); err != nil {
 			return err
 		}
 		off = hole
@@ -135,8 +136,23 @@ func writeZeros(h io.Writer, n int64) {
 	}
 }
 
-// hashRead feeds h size bytes of r at off, read into buf.
-func hashRead(h io.Writer, r io.ReaderAt, off, size int64, buf []byte) error {
-	_, err := io.CopyBuffer(h, io.NewSectionReader(r, off, size), buf)
+// hashRead feeds h size bytes of r at off, read into buf, and stops with
+// ctx's error once ctx is done: verifying a large disk reads for minutes,
+// which Ctrl-C must cut short.
+func hashRead(ctx context.Context, h io.Writer, r io.ReaderAt, off, size int64, buf []byte) error {
+	_, err := io.CopyBuffer(h, ctxReader{ctx, io.NewSectionReader(r, off, size)}, buf)
 	return err
+}
+
+// ctxReader reads from r until ctx is done.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }

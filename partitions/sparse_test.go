@@ -2,6 +2,7 @@ package partitions
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"io"
@@ -92,7 +93,7 @@ func TestHashHoles(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := sha256.New()
-			if err := hashHoles(h, f, tc.off, tc.size, make([]byte, 64<<10)); err != nil {
+			if err := hashHoles(context.Background(), h, f, tc.off, tc.size, make([]byte, 64<<10)); err != nil {
 				t.Fatal(err)
 			}
 			want := sha256.Sum256(whole[tc.off : tc.off+tc.size])
@@ -101,7 +102,7 @@ func TestHashHoles(t *testing.T) {
 			}
 		})
 	}
-	if err := hashHoles(sha256.New(), f, size-10, 11, make([]byte, 64<<10)); err == nil || !strings.Contains(err.Error(), "truncated") {
+	if err := hashHoles(context.Background(), sha256.New(), f, size-10, 11, make([]byte, 64<<10)); err == nil || !strings.Contains(err.Error(), "truncated") {
 		t.Errorf("a range one byte past the end: got %v, want a truncation error", err)
 	}
 }

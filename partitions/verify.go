@@ -132,7 +132,7 @@ func VerifyDisk(ctx context.Context, path string, o VerifyOptions) (rep *VerifyR
 			rep.Unchecked = append(rep.Unchecked, fmt.Sprintf("bytes 92-%d of the GPT header sectors (LBA 1 and LBA %d): "+
 				"this disk's seal (version %d) does not record them; a disk built by this kiln has every byte checked", sec-1, primary.alternate, s.SchemaVersion))
 		}
-		if d, err := outsideDigest(s.SchemaVersion, io.NewSectionReader(f, 0, s.DiskSize), s.DiskSize, sec, l.Partitions, 1, primary.alternate); err != nil {
+		if d, err := outsideDigest(ctx, s.SchemaVersion, io.NewSectionReader(f, 0, s.DiskSize), s.DiskSize, sec, l.Partitions, 1, primary.alternate); err != nil {
 			return nil, &VerifyError{"disk", err}
 		} else if d != s.Outside {
 			return nil, &VerifyError{"protective MBR, GPT entries or the gaps between partitions", errors.New("differ from what the build wrote")}
@@ -170,7 +170,7 @@ func VerifyDisk(ctx context.Context, path string, o VerifyOptions) (rep *VerifyR
 		if v.HashOffset != s.Image.FSSize || s.Image.DigestFrom != v.HashOffset+v.HashSize {
 			return nil, &VerifyError{"seal", errors.New("its verity layout is not one kiln writes")}
 		}
-		if err := checkVerity(part, *v); err != nil {
+		if err := checkVerity(ctx, part, *v); err != nil {
 			return nil, &VerifyError{ip, err}
 		}
 		rep.Checked = append(rep.Checked, ip+": every block through dm-verity (root hash "+v.RootHash+")")
@@ -181,7 +181,7 @@ func VerifyDisk(ctx context.Context, path string, o VerifyOptions) (rep *VerifyR
 	if from < 0 || from > img.Size-SealSize {
 		return nil, &VerifyError{"seal", fmt.Errorf("image digest starts at byte %d, outside the partition", from)}
 	}
-	if d, err := digestRange(s.SchemaVersion, part, from, img.Size-SealSize-from); err != nil {
+	if d, err := digestRange(ctx, s.SchemaVersion, part, from, img.Size-SealSize-from); err != nil {
 		return nil, &VerifyError{ip, err}
 	} else if d != s.Image.Digest {
 		return nil, &VerifyError{ip, fmt.Errorf("bytes %d-%d differ from what the build wrote", from, img.Size-SealSize-1)}
@@ -201,7 +201,7 @@ func VerifyDisk(ctx context.Context, path string, o VerifyOptions) (rep *VerifyR
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		d, err := digestRange(s.SchemaVersion, f, p.Offset, int64(sp.LastLBA-sp.FirstLBA+1)*sec)
+		d, err := digestRange(ctx, s.SchemaVersion, f, p.Offset, int64(sp.LastLBA-sp.FirstLBA+1)*sec)
 		if err != nil {
 			return nil, &VerifyError{part, err}
 		}

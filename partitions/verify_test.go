@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/diskfs/go-diskfs/partition/gpt"
@@ -434,5 +436,36 @@ func TestTwoImagePartitions(t *testing.T) {
 	var ve *VerifyError
 	if _, err := VerifyDisk(context.Background(), p, VerifyOptions{}); !errors.As(err, &ve) || !strings.Contains(ve.Error(), want) {
 		t.Errorf("VerifyDisk: %v, want %q", err, want)
+	}
+}
+
+// countingReaderAt counts the bytes read through it.
+type countingReaderAt struct {
+	r io.ReaderAt
+	n atomic.Int64
+}
+
+func (c *countingReaderAt) ReadAt(p []byte, off int64) (int, error) {
+	n, err := c.r.ReadAt(p, off)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// TestHashingStopsWhenCancelled (issue 26, item 7): the digests and the
+// verity check of kiln verify read a whole disk, for minutes on a large
+// one; once the CLI's context is done (Ctrl-C, SIGTERM) they stop at the
+// next read instead of hashing to the end.
+func TestHashingStopsWhenCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, version := range []int{1, SealVersion} {
+		r := &countingReaderAt{r: bytes.NewReader(make([]byte, 128*MiB))}
+		if _, err := digestRange(ctx, version, r, 0, 128*MiB); !errors.Is(err, context.Canceled) || r.n.Load() > 0 {
+			t.Errorf("seal version %d digest, cancelled: %v after reading %d bytes; want context.Canceled, nothing read", version, err, r.n.Load())
+		}
+	}
+	r := &countingReaderAt{r: bytes.NewReader(make([]byte, 128*MiB))}
+	if _, err := checkLevel(ctx, r, 0, 128*MiB/VerityBlock, nil, r, 0); !errors.Is(err, context.Canceled) || r.n.Load() > 0 {
+		t.Errorf("verity check, cancelled: %v after reading %d bytes; want context.Canceled, nothing read", err, r.n.Load())
 	}
 }

@@ -234,7 +234,7 @@ func (e *VerityError) Error() string {
 // the one kiln writes for v, each level of the stored tree is the hash of the
 // level below (level 0: of the data), and the top hashes to v.RootHash. It
 // reads the partition once, streaming.
-func checkVerity(part io.ReaderAt, v Verity) error {
+func checkVerity(ctx context.Context, part io.ReaderAt, v Verity) error {
 	salt, err := hex.DecodeString(v.Salt)
 	if err != nil || len(salt) > 256 {
 		return &VerityError{-1, fmt.Sprintf("salt %q in the record is not hex of at most 256 bytes", v.Salt)}
@@ -270,7 +270,7 @@ func checkVerity(part io.ReaderAt, v Verity) error {
 		if i > 0 {
 			srcOff, n = tree+offsets[i-1]*VerityBlock, sizes[i-1]
 		}
-		bad, err := checkLevel(src, srcOff, n, salt, part, stored)
+		bad, err := checkLevel(ctx, src, srcOff, n, salt, part, stored)
 		switch {
 		case err != nil:
 			return err
@@ -291,11 +291,14 @@ func checkVerity(part io.ReaderAt, v Verity) error {
 // hash blocks at stored (digests and zero padding); it returns the index of
 // the first source block whose digest differs, the first block past n if
 // only the padding differs, or -1.
-func checkLevel(src io.ReaderAt, off, n int64, salt []byte, tree io.ReaderAt, stored int64) (int64, error) {
+func checkLevel(ctx context.Context, src io.ReaderAt, off, n int64, salt []byte, tree io.ReaderAt, stored int64) (int64, error) {
 	in := make([]byte, 256*VerityBlock)
 	want := make([]byte, 256*verityDigest)
 	bh, got := newBlockHasher(salt), make([]byte, 0, verityDigest)
 	for i := int64(0); i < n; {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
 		c := min(n-i, int64(len(in)/VerityBlock))
 		if _, err := src.ReadAt(in[:c*VerityBlock], off+i*VerityBlock); err != nil {
 			return 0, &VerityError{-1, fmt.Sprintf("read block %d: %v", i, err)}

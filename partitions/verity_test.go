@@ -58,7 +58,7 @@ func TestVerityMatchesVeritysetup(t *testing.T) {
 			if int64(len(a)) != blocks*VerityBlock+v.HashSize {
 				t.Errorf("HashSize %d, file has %d bytes past the data", v.HashSize, int64(len(a))-blocks*VerityBlock)
 			}
-			if err := checkVerity(f, *v); err != nil {
+			if err := checkVerity(context.Background(), f, *v); err != nil {
 				t.Errorf("check of a good tree: %v", err)
 			}
 		})
@@ -105,7 +105,7 @@ func TestVerityNamesTheBadBlock(t *testing.T) {
 			if c.flip >= 0 {
 				b[c.flip] ^= 0x10
 			}
-			err := checkVerity(bytes.NewReader(b), c.v)
+			err := checkVerity(context.Background(), bytes.NewReader(b), c.v)
 			var ve *VerityError
 			if !errors.As(err, &ve) || ve.Block != c.block || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("got %v, want block %d and %q", err, c.block, c.want)
