@@ -237,4 +237,3 @@ images:
 		t.Errorf("missing lock: %v", err)
 	}
 }
-
