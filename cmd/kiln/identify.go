@@ -47,6 +47,9 @@ func (id identity) notKilnError(path string) error {
 // the file's (missing, unreadable, a FIFO).
 func identify(path string) (identity, error) {
 	f, err := inputfile.Open(path)
+	if errors.Is(err, inputfile.ErrNotFile) {
+		return identity{}, fmt.Errorf("%w; give a disk image file or a disk device (e.g. /dev/sdX), or an upgrade bundle", err)
+	}
 	if err != nil {
 		return identity{}, err
 	}
