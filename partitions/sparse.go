@@ -137,22 +137,20 @@ func writeZeros(h io.Writer, n int64) {
 }
 
 // hashRead feeds h size bytes of r at off, read into buf, and stops with
-// ctx's error once ctx is done: verifying a large disk reads for minutes,
-// which Ctrl-C must cut short.
+// ctx's error once ctx is done (looked at every readStride bytes):
+// verifying a large disk reads for minutes, which Ctrl-C must cut short.
 func hashRead(ctx context.Context, h io.Writer, r io.ReaderAt, off, size int64, buf []byte) error {
-	_, err := io.CopyBuffer(h, ctxReader{ctx, io.NewSectionReader(r, off, size)}, buf)
-	return err
-}
-
-// ctxReader reads from r until ctx is done.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
+	for done := int64(0); done < size; done += readStride {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if _, err := io.CopyBuffer(h, io.NewSectionReader(r, off+done, min(readStride, size-done)), buf); err != nil {
+			return err
+		}
 	}
-	return c.r.Read(p)
+	return nil
 }
+
+// readStride is how much hashRead reads between looks at its context: a
+// tenth of a second's reading.
+const readStride = 64 * MiB

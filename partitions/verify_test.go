@@ -83,6 +83,20 @@ func mustVerify(t *testing.T, disk string, o VerifyOptions) *VerifyReport {
 	return rep
 }
 
+// scratchCopy reads disk and writes a copy for flipped to change.
+func scratchCopy(t *testing.T, disk string) (img []byte, scratch string) {
+	t.Helper()
+	img, err := os.ReadFile(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scratch = filepath.Join(t.TempDir(), "flipped.raw")
+	if err := os.WriteFile(scratch, img, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return img, scratch
+}
+
 // flipped runs VerifyDisk on a copy of img with bit flipped and wants an
 // error (naming a part), never OK, never a panic (VerifyDisk recovers, but
 // a recovered panic is a reader bug too).
@@ -119,14 +133,7 @@ func TestVerifyEveryBit(t *testing.T) {
 			if len(rep.Unchecked) != 0 {
 				t.Errorf("a fresh disk has unchecked parts: %v", rep.Unchecked)
 			}
-			img, err := os.ReadFile(disk)
-			if err != nil {
-				t.Fatal(err)
-			}
-			scratch := filepath.Join(t.TempDir(), "flipped.raw")
-			if err := os.WriteFile(scratch, img, 0o600); err != nil {
-				t.Fatal(err)
-			}
+			img, scratch := scratchCopy(t, disk)
 			l, err := Inspect(disk)
 			if err != nil {
 				t.Fatal(err)
@@ -366,14 +373,7 @@ func TestVerifyVersion1Seal(t *testing.T) {
 // says, in its OK, that they were not checked.
 func TestVerifyHeaderSectors(t *testing.T) {
 	disk, _ := sealedDisk(t, false)
-	img, err := os.ReadFile(disk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	scratch := filepath.Join(t.TempDir(), "flipped.raw")
-	if err := os.WriteFile(scratch, img, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	img, scratch := scratchCopy(t, disk)
 	backup := int64(len(img)) - 512
 	for _, sector := range []int64{512, backup} {
 		for off := sector; off < sector+512; off++ {
