@@ -168,11 +168,11 @@ func lockError(lock *recipes.Lock, err error) error {
 	return lock.Errorf(re.Name, field, "%v", re.Err)
 }
 
-// CheckLockedSize refuses a lock whose size for an image (li) is not the
+// checkLockedSize refuses a lock whose size for an image (li) is not the
 // size of what was fetched for it (manifest, config and layers, as Resolve
-// adds them): the lock's size goes into kiln.json and bundle manifests, so
-// a lock edited by one byte would put a wrong size on the disk.
-func CheckLockedSize(lock *recipes.Lock, li recipes.LockedImage, img *fetch.Image) error {
+// adds them): the lock's size goes into kiln.json, so a lock edited by one
+// byte would put a wrong size on the disk (and in kiln inspect).
+func checkLockedSize(lock *recipes.Lock, li recipes.LockedImage, img *fetch.Image) error {
 	size := int64(len(img.Manifest))
 	for _, d := range img.Blobs() {
 		size += d.Size

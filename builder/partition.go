@@ -53,7 +53,7 @@ func (b *build) fetchImages(ctx context.Context) error {
 	}
 	b.images = make([]fetchedImage, len(fetched))
 	for i, fi := range fetched {
-		if err := CheckLockedSize(b.lock, locked[i], fi); err != nil {
+		if err := checkLockedSize(b.lock, locked[i], fi); err != nil {
 			return err
 		}
 		b.images[i] = fetchedImage{recipe: b.recipe.Images[i], locked: locked[i], image: fi}
