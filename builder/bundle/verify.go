@@ -37,13 +37,6 @@ type Report struct {
 	envelope []byte
 }
 
-// IsBundle reports whether the file at p is a bundle (file or stick image),
-// reading only its first bytes and partition table.
-func IsBundle(p string) bool {
-	_, _, err := locate(p)
-	return err == nil
-}
-
 // locate finds where a bundle's bytes start in p.
 func locate(p string) (format string, l *partitions.Layout, err error) {
 	f, err := inputfile.Open(p)

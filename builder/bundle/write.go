@@ -120,7 +120,7 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 		return nil, err
 	}
 	inputs := append(builder.RecipeInputs(r), builder.Input{What: "the signing key (--key)", Path: o.Key},
-		builder.Input{What: "the agent binary the bundle carries", Path: agent})
+		builder.Input{What: "the agent binary the bundle carries", Path: agent.Path})
 	for _, f := range o.From {
 		inputs = append(inputs, builder.Input{What: "a release given with --from", Path: f})
 	}

@@ -89,7 +89,7 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	if err != nil {
 		return nil, err
 	}
-	inputs := append(builder.RecipeInputs(r), builder.Input{What: "the agent binary the stick carries", Path: agent})
+	inputs := append(builder.RecipeInputs(r), builder.Input{What: "the agent binary the stick carries", Path: agent.Path})
 	if o.Disk != "" {
 		inputs = append(inputs, builder.Input{What: "the appliance disk (--disk)", Path: o.Disk})
 	}

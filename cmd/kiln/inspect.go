@@ -44,8 +44,7 @@ func newInspectCommand() *cobra.Command {
 					return err
 				}
 				return printBundle(cmd.OutOrStdout(), rep, format)
-			}
-			if isReflashStick(args[0]) {
+			case id.kind == reflashStick:
 				rep, err := reflashstick.Inspect(args[0])
 				if err != nil {
 					return err
