@@ -28,8 +28,17 @@ func newAgentCommand() *cobra.Command {
 		Short: "On-node programs run by kiln's systemd units",
 	}
 	agent.AddCommand(newMirrorGateCommand(), newWaitImagesCommand(), newWritePinsCommand(), newPreloadCopyCommand(),
-		newStatusCommand(), newReleaseCommand(), newImportCommand(), newReflashCommand())
+		newStatusCommand(), newReleaseCommand(), newImportCommand(), newReflashCommand(), newRestoreImagesCommand())
 	return agent
+}
+
+// optionalPartitionArg takes at most one argument, the mounted image
+// partition (default contract.MountPoint under the node's root).
+func optionalPartitionArg(cmd *cobra.Command, args []string) error {
+	if len(args) > 1 {
+		return usageError{fmt.Errorf("%s: at most one argument, the mounted image partition, got %d", cmd.CommandPath(), len(args))}
+	}
+	return nil
 }
 
 // partitionArg takes the one PARTITION argument (a mounted image partition).

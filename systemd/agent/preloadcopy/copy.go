@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -23,10 +24,23 @@ type CopyOption func(*copyOptions)
 type copyOptions struct {
 	runRoot string
 	log     io.Writer
+	only    map[string]bool
 }
 
 // WithRunRoot sets the main store's run root (default DefaultRunRoot).
 func WithRunRoot(dir string) CopyOption { return func(o *copyOptions) { o.runRoot = dir } }
+
+// WithOnly copies only the images with these IDs (default: every image of
+// the preloaded store): the node's image restore asks for the images a kept
+// release needs, not for those of releases it retired.
+func WithOnly(ids ...string) CopyOption {
+	return func(o *copyOptions) {
+		o.only = map[string]bool{}
+		for _, id := range ids {
+			o.only[id] = true
+		}
+	}
+}
 
 // WithLog sets where progress lines go (default stderr, the journal under
 // systemd).
@@ -92,7 +106,9 @@ func CopyToMainStore(ctx context.Context, fromStore, toStore string, opts ...Cop
 		return fmt.Errorf("preload-copy: open main store %s: %w", toStore, err)
 	}
 	defer func() {
-		if _, serr := dst.Shutdown(false); serr != nil && err == nil {
+		// Layers of running containers stay mounted (the node's restore may
+		// copy while CRI-O runs): not an error of the copy.
+		if _, serr := dst.Shutdown(false); serr != nil && err == nil && !errors.Is(serr, storage.ErrLayerUsedByContainer) {
 			err = fmt.Errorf("preload-copy: close main store %s: %w", toStore, serr)
 		}
 	}()
@@ -102,6 +118,9 @@ func CopyToMainStore(ctx context.Context, fromStore, toStore string, opts ...Cop
 		return fmt.Errorf("preload-copy: list preloaded images: %w", err)
 	}
 	sort.Slice(images, func(i, j int) bool { return images[i].ID < images[j].ID })
+	if o.only != nil {
+		images = slices.DeleteFunc(images, func(img storage.Image) bool { return !o.only[img.ID] })
+	}
 
 	// Plan first, so a full disk fails before anything is written.
 	var todo []storage.Image

@@ -254,6 +254,36 @@ func TestCopyToMainStore(t *testing.T) {
 	}
 }
 
+// TestCopyOnly: WithOnly copies the images asked for (the node's restore
+// asks for those a kept release lacks) and leaves the others.
+func TestCopyOnly(t *testing.T) {
+	mnt, written := nodeStore(t)
+	if len(written) < 2 {
+		t.Fatalf("the node store holds %d image(s); the test needs two", len(written))
+	}
+	dir := scratch(t)
+	root, runRoot := filepath.Join(dir, "root"), filepath.Join(dir, "run")
+	var log bytes.Buffer
+	want, left := written[0], written[1]
+	if err := CopyToMainStore(context.Background(), mnt, root, WithRunRoot(runRoot), WithLog(&log), WithOnly(want.ConfigID.Hex)); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(log.String(), fmt.Sprintf("preload-copy: %s (%s): copied ", want.Name, want.Digest)) || strings.Contains(log.String(), left.Name) {
+		t.Errorf("log:\n%s\nwant %s copied and nothing of %s", log.String(), want.Name, left.Name)
+	}
+	conf := filepath.Join(dir, "storage.conf")
+	if err := os.WriteFile(conf, StorageConf(Conf{GraphRoot: root, RunRoot: runRoot}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := images(t, conf, filepath.Join(dir, "tmp"))
+	if _, ok := got[want.ConfigID.Hex]; !ok {
+		t.Errorf("%s is not in the main store", want.Name)
+	}
+	if _, ok := got[left.ConfigID.Hex]; ok {
+		t.Errorf("%s was copied though not asked for", left.Name)
+	}
+}
+
 // TestCopyNoSpace: a main store on a filesystem too small for the layers
 // fails before writing anything, saying what is needed.
 func TestCopyNoSpace(t *testing.T) {
