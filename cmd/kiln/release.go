@@ -17,6 +17,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/systemd/agent/healthcheck"
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
+	"github.com/kiln-appliance/kiln/systemd/agent/restore"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -84,12 +85,14 @@ func newStatusCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			ns := nodeStatus{Status: st}
+			ns.Images, ns.ImagesError = imagePresence(flags)
 			if format == "json" {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
-				return enc.Encode(st)
+				return enc.Encode(ns)
 			}
-			printStatus(cmd.OutOrStdout(), st)
+			printStatus(cmd.OutOrStdout(), ns)
 			return nil
 		},
 	}
@@ -98,7 +101,28 @@ func newStatusCommand() *cobra.Command {
 	return cmd
 }
 
-func printStatus(w io.Writer, st *release.Status) {
+// nodeStatus is `kiln agent status`: the release state and what local
+// storage holds of the images the node keeps.
+type nodeStatus struct {
+	*release.Status
+	Images      *restore.Presence `json:"images,omitempty"`
+	ImagesError string            `json:"imagesError,omitempty"` // why Images could not be read
+}
+
+// imagePresence reads local storage for the images the node must hold now.
+func imagePresence(flags releaseFlags) (*restore.Presence, string) {
+	images, _, err := keptImages(flags.root, filepath.Join(flags.root, contract.MountPoint))
+	if err == nil {
+		var p *restore.Presence
+		if p, err = restore.Check(flags.openStore, images); err == nil {
+			return p, ""
+		}
+	}
+	return nil, err.Error()
+}
+
+func printStatus(w io.Writer, ns nodeStatus) {
+	st := ns.Status
 	line := func(label string, r *contract.Release, note string) {
 		if r == nil {
 			fmt.Fprintf(w, "%-9s -\n", label+":")
@@ -139,6 +163,18 @@ func printStatus(w io.Writer, st *release.Status) {
 	for _, p := range st.Pins {
 		fmt.Fprintf(w, "  %s\n", p)
 	}
+	switch p := ns.Images; {
+	case p == nil:
+		fmt.Fprintf(w, "%-9s unknown: %s\n", "images:", ns.ImagesError)
+	case len(p.Missing) == 0:
+		fmt.Fprintf(w, "%-9s all %d image(s) the node keeps are in local storage\n", "images:", p.Kept)
+	default:
+		fmt.Fprintf(w, "%-9s MISSING %d of %d image(s) the node keeps from local storage (%s restores them at boot; journalctl -b -u %s says why it could not):\n",
+			"images:", len(p.Missing), p.Kept, contract.RestoreUnit, contract.RestoreUnit)
+		for _, im := range p.Missing {
+			fmt.Fprintf(w, "  %s@%s\n", im.Name, im.Digest)
+		}
+	}
 }
 
 // newReleaseCommand holds the state machine's transitions as the upgrade
@@ -159,12 +195,7 @@ func newReleaseCommand() *cobra.Command {
 				"node has no release state, then begins trying a staged release (its files installed, its images pinned),\n" +
 				"or rolls back one that was not confirmed after 3 boots. Every boot may run it; it also finishes any\n" +
 				"interrupted change.",
-			Args: func(cmd *cobra.Command, args []string) error {
-				if len(args) > 1 {
-					return usageError{fmt.Errorf("%s: at most one argument, the mounted image partition, got %d", cmd.CommandPath(), len(args))}
-				}
-				return nil
-			},
+			Args: optionalPartitionArg,
 			RunE: func(cmd *cobra.Command, args []string) error {
 				m, err := flags.machine(cmd)
 				if err != nil {
