@@ -31,7 +31,8 @@ const (
 	MirrorTmpfiles = "/etc/tmpfiles.d/kiln-mirror.conf"
 	// PinsDropIn is the CRI-O drop-in that pins every image kiln placed.
 	PinsDropIn = "/etc/crio/crio.conf.d/50-kiln-pins.conf"
-	// CrioDropIn orders CRI-O after the partition when it reads the store.
+	// CrioDropIn orders CRI-O after the partition when it reads the store,
+	// and has the image restore run again after every start of CRI-O.
 	CrioDropIn = "/etc/systemd/system/crio.service.d/10-kiln-images.conf"
 	// StorageConf is containers/storage's configuration, shared by podman and CRI-O.
 	StorageConf = "/etc/containers/storage.conf"
@@ -55,6 +56,10 @@ const (
 	// ReleaseWaitUnit, started by ReleaseCheckUnit after a confirm, stops
 	// RegistryTarget once every image of the release is in local storage.
 	ReleaseWaitUnit = "kiln-release-wait.service"
+	// RestoreUnit runs `kiln agent restore-images` at every boot, after
+	// CRI-O (which may wipe its store after an unclean shutdown) and before
+	// the workloads: every kept image back in local storage.
+	RestoreUnit = "kiln-restore-images.service"
 )
 
 // Preload modes: how the preloaded store reaches the node's runtime.

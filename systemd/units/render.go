@@ -117,9 +117,10 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 		return nil, nil, err
 	}
 	names := []string{contract.MountUnit, "kiln-images-failed.service", "kiln-registry.service",
-		"kiln-mirror.service", contract.RegistryTarget, contract.ImportUnit, contract.ReleaseBeginUnit, contract.ReleaseCheckUnit}
+		"kiln-mirror.service", contract.RegistryTarget, contract.ImportUnit, contract.ReleaseBeginUnit, contract.ReleaseCheckUnit,
+		contract.RestoreUnit}
 	enabled := map[string]bool{contract.MountUnit: true, contract.RegistryTarget: p.AlwaysOn, "kiln-firstboot.service": true,
-		contract.ReleaseBeginUnit: true, contract.ReleaseCheckUnit: true, contract.ReleaseRegistryUnit: true}
+		contract.ReleaseBeginUnit: true, contract.ReleaseCheckUnit: true, contract.ReleaseRegistryUnit: true, contract.RestoreUnit: true}
 	if !p.AlwaysOn {
 		// The registry runs at the first boot and at upgrade boots only;
 		// with alwaysOn the enabled target starts it on every boot.
@@ -162,6 +163,10 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 				strings.ToLower(bundle.PartitionType) + `", TAG+="systemd", ENV{SYSTEMD_WANTS}+="` +
 				strings.Replace(contract.ImportUnit, "@", "@%k", 1) + "\"\n")},
 	}
+	// Every start of CRI-O (a crash's restart too) may follow an unclean
+	// shutdown, after which CRI-O may wipe its store: the restore runs
+	// again once it is up.
+	crio := "# Rendered by kiln.\n"
 	switch p.PreloadMode {
 	case "", contract.PreloadCopy:
 	case contract.PreloadStore:
@@ -169,15 +174,17 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 			// The preloaded store, read-only on the image partition, is an
 			// additional image store of the node's main store.
 			ignition.File{Path: contract.StorageConf, Mode: 0o644, Contents: preloadcopy.StorageConf(preloadcopy.Conf{
-				AdditionalImageStores: []string{contract.StorePath}})},
-			// With the store path absent, podman and CRI-O refuse to start:
-			// CRI-O waits for the partition's mount.
-			ignition.File{Path: contract.CrioDropIn, Mode: 0o644, Contents: []byte(
-				"# Rendered by kiln: CRI-O reads the preloaded store on the image partition.\n" +
-					"[Unit]\nRequiresMountsFor=" + contract.StorePath + "\n")})
+				AdditionalImageStores: []string{contract.StorePath}})})
+		// With the store path absent, podman and CRI-O refuse to start:
+		// CRI-O waits for the partition's mount.
+		crio += "[Unit]\n# CRI-O reads the preloaded store on the image partition.\nRequiresMountsFor=" + contract.StorePath + "\n"
 	default:
 		return nil, nil, fmt.Errorf("render units: preload mode %q: want %q or %q", p.PreloadMode, contract.PreloadStore, contract.PreloadCopy)
 	}
+	crio += "[Service]\n# After every start of CRI-O (it may have wiped its store: an unclean shutdown),\n" +
+		"# kiln puts back the images it lost (" + contract.RestoreUnit + ", ordered after CRI-O).\n" +
+		"ExecStartPost=-/usr/bin/systemctl --no-block restart " + contract.RestoreUnit + "\n"
+	files = append(files, ignition.File{Path: contract.CrioDropIn, Mode: 0o644, Contents: []byte(crio)})
 	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
 	return units, files, nil
 }
@@ -186,6 +193,10 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 type values struct {
 	PartitionGUID, Device, MountPoint, MountUnit, Agent, Marker, DropIn, Listen string
 	StateFile, ReleaseStore                                                     string
+	ReleaseBeginUnit                                                            string
+	// RestoreBefore are the units the image restore runs before: the
+	// kubelet, kiln's checks, the release's health units.
+	RestoreBefore string
 	// ServeTimeout bounds the upgrade boot's start of the registry and the
 	// mirror gate (the registry's 60s start plus the gate's unit timeout).
 	ServeTimeout                                                              string
@@ -220,33 +231,35 @@ func (p Params) values() (values, error) {
 	gt := orDefault(p.GateTimeout, defaultGate)
 	wt := orDefault(p.WaitTimeout, defaultWait)
 	v := values{
-		PartitionGUID:   guid,
-		Device:          "/dev/disk/by-partuuid/" + guid,
-		MountDevice:     "/dev/disk/by-partuuid/" + guid,
-		DeviceUnit:      `dev-disk-by\x2dpartuuid-` + strings.ReplaceAll(guid, "-", `\x2d`) + ".device", // systemd-escape --path
-		VerityName:      VerityName,
-		RootHash:        strings.ToLower(p.RootHash),
-		HashOffset:      p.HashOffset,
-		MountPoint:      contract.MountPoint,
-		MountUnit:       contract.MountUnit,
-		Agent:           contract.AgentPath,
-		Marker:          contract.FirstBootMarker,
-		DropIn:          contract.MirrorDropIn,
-		Listen:          listen,
-		StateFile:       contract.StateFile,
-		ReleaseStore:    contract.ReleaseStore,
-		ServeTimeout:    seconds(gt + 90*time.Second),
-		AlwaysOn:        p.AlwaysOn,
-		DeviceTimeout:   seconds(dev),
-		GateTimeout:     seconds(gt),
-		GateUnitTimeout: seconds(gt + 90*time.Second), // and up to 60 s for a starting CRI-O (kiln-mirror.service)
-		WaitTimeout:     seconds(wt),
-		WaitUnitTimeout: seconds(wt + time.Minute),
-		ImportTimeout:   seconds(orDefault(p.ImportTimeout, defaultImport)),
+		PartitionGUID:    guid,
+		Device:           "/dev/disk/by-partuuid/" + guid,
+		MountDevice:      "/dev/disk/by-partuuid/" + guid,
+		DeviceUnit:       `dev-disk-by\x2dpartuuid-` + strings.ReplaceAll(guid, "-", `\x2d`) + ".device", // systemd-escape --path
+		VerityName:       VerityName,
+		RootHash:         strings.ToLower(p.RootHash),
+		HashOffset:       p.HashOffset,
+		MountPoint:       contract.MountPoint,
+		MountUnit:        contract.MountUnit,
+		Agent:            contract.AgentPath,
+		Marker:           contract.FirstBootMarker,
+		DropIn:           contract.MirrorDropIn,
+		Listen:           listen,
+		StateFile:        contract.StateFile,
+		ReleaseBeginUnit: contract.ReleaseBeginUnit,
+		ReleaseStore:     contract.ReleaseStore,
+		ServeTimeout:     seconds(gt + 90*time.Second),
+		AlwaysOn:         p.AlwaysOn,
+		DeviceTimeout:    seconds(dev),
+		GateTimeout:      seconds(gt),
+		GateUnitTimeout:  seconds(gt + 90*time.Second), // and up to 60 s for a starting CRI-O (kiln-mirror.service)
+		WaitTimeout:      seconds(wt),
+		WaitUnitTimeout:  seconds(wt + time.Minute),
+		ImportTimeout:    seconds(orDefault(p.ImportTimeout, defaultImport)),
 	}
 	ht := orDefault(p.Health.Timeout, defaultHealth)
 	v.HealthUnits, v.HealthCommand = p.Health.Units, p.Health.Command
 	v.HealthTimeout, v.HealthUnitTimeout = seconds(ht), seconds(ht+time.Minute)
+	v.RestoreBefore = restoreBefore(p.Health.Units)
 	// Each word is written in double quotes: none may hold what systemd
 	// would still interpret there.
 	for _, a := range append(slices.Clone(p.Health.Units), p.Health.Command...) {
@@ -286,6 +299,21 @@ func (p Params) values() (values, error) {
 		"ls -l /dev/disk/by-partuuid lists the partitions present, journalctl -b -u %s -u kiln-images-verity shows why the mount failed.",
 		guid, contract.MountPoint, v.DeviceTimeout, contract.MountUnit)
 	return v, nil
+}
+
+// restoreBefore lists the units the image restore must end before: the
+// kubelet, the health check of a release being tried, and the
+// release's health units (its workloads), less those the restore itself
+// comes after (CRI-O: the restore must see what CRI-O did to its store).
+func restoreBefore(health []string) string {
+	before := []string{"kubelet.service", contract.ReleaseCheckUnit}
+	after := []string{"crio.service", "cri-o.service", contract.MountUnit, contract.ReleaseBeginUnit, "kiln-preload-copy.service", contract.RestoreUnit}
+	for _, u := range health {
+		if !slices.Contains(after, u) && !slices.Contains(before, u) {
+			before = append(before, u)
+		}
+	}
+	return strings.Join(before, " ")
 }
 
 func renderUnit(name string, v any) (string, error) {

@@ -50,7 +50,7 @@ func TestRenderGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			verify(t, units)
+			verify(t, units, files...)
 			var b bytes.Buffer
 			for _, u := range units {
 				fmt.Fprintf(&b, "### unit %s enabled=%v\n%s\n", u.Name, u.Enabled, u.Contents)
@@ -104,9 +104,10 @@ func TestRenderAlwaysOn(t *testing.T) {
 			}
 		}
 		want := map[string]bool{contract.MountUnit: true, "kiln-firstboot.service": true, contract.ReleaseBeginUnit: true, contract.ReleaseCheckUnit: true,
-			contract.ReleaseRegistryUnit: true}
+			contract.ReleaseRegistryUnit: true, contract.RestoreUnit: true}
 		if alwaysOn {
-			want = map[string]bool{contract.MountUnit: true, contract.RegistryTarget: true, contract.ReleaseBeginUnit: true, contract.ReleaseCheckUnit: true}
+			want = map[string]bool{contract.MountUnit: true, contract.RegistryTarget: true, contract.ReleaseBeginUnit: true, contract.ReleaseCheckUnit: true,
+				contract.RestoreUnit: true}
 		}
 		if fmt.Sprint(enabled) != fmt.Sprint(want) {
 			t.Errorf("alwaysOn=%v: enabled units %v, want %v", alwaysOn, enabled, want)
@@ -187,9 +188,11 @@ func TestRenderErrors(t *testing.T) {
 
 // verify runs systemd-analyze verify on the units inside a throwaway root
 // that holds the host's system units, the commands the units run, and a
-// stand-in for the agent binary at its path on the image partition. Any
-// output is a failure: systemd-analyze exits 0 on unknown keys and bad values.
-func verify(t *testing.T, units []ignition.Unit) {
+// stand-in for the agent binary at its path on the image partition; the
+// drop-ins among files are verified on a stand-in of the unit they extend
+// (CRI-O's own unit, as the e2e base ships it). Any output is a failure:
+// systemd-analyze exits 0 on unknown keys and bad values.
+func verify(t *testing.T, units []ignition.Unit, files ...ignition.File) {
 	t.Helper()
 	root := t.TempDir()
 	unitDir := filepath.Join(root, "etc/systemd/system")
@@ -210,6 +213,22 @@ func verify(t *testing.T, units []ignition.Unit) {
 			t.Fatal(err)
 		}
 		paths = append(paths, p)
+	}
+	for _, f := range files {
+		dir := filepath.Dir(f.Path)
+		if filepath.Dir(dir) != "/etc/systemd/system" || !strings.HasSuffix(dir, ".service.d") {
+			continue
+		}
+		base := strings.TrimSuffix(filepath.Base(dir), ".d")
+		stand := "[Unit]\nDescription=stand-in\n[Service]\nType=notify\nExecStart=/usr/bin/echo\n"
+		mustRun(t, "mkdir", "-p", filepath.Join(root, dir))
+		if err := os.WriteFile(filepath.Join(unitDir, base), []byte(stand), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, f.Path), f.Contents, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		paths = append(paths, filepath.Join(unitDir, base))
 	}
 	cmd := exec.Command("systemd-analyze", append([]string{"verify", "--root=" + root}, paths...)...)
 	out, err := cmd.CombinedOutput()
