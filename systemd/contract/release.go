@@ -2,6 +2,7 @@ package contract
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -93,6 +94,30 @@ type Release struct {
 	// blobs the image partition lacks and its files' contents. Anything else
 	// it needs is on the image partition (the factory release keeps none).
 	Blobs []string `json:"blobs,omitempty"`
+	// Trust is the set of keys the node accepts bundles from once this
+	// release is current (key rotation: a release brings the next set);
+	// the factory release's is what Ignition wrote to TrustDir.
+	Trust []TrustKey `json:"trust,omitempty"`
+}
+
+// TrustDir is where a node keeps the public keys it accepts bundles from,
+// one PEM file each (TrustKey.FileName): the current release's Trust.
+const TrustDir = "/etc/kiln/trust"
+
+// TrustKey is a public key bundles may be signed with.
+type TrustKey struct {
+	KeyID     string `json:"keyid"`     // its SSH SHA256 fingerprint ("SHA256:…")
+	PublicKey string `json:"publicKey"` // PKIX PEM ("PUBLIC KEY"), as `kiln key generate` writes
+}
+
+// FileName is the key's file name in TrustDir: the first 16 hex digits of
+// the sha256 of its PEM, so names never collide and never need escaping.
+func (k TrustKey) FileName() string { return TrustFileName([]byte(k.PublicKey)) }
+
+// TrustFileName is FileName for a PEM file's bytes.
+func TrustFileName(pemBytes []byte) string {
+	sum := sha256.Sum256(pemBytes)
+	return fmt.Sprintf("%x.pub", sum[:8])
 }
 
 // ReleaseFile is one file a release owns on the node (a Podman quadlet, a

@@ -38,11 +38,14 @@ func (m *Machine) Converge(ctx context.Context) (*contract.State, error) {
 
 // converge derives, in an order that never leaves a kept release without
 // what it needs: the active release's files (from blobs nothing has removed
-// yet), then the pins narrowed to the kept releases (after the files, so a
+// yet), the current release's trusted keys, then the pins narrowed to the kept releases (after the files, so a
 // rolled-back release's workloads are gone before its images are unpinned),
 // then retired images and blobs, then the state forgets the retired.
 func (m *Machine) converge(ctx context.Context, s *contract.State) error {
 	if err := m.syncFiles(s); err != nil {
+		return err
+	}
+	if err := m.syncTrust(s); err != nil {
 		return err
 	}
 	m.step("narrow pins")
@@ -68,9 +71,17 @@ func (m *Machine) converge(ctx context.Context, s *contract.State) error {
 // digest it was last told about, so a kill between the write and the reload
 // is finished by the next run, and a reboot starts afresh).
 func (m *Machine) syncPins(ctx context.Context, releases []contract.Release) error {
+	// Each image once: the releases share images, and the old and new
+	// state of a transition are the same releases mostly.
 	var images []contract.Image
+	seen := map[string]bool{}
 	for _, r := range releases {
-		images = append(images, r.Images...)
+		for _, im := range r.Images {
+			if k := im.Name + "@" + im.Digest; !seen[k] {
+				seen[k] = true
+				images = append(images, im)
+			}
+		}
 	}
 	data, err := pins.Render(images)
 	if err != nil {

@@ -2,6 +2,7 @@ package release
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/sha256"
 	"fmt"
 	"io/fs"
@@ -18,6 +19,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 	"github.com/kiln-appliance/kiln/systemd/agent/pins"
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
 
 // The releases the tests move between. 1.0 is the factory's (its file
@@ -36,20 +38,47 @@ type testRelease struct {
 	version string
 	images  map[string][]string // name → blob contents (first is the manifest)
 	files   map[string]string   // node path → content
+	trust   []string            // names of testKey keys the node trusts once it is current
 	factory bool                // content on the image partition, none in the store
 }
 
+// testKey is a trusted key named name (deterministic: seeded by the name).
+func testKey(t testing.TB, name string) contract.TrustKey {
+	seed := sha256.Sum256([]byte("kiln test key " + name))
+	pem, err := bundle.EncodePublicKey(ed25519.NewKeyFromSeed(seed[:]).Public().(ed25519.PublicKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := bundle.ParsePublicKey(pem)
+	k, err := bundle.TrustedKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// trustOf is tr's trust set.
+func (tr testRelease) trustOf(t testing.TB) []contract.TrustKey {
+	var keys []contract.TrustKey
+	for _, name := range tr.trust {
+		keys = append(keys, testKey(t, name))
+	}
+	return keys
+}
+
 var testReleases = map[string]testRelease{
-	"1.0.0": {version: "1.0.0", factory: true,
+	// Keys rotate: 1.1 adds B beside A, 1.2 drops A, 1.3 (broken: its
+	// image is never imported in most tests) would trust C alone.
+	"1.0.0": {version: "1.0.0", factory: true, trust: []string{"A"},
 		images: map[string][]string{"quay.io/acme/app:1.0": {"manifest app 1.0", "layer app 1.0"}, "quay.io/acme/base:1": {"manifest base", "layer base"}},
 		files:  map[string]string{quadlet: "[Container]\nImage=quay.io/acme/app:1.0\n", only10: "factory=1\n"}},
-	"1.1.0": {version: "1.1.0",
+	"1.1.0": {version: "1.1.0", trust: []string{"A", "B"},
 		images: map[string][]string{"quay.io/acme/app:1.1": {"manifest app 1.1", "layer shared 1.1+1.2", "layer app 1.1"}, "quay.io/acme/base:1": {"manifest base"}},
 		files:  map[string]string{quadlet: "[Container]\nImage=quay.io/acme/app:1.1\n", env: "LEVEL=info\n"}},
-	"1.2.0": {version: "1.2.0",
+	"1.2.0": {version: "1.2.0", trust: []string{"B"},
 		images: map[string][]string{"quay.io/acme/app:1.2": {"manifest app 1.2", "layer shared 1.1+1.2", "layer app 1.2"}, "quay.io/acme/base:1": {"manifest base"}},
 		files:  map[string]string{quadlet: "[Container]\nImage=quay.io/acme/app:1.2\n", env: "LEVEL=info\n"}},
-	"1.3.0": {version: "1.3.0",
+	"1.3.0": {version: "1.3.0", trust: []string{"C"},
 		images: map[string][]string{"quay.io/acme/app:1.3": {"manifest app 1.3", "layer app 1.3"}},
 		files:  map[string]string{quadlet: "[Container]\nImage=quay.io/acme/app:1.3\n", only13: "[Container]\nImage=quay.io/acme/app:1.3\n"}},
 }
@@ -58,9 +87,13 @@ func sha(content string) string {
 	return fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(content)))
 }
 
-// record is the contract.Release of tr.
+// record is the contract.Release of tr (the factory's records no keys:
+// Init finds them in TrustDir, where Ignition wrote them).
 func (tr testRelease) record() contract.Release {
 	r := contract.Release{Version: tr.version}
+	if !tr.factory {
+		r.Trust = tr.trustOf(nil)
+	}
 	blobs := map[string]bool{}
 	for _, name := range sortedKeys(tr.images) {
 		contents := tr.images[name]
@@ -134,9 +167,14 @@ type node struct {
 
 func newNode(t testing.TB) *node {
 	n := &node{root: t.TempDir()}
-	// The factory release's files, as Ignition writes them.
+	// The factory release's files and trusted keys, as Ignition writes them.
 	for p, content := range testReleases["1.0.0"].files {
 		if err := atomicfile.WriteFile(filepath.Join(n.root, p), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range testReleases["1.0.0"].trustOf(t) {
+		if err := atomicfile.WriteFile(filepath.Join(n.root, contract.TrustDir, k.FileName()), []byte(k.PublicKey), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -307,6 +345,12 @@ func (n *node) checkSafe(t testing.TB) *contract.State {
 	if err != nil {
 		t.Fatalf("pins: %v", err)
 	}
+	// The node trusts one whole set at every instant: the current
+	// release's, or the one before it (a confirm's swap not yet done).
+	trusted := n.trusted(t)
+	if !slices.ContainsFunc(keySets(), func(set []string) bool { return slices.Equal(set, trusted) }) {
+		t.Errorf("the node trusts %v: no release's set (%v)", trusted, keySets())
+	}
 	for _, r := range s.Releases() {
 		for _, im := range r.Images {
 			refs, _ := pins.Refs(im)
@@ -374,7 +418,46 @@ func (n *node) checkConverged(t testing.TB) *contract.State {
 	if len(s.Retired) > 0 {
 		t.Errorf("retired releases left in the state: %v", s.Retired)
 	}
+	var wantKeys []string
+	for _, k := range s.Current.Trust {
+		wantKeys = append(wantKeys, k.FileName())
+	}
+	slices.Sort(wantKeys)
+	if got := n.trusted(t); !slices.Equal(got, wantKeys) {
+		t.Errorf("the node trusts %v, current release %s trusts %v", got, s.Current.Version, wantKeys)
+	}
+	if _, err := os.Stat(filepath.Join(n.root, "etc/kiln/.trust.old")); err == nil {
+		t.Errorf("an old trust set is left beside %s", contract.TrustDir)
+	}
 	return s
+}
+
+// trusted lists the key files in the node's TrustDir.
+func (n *node) trusted(t testing.TB) []string {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(n.root, contract.TrustDir))
+	if err != nil {
+		t.Fatalf("trusted keys: %v", err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+// keySets are the trust sets of the test releases, as key file names.
+func keySets() [][]string {
+	var sets [][]string
+	for _, tr := range testReleases {
+		var set []string
+		for _, k := range tr.trustOf(nil) {
+			set = append(set, k.FileName())
+		}
+		slices.Sort(set)
+		sets = append(sets, set)
+	}
+	return sets
 }
 
 // versions summarises a state as "current/previous/staged/trying".

@@ -121,6 +121,11 @@ func (m *Machine) Init(ctx context.Context, factory contract.Release) (*contract
 				return err
 			}
 		}
+		if len(factory.Trust) == 0 {
+			if err := m.captureTrust(&factory); err != nil {
+				return err
+			}
+		}
 		*s = contract.State{SchemaVersion: contract.StateVersion, Current: factory}
 		return nil
 	})

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -429,4 +430,42 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestKeyRotation: the node trusts a release's keys once that release is
+// confirmed, not while it is staged or tried; a release rolled back never
+// changed them; the factory's are what Ignition wrote.
+func TestKeyRotation(t *testing.T) {
+	t.Parallel()
+	n := newNode(t)
+	names := func(keys ...string) []string {
+		var out []string
+		for _, k := range keys {
+			out = append(out, testKey(t, k).FileName())
+		}
+		slices.Sort(out)
+		return out
+	}
+	expect := func(when string, keys ...string) {
+		t.Helper()
+		if got, want := n.trusted(t), names(keys...); !slices.Equal(got, want) {
+			t.Errorf("%s: the node trusts %v, want %v (keys %v)", when, got, want, keys)
+		}
+	}
+	n.mustRun(t, op{Action: "init"})
+	if s := n.checkConverged(t); len(s.Current.Trust) != 1 || s.Current.Trust[0].KeyID != testKey(t, "A").KeyID {
+		t.Errorf("the factory release records trust %+v, want key A from %s", s.Current.Trust, contract.TrustDir)
+	}
+	expect("factory", "A")
+	n.mustRun(t, op{Action: "import", Version: "1.1.0"}, op{Action: "stage", Version: "1.1.0"})
+	expect("1.1 staged", "A")
+	n.mustRun(t, op{Action: "begin", Boot: "b1"})
+	expect("1.1 tried", "A")
+	n.mustRun(t, op{Action: "rollback", Version: "1.1.0"})
+	expect("1.1 rolled back", "A")
+	n.mustRun(t, op{Action: "import", Version: "1.1.0"}, op{Action: "stage", Version: "1.1.0"}, op{Action: "begin", Boot: "b2"}, op{Action: "confirm", Version: "1.1.0"})
+	expect("1.1 confirmed", "A", "B")
+	n.mustRun(t, op{Action: "import", Version: "1.2.0"}, op{Action: "stage", Version: "1.2.0"}, op{Action: "begin", Boot: "b3"}, op{Action: "confirm", Version: "1.2.0"})
+	expect("1.2 confirmed", "B")
+	n.checkConverged(t)
 }

@@ -235,7 +235,7 @@ func checkRelease(r contract.Release) error {
 			return fmt.Errorf("blob %q: %v", b, err)
 		}
 	}
-	return nil
+	return checkTrust(r.Trust)
 }
 
 // checkBlobs refuses to record a release whose content is not on the node:

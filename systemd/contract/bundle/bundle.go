@@ -26,9 +26,6 @@
 package bundle
 
 import (
-	"crypto/sha256"
-	"fmt"
-
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -40,19 +37,15 @@ const (
 	AgentBinary = "bin/kiln"
 )
 
-// TrustDir is where a node keeps the public keys it accepts bundles from,
-// one PEM file each, named by TrustFileName. The factory build writes the
-// recipe's trust there through Ignition; a confirmed release replaces the
-// set with its manifest's Trust.
-const TrustDir = "/etc/kiln/trust"
+// TrustDir is where a node keeps the public keys it accepts bundles from
+// (contract.TrustDir). The factory build writes the recipe's trust there
+// through Ignition; the node's release state machine replaces the set with a
+// release's Trust once that release is confirmed.
+const TrustDir = contract.TrustDir
 
-// TrustFileName is the file name of a trusted key in TrustDir: the first 16
-// hex digits of the sha256 of its PEM, so names never collide and never
-// need escaping.
-func TrustFileName(pemBytes []byte) string {
-	sum := sha256.Sum256(pemBytes)
-	return fmt.Sprintf("%x.pub", sum[:8])
-}
+// TrustFileName is the file name of a trusted key in TrustDir
+// (contract.TrustFileName).
+func TrustFileName(pemBytes []byte) string { return contract.TrustFileName(pemBytes) }
 
 // PartitionName is the GPT partition name of a bundle stick's partition.
 const PartitionName = "kiln-bundle"
@@ -185,8 +178,6 @@ type Filesystem struct {
 	Metadata string `json:"metadata"`
 }
 
-// Key is a trusted public key.
-type Key struct {
-	KeyID     string `json:"keyid"`     // KeyID of the key
-	PublicKey string `json:"publicKey"` // PKIX PEM ("PUBLIC KEY"), as `kiln key generate` writes
-}
+// Key is a trusted public key (the node records a release's set in its
+// state: contract.TrustKey).
+type Key = contract.TrustKey
