@@ -208,7 +208,9 @@ func TestImport(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("exit %d", code)
 		}
-		for _, want := range []string{"signed by SHA256:", "copy 5 blob(s) for 2 image(s): done, 605.1 KiB in ", "release 1.1.0 is staged; the stick may be removed now"} {
+		// The pins line counts images, each once (base:1 is in both releases).
+		for _, want := range []string{"signed by SHA256:", "copy 5 blob(s) for 2 image(s): done, 605.1 KiB in ", "release 1.1.0 is staged; the stick may be removed now",
+			"pins: 3 image(s) pinned in " + contract.PinsDropIn} {
 			if !strings.Contains(out, want) {
 				t.Errorf("output lacks %q", want)
 			}
@@ -244,11 +246,21 @@ func TestImport(t *testing.T) {
 		// A second stick while one release is staged.
 		before := n.snapshot(t)
 		out, code = n.kiln(t, rs, "agent", "import", b12)
-		if code == 0 || !strings.Contains(out, "another release is already staged (1.1.0)") || !strings.Contains(out, "nothing was changed") {
+		if code == 0 || !strings.Contains(out, "release 1.1.0 is staged and not yet tried; reboot the appliance to try it (or drop it: kiln agent release abandon 1.1.0), then import 1.2.0") || !strings.Contains(out, "nothing was changed") {
 			t.Errorf("second stick: exit %d:\n%s", code, out)
 		}
 		if d := diffSnapshot(before, n.snapshot(t)); d != "" {
 			t.Errorf("a refused import changed the node:\n%s", d)
+		}
+		// The same stick again (a technician plugs it twice): nothing to do,
+		// and the console says so, not that another release is staged.
+		out, code = n.kiln(t, rs, "agent", "import", stick11)
+		if code != 0 || !strings.Contains(out, "release 1.1.0 was imported before and waits for its upgrade boot; reboot the appliance to try it; nothing was changed") ||
+			!strings.Contains(out, "release 1.1.0 is staged; the stick may be removed now") {
+			t.Errorf("the staged stick again: exit %d:\n%s", code, out)
+		}
+		if d := diffSnapshot(before, n.snapshot(t)); d != "" {
+			t.Errorf("importing the staged release again changed the node:\n%s", d)
 		}
 
 		// Tried and confirmed, 1.1 is current; 1.2's delta on 1.1 applies.
@@ -496,23 +508,43 @@ func (n *importNode) checkImages(t *testing.T, r *contract.Release) {
 	if preloaded == 0 {
 		t.Errorf("release %s preloads no image: the test proves nothing", r.Version)
 	}
-	// podman, reading the same store, lists each by its digest.
-	conf := filepath.Join(t.TempDir(), "storage.conf")
-	os.WriteFile(conf, []byte(fmt.Sprintf("[storage]\ndriver = \"overlay\"\ngraphroot = %q\nrunroot = %q\n",
-		filepath.Join(n.root, "var/lib/containers/storage"), filepath.Join(n.root, "run/containers/storage"))), 0o644)
 	store.Shutdown(true)
-	cmd := exec.Command("podman", "--tmpdir", t.TempDir(), "--events-backend", "none", "--cgroup-manager", "cgroupfs",
-		"images", "--digests", "--format", "{{.Repository}}:{{.Tag}} {{.Digest}}")
-	cmd.Env = append(os.Environ(), "CONTAINERS_STORAGE_CONF="+conf)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("podman images: %v\n%s", err, out)
-	}
+	want := map[string]contract.Image{}
 	for _, im := range r.Images {
-		if im.Preloaded && !strings.Contains(string(out), im.Name+" "+im.Digest) {
+		if im.Preloaded {
+			want[im.Digest] = im
+		}
+	}
+	n.checkPodmanImages(t, want)
+}
+
+// checkPodmanImages: podman, reading the node's store, lists each image by
+// its name and digest.
+func (n *importNode) checkPodmanImages(t *testing.T, images map[string]contract.Image) {
+	t.Helper()
+	out := n.podman(t, "images", "--digests", "--format", "{{.Repository}}:{{.Tag}} {{.Digest}}")
+	for _, im := range images {
+		if !strings.Contains(string(out), im.Name+" "+im.Digest) {
 			t.Errorf("podman does not list %s %s:\n%s", im.Name, im.Digest, out)
 		}
 	}
+}
+
+// podman runs podman on the node's store (as the node's storage.conf says,
+// under the node's root) and returns its output.
+func (n *importNode) podman(t *testing.T, args ...string) string {
+	t.Helper()
+	conf := filepath.Join(n.root, "test-storage.conf")
+	os.WriteFile(conf, []byte(fmt.Sprintf("[storage]\ndriver = \"overlay\"\ngraphroot = %q\nrunroot = %q\n",
+		filepath.Join(n.root, "var/lib/containers/storage"), filepath.Join(n.root, "run/containers/storage"))), 0o644)
+	cmd := exec.Command("podman", append([]string{"--tmpdir", filepath.Join(n.root, "test-podman-tmp"), "--events-backend", "none",
+		"--cgroup-manager", "cgroupfs"}, args...)...)
+	cmd.Env = append(os.Environ(), "CONTAINERS_STORAGE_CONF="+conf)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("podman %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
 }
 
 // preloadApp marks the recipe's app image preloaded (the node loads it
@@ -599,23 +631,6 @@ func copyFile(t *testing.T, from, to string) {
 	}
 }
 
-// flipByte inverts the byte at off (from the end when negative).
-func flipByte(t *testing.T, p string, off int64) {
-	t.Helper()
-	f, err := os.OpenFile(p, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if off < 0 {
-		fi, _ := f.Stat()
-		off += fi.Size()
-	}
-	b := make([]byte, 1)
-	f.ReadAt(b, off)
-	b[0] ^= 0xff
-	f.WriteAt(b, off)
-}
 
 // flipSignedByte changes a digit of the manifest's version inside the
 // signed payload (base64 in the envelope: change one payload character).

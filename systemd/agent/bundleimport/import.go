@@ -25,6 +25,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/agent/internal/localimage"
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
@@ -104,7 +105,12 @@ func Import(ctx context.Context, source string, opts ...Option) (*contract.State
 	if err != nil {
 		return nil, err
 	}
-	if err := m.CheckNode(node); err != nil {
+	switch err := m.CheckNode(node); {
+	case errors.Is(err, bundle.ErrAlreadyStaged):
+		fmt.Fprintf(i.log, "%v; nothing was changed\n", err)
+		fmt.Fprintf(i.log, "release %s is staged; the stick may be removed now\n", m.Version)
+		return i.machine.Load()
+	case err != nil:
 		return nil, refused(source, err)
 	}
 	free, err := freeBytes(i.path("/var"))
@@ -146,7 +152,7 @@ func Import(ctx context.Context, source string, opts ...Option) (*contract.State
 		}
 	}
 	s, err := i.machine.Import(ctx, r, func(ctx context.Context, blobDir string) error {
-		return i.fill(ctx, m, r, incoming, blobDir)
+		return i.fill(ctx, r, incoming, blobDir)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("import from %s: %w; nothing was staged, plug the stick in again to retry", source, err)
@@ -186,11 +192,11 @@ func (i *importer) node() (bundle.Node, contract.Release, error) {
 	if n.Current.LockDigest == "" && st.Current.Version == c.Version {
 		n.Current.LockDigest = c.LockDigest // recorded before releases kept their lock digest
 	}
-	switch {
-	case st.Staged != nil:
-		n.Staged = st.Staged.Version
-	case st.Trying != nil:
-		n.Staged = st.Trying.Version
+	if r := st.Staged; r != nil {
+		n.Staged = &bundle.Release{Version: r.Version, LockDigest: r.LockDigest}
+	}
+	if r := st.Trying; r != nil {
+		n.Trying = &bundle.Release{Version: r.Version, LockDigest: r.LockDigest}
 	}
 	return n, factory, nil
 }
@@ -247,7 +253,7 @@ func (i *importer) wants(m *bundle.Manifest, r contract.Release, incoming string
 // fill moves into blobDir every blob release r keeps in the store that is
 // not there yet, from incoming (each already verified and durable), then
 // loads the release's preloaded images. It runs under the state lock.
-func (i *importer) fill(ctx context.Context, m *bundle.Manifest, r contract.Release, incoming, blobDir string) error {
+func (i *importer) fill(ctx context.Context, r contract.Release, incoming, blobDir string) error {
 	if err := os.MkdirAll(blobDir, 0o755); err != nil {
 		return err
 	}
@@ -277,15 +283,36 @@ func (i *importer) fill(ctx context.Context, m *bundle.Manifest, r contract.Rele
 		return fmt.Errorf("open containers/storage: %w", err)
 	}
 	defer store.Shutdown(false) //nolint:errcheck // nothing mounted
-	return loadImages(ctx, store, m, func(d string) (string, error) {
-		alg, hx, _ := strings.Cut(d, ":")
-		for _, p := range []string{filepath.Join(blobDir, hx), filepath.Join(i.path(contract.MountPoint), contract.OCIDir, "blobs", alg, hx)} {
-			if exists(p) {
-				return p, nil
-			}
+	return loadImages(ctx, store, r.Images, localimage.BlobDirs{filepath.Dir(blobDir), filepath.Join(i.path(contract.MountPoint), contract.OCIDir, "blobs")}, i.log)
+}
+
+// loadImages puts every preloaded image of the release into store (see
+// localimage.Load); images already there are kept, so a re-run only adds
+// what is missing.
+func loadImages(ctx context.Context, store storage.Store, images []contract.Image, blobs localimage.BlobDirs, log io.Writer) error {
+	var todo []contract.Image
+	for _, im := range images {
+		if !im.Preloaded {
+			continue
 		}
-		return "", fmt.Errorf("blob %s is neither in the release store nor on the image partition", d)
-	}, i.log)
+		ids, err := localimage.Find(store, im)
+		if err != nil {
+			return err
+		}
+		if len(ids) == 0 {
+			todo = append(todo, im)
+		}
+	}
+	for n, im := range todo {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		fmt.Fprintf(log, "  loading image %d of %d: %s\n", n+1, len(todo), im.Name)
+		if err := localimage.Load(store, im, blobs); err != nil {
+			return fmt.Errorf("load %s into containers/storage: %w", im.Name, err)
+		}
+	}
+	return nil
 }
 
 func exists(p string) bool {

@@ -352,7 +352,9 @@ func TestCheckNode(t *testing.T) {
 		{"downgrade", &full, Node{Recipe: "acme", Arch: "amd64", Current: Release{Version: "1.10.0"}}, ErrNotNewer},
 		{"semver, not text", &full, Node{Recipe: "acme", Arch: "amd64", Current: Release{Version: "1.1.0-rc.1"}}, nil},
 		{"delta, other base", m, Node{Recipe: "acme", Arch: "amd64", Current: Release{Version: "1.0.0", LockDigest: "sha256:x"}}, ErrWrongBase},
-		{"staged", m, Node{Recipe: "acme", Arch: "amd64", Current: base, Staged: "1.0.5"}, ErrStaged},
+		{"staged", m, Node{Recipe: "acme", Arch: "amd64", Current: base, Staged: &Release{Version: "1.0.5", LockDigest: "sha256:" + strings.Repeat("5", 64)}}, ErrStaged},
+		{"trying", m, Node{Recipe: "acme", Arch: "amd64", Current: base, Trying: &Release{Version: "1.0.5", LockDigest: "sha256:" + strings.Repeat("5", 64)}}, ErrStaged},
+		{"this release staged", m, Node{Recipe: "acme", Arch: "amd64", Current: base, Staged: &Release{Version: m.Version, LockDigest: m.LockDigest}}, ErrAlreadyStaged},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.m.CheckNode(tc.node)

@@ -22,8 +22,11 @@ var (
 	ErrNotNewer       = errors.New("bundle is not newer than the running release")
 	ErrWrongBase      = errors.New("delta bundle does not apply to the running release")
 	ErrStaged         = errors.New("another release is already staged")
-	ErrNoSpace        = errors.New("not enough free space")
-	ErrDamaged        = errors.New("bundle is damaged")
+	// ErrAlreadyStaged: this very release is staged (the stick was
+	// imported before); the import has nothing to do.
+	ErrAlreadyStaged = errors.New("this release is already staged")
+	ErrNoSpace       = errors.New("not enough free space")
+	ErrDamaged       = errors.New("bundle is damaged")
 )
 
 // ParseVersion parses a release version as semver (MAJOR.MINOR.PATCH, with
@@ -55,9 +58,9 @@ type Node struct {
 	Recipe  string
 	Arch    string
 	Current Release // the release it runs
-	// Staged is the version of a release imported but not yet confirmed,
-	// or "" when none is.
-	Staged string
+	// Staged is the release imported and waiting for its upgrade boot,
+	// Trying the one being tried; nil when none is.
+	Staged, Trying *Release
 }
 
 // CheckNode decides whether the (verified) bundle is meant for this node:
@@ -69,6 +72,10 @@ func (m *Manifest) CheckNode(n Node) error {
 	if m.Recipe != n.Recipe || m.Arch != n.Arch {
 		return fmt.Errorf("%w: it is %s for %s, this node runs %s for %s; use a bundle made from this appliance's recipe",
 			ErrOtherAppliance, m.Recipe, m.Arch, n.Recipe, n.Arch)
+	}
+	this := Release{Version: m.Version, LockDigest: m.LockDigest}
+	if n.Staged != nil && *n.Staged == this {
+		return fmt.Errorf("%w: release %s was imported before and waits for its upgrade boot; reboot the appliance to try it", ErrAlreadyStaged, m.Version)
 	}
 	c, err := CompareVersions(m.Version, n.Current.Version)
 	if err != nil {
@@ -82,8 +89,13 @@ func (m *Manifest) CheckNode(n Node) error {
 		return fmt.Errorf("%w: bundle %s is %s the running %s; a downgrade or a replay is refused (rollback uses the node's own previous release)",
 			ErrNotNewer, m.Version, what, n.Current.Version)
 	}
-	if n.Staged != "" {
-		return fmt.Errorf("%w (%s): reboot to try it, or let it roll back, before importing %s", ErrStaged, n.Staged, m.Version)
+	switch {
+	case n.Staged != nil:
+		return fmt.Errorf("%w: release %s is staged and not yet tried; reboot the appliance to try it (or drop it: kiln agent release abandon %s), then import %s",
+			ErrStaged, n.Staged.Version, n.Staged.Version, m.Version)
+	case n.Trying != nil:
+		return fmt.Errorf("%w: release %s is being tried; wait until its health check confirms it or rolls it back (kiln agent status), then import %s",
+			ErrStaged, n.Trying.Version, m.Version)
 	}
 	if m.Kind == KindDelta && !slices.Contains(m.AppliesTo, n.Current) {
 		var bases []string
@@ -300,7 +312,7 @@ func HashRange(r io.ReaderAt, off, n int64, progress io.Writer, buf []byte) (str
 // (the node's image partition) lacks, on the stick or already stored for a
 // base release, and its files' contents. Sorted, without duplicates.
 func (m *Manifest) Release(onPartition func(digest string) bool) contract.Release {
-	r := contract.Release{Version: m.Version, LockDigest: m.LockDigest, Files: slices.Clone(m.ReleaseFiles)}
+	r := contract.Release{Version: m.Version, LockDigest: m.LockDigest, Files: slices.Clone(m.ReleaseFiles), Trust: slices.Clone(m.Trust)}
 	seen := map[string]bool{}
 	keep := func(d string) {
 		if !seen[d] {
