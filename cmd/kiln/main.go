@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/sirupsen/logrus"
 	"github.com/spf13/cobra"
 	"go.podman.io/storage/pkg/reexec"
 
@@ -39,6 +40,10 @@ func main() {
 	if reexec.Init() {
 		return
 	}
+	// containers/storage logs its routine steps ("using prior storage
+	// driver") at info level: noise on a technician's console. Its
+	// warnings and errors still show.
+	logrus.SetLevel(logrus.WarnLevel)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
