@@ -46,6 +46,7 @@ type Result struct {
 	Output   string
 	Layout   *partitions.Layout
 	Contents *contract.Contents
+	Agent    *Agent // the node's kiln the disk carries
 }
 
 // build is one run of the pipeline. Each step is a method that reads what
@@ -56,6 +57,8 @@ type build struct {
 	epoch  int64
 	recipe *recipes.Recipe
 	agent  string // the kiln binary that goes onto the image partition
+	// agentInfo says which kiln that is, for the build's summary.
+	agentInfo *Agent
 
 	out       *os.File // the temporary disk file, renamed to o.Output at the end
 	lock      *recipes.Lock
@@ -76,7 +79,7 @@ type build struct {
 // file untouched: the disk is written to a temporary file beside the output
 // and renamed over it only once complete.
 func Build(ctx context.Context, recipePath string, o Options) (*Result, error) {
-	b, err := newBuild(recipePath, o)
+	b, err := newBuild(ctx, recipePath, o)
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +105,7 @@ func Build(ctx context.Context, recipePath string, o Options) (*Result, error) {
 			return nil, err
 		}
 	}
-	return &Result{Output: o.Output, Layout: b.layout, Contents: b.contents}, nil
+	return &Result{Output: o.Output, Layout: b.layout, Contents: b.contents, Agent: b.agentInfo}, nil
 }
 
 // startCPUProfile writes a Go CPU profile of the build to
@@ -126,7 +129,7 @@ func startCPUProfile() (stop func(), err error) {
 
 // newBuild reads and checks everything that needs no long work: the recipe,
 // the files it names, the agent binary, the timestamp.
-func newBuild(recipePath string, o Options) (*build, error) {
+func newBuild(ctx context.Context, recipePath string, o Options) (*build, error) {
 	if o.Log == nil {
 		o.Log = io.Discard
 	}
@@ -147,11 +150,11 @@ func newBuild(recipePath string, o Options) (*build, error) {
 	if err := r.CheckFiles(); err != nil {
 		return nil, err
 	}
-	agent, err := agentBinary(o.Agent, r.Arch)
+	agent, err := FindAgent(ctx, o.Agent, r.Arch)
 	if err != nil {
 		return nil, err
 	}
-	b := &build{o: o, epoch: epoch, recipe: r, agent: agent}
+	b := &build{o: o, epoch: epoch, recipe: r, agent: agent.Path, agentInfo: agent}
 	if err := b.checkSizes(nil); err != nil {
 		return nil, err
 	}

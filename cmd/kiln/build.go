@@ -59,7 +59,8 @@ and left untouched by a failed or interrupted build.`,
 			}
 			// The disk GUID is the digest of the disk's seal: the factory's record
 			// that `kiln verify` and `kiln inspect` compare against.
-			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%s, %d images, disk GUID %s)\n", res.Output, contract.Bytes(res.Layout.Size), len(res.Contents.Images), res.Layout.GUID)
+			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%s, %d images, disk GUID %s)\nagent: %s, %s\n", res.Output, contract.Bytes(res.Layout.Size),
+				len(res.Contents.Images), res.Layout.GUID, res.Agent.Version, contract.Bytes(res.Agent.Size))
 			return nil
 		},
 	}

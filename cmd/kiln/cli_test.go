@@ -216,6 +216,9 @@ func TestBuildDiskIsRealAndReadable(t *testing.T) {
 	if !strings.Contains(out, "wrote "+disk) {
 		t.Errorf("build output does not say what it wrote:\n%s", out)
 	}
+	if !strings.Contains(out, "\nagent: kiln-agent ") || !strings.Contains(out, "node edition") {
+		t.Errorf("build output does not say which agent the disk carries:\n%s", out)
+	}
 
 	run(t, "sgdisk", "-v", disk)
 
@@ -607,4 +610,22 @@ func replaceInFile(t *testing.T, p, old, new string) {
 		t.Fatalf("%s does not contain %q", p, old)
 	}
 	os.WriteFile(p, bytes.Replace(b, []byte(old), []byte(new), 1), 0o644)
+}
+
+// flipByte inverts the byte at off (from the end when negative).
+func flipByte(t *testing.T, p string, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if off < 0 {
+		fi, _ := f.Stat()
+		off += fi.Size()
+	}
+	b := make([]byte, 1)
+	f.ReadAt(b, off)
+	b[0] ^= 0xff
+	f.WriteAt(b, off)
 }
