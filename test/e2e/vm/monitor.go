@@ -36,6 +36,7 @@ type Monitor struct {
 	events  chan qmpMessage
 	ports   map[string]string // disk id -> root port in use
 	console io.Writer         // QEMU's stdin: the guest's serial port
+	onReset func()            // told of each Reset (the reset watch)
 }
 
 type qmpMessage struct {
@@ -203,6 +204,13 @@ func (m *Monitor) UnplugDisk(id string) error {
 // guest was writing is cut off (a power cut, short of losing the disk
 // cache QEMU has already passed to the host).
 func (m *Monitor) Reset() error {
+	if m.onReset != nil {
+		m.onReset()
+	}
+	return m.systemReset()
+}
+
+func (m *Monitor) systemReset() error {
 	_, err := m.Execute("system_reset", nil)
 	return err
 }

@@ -18,7 +18,7 @@ func TestResetWatch(t *testing.T) {
 		stop  bool
 		want  int32
 	}{
-		{"silent after the reset", []string{"[   55.1] " + resetMarker}, false, 1},
+		{"silent after the reset", []string{"[   55.1] " + resetMarker}, false, maxResets},
 		{"firmware answers", []string{resetMarker, "BdsDxe: loading Boot0001"}, false, 0},
 		{"no reset", []string{"[  OK  ] Reached target reboot.target"}, false, 0},
 		{"run ended", []string{resetMarker}, true, 0},
@@ -38,6 +38,28 @@ func TestResetWatch(t *testing.T) {
 			}
 		})
 	}
+	t.Run("silent after a press: pressed again, up to maxResets", func(t *testing.T) {
+		var pressed atomic.Int32
+		w := &resetWatch{silence: silence, press: func(time.Duration) { pressed.Add(1) }}
+		w.line(resetMarker)
+		time.Sleep(time.Duration(maxResets+3) * silence * 2)
+		if got := pressed.Load(); got != maxResets {
+			t.Errorf("pressed %d times, want %d", got, maxResets)
+		}
+	})
+	t.Run("a reset the test pressed arms it", func(t *testing.T) {
+		var pressed atomic.Int32
+		var w *resetWatch
+		w = &resetWatch{silence: silence, press: func(time.Duration) {
+			pressed.Add(1)
+			w.line("BdsDxe: loading Boot0001") // the firmware answers this press
+		}}
+		w.reset()
+		wait()
+		if got := pressed.Load(); got != 1 {
+			t.Errorf("pressed %d times, want 1", got)
+		}
+	})
 	t.Run("at most maxResets presses", func(t *testing.T) {
 		var pressed atomic.Int32
 		w := &resetWatch{silence: silence, press: func(time.Duration) { pressed.Add(1) }}

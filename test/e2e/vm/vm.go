@@ -159,6 +159,28 @@ func (r *Result) Lines(prefix string) []string {
 	return out
 }
 
+// After is the part of the run after the first console line holding
+// substr (nothing when none does): the boot after a power cut, say.
+func (r *Result) After(substr string) *Result {
+	for i, l := range r.lines {
+		if strings.Contains(l, substr) {
+			return &Result{Console: r.Console, Duration: r.Duration, lines: r.lines[i+1:], at: r.at[i+1:]}
+		}
+	}
+	return &Result{Console: r.Console, Duration: r.Duration}
+}
+
+// Until is the part of the run before the first console line holding
+// substr (all of it when none does).
+func (r *Result) Until(substr string) *Result {
+	for i, l := range r.lines {
+		if strings.Contains(l, substr) {
+			return &Result{Console: r.Console, Duration: r.Duration, lines: r.lines[:i], at: r.at[:i]}
+		}
+	}
+	return r
+}
+
 // All returns every console line.
 func (r *Result) All() []string { return r.lines }
 
@@ -340,9 +362,12 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 		if c.reboots {
 			watch := &resetWatch{silence: resetSilence, press: func(silent time.Duration) {
 				t.Logf("vm: %s: the firmware printed nothing for %s after a reset: pressing reset again", c.name, silent)
-				hooks.queue <- func() error { return mon.Reset() }
+				hooks.queue <- func() error { return mon.systemReset() }
+			}, answered: func(after time.Duration) {
+				t.Logf("vm: %s: the firmware answered %s after a reset", c.name, after.Round(100*time.Millisecond))
 			}}
 			sc.onLine = func(l string) { watch.line(l); hooks.line(l) }
+			mon.onReset = watch.reset
 			stopWatch = watch.stop
 		}
 	}

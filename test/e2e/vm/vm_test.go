@@ -3,6 +3,7 @@ package vm
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseCheck(t *testing.T) {
@@ -95,5 +96,27 @@ func TestPromptWatcher(t *testing.T) {
 				t.Errorf("fired %q, want %q", got, tt.want)
 			}
 		})
+	}
+}
+
+// After and Until cut a run of several boots at a marker line.
+func TestAfterUntil(t *testing.T) {
+	r := &Result{lines: []string{"fw", "KILN-E2E: x PASS", "cut here", "fw", "KILN-E2E: x FAIL"}}
+	r.at = make([]time.Duration, len(r.lines))
+	first, second := r.Until("cut here"), r.After("cut here")
+	if c, ok := first.Check("x"); !ok || !c.Pass {
+		t.Errorf("first boot's x: %+v %v", c, ok)
+	}
+	if c, ok := second.Check("x"); !ok || c.Pass {
+		t.Errorf("second boot's x: %+v %v", c, ok)
+	}
+	if n := len(r.After("n=3").All()); n != 0 {
+		t.Errorf("After a marker never seen: %d lines", n)
+	}
+	if n := len(second.All()); n != 2 {
+		t.Errorf("After the marker: %d lines, want 2", n)
+	}
+	if n := len(r.Until("n=3").All()); n != len(r.lines) {
+		t.Errorf("Until a marker never seen: %d lines", n)
 	}
 }
