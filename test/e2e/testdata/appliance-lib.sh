@@ -18,3 +18,30 @@ oneline() { tr '\n' ' ' | tr -s ' ' | cut -c1-"${1:-240}"; }
 # What= as the unit file says it (systemctl show reports the resolved device once mounted).
 unit_what() { systemctl cat var-lib-kiln-images.mount | sed -n 's/^What=//p' | tail -n1; }
 is_active() { [ "$(prop "$1" ActiveState)" = active ]; }
+# restore_checks WORKLOAD: after a power cut, CRI-O found the shutdown
+# unclean and checked its store (after which it may wipe it), and kiln's
+# restore ran after CRI-O and before the unit WORKLOAD, and succeeded; kiln
+# agent status says every kept image is in local storage. The details say
+# whether CRI-O wiped its store and what kiln restored (the test reads them).
+restore_checks() {
+    local j wiped r c w restored
+    j=$(journalctl -b 0 -q --no-pager -u crio.service -o cat)
+    wiped=$(grep -c 'Wiping storage directory' <<<"$j")
+    if grep -q 'because of unclean shutdown' <<<"$j"; then pass crio-unclean "wiped=$wiped"; else fail crio-unclean "CRI-O logged no check of its store: the power cut was not seen"; fi
+    wait_for 300 is_active kiln-restore-images.service || diag kiln-restore-images.service
+    r=$(prop kiln-restore-images.service ActiveEnterTimestampMonotonic)
+    c=$(prop crio.service ActiveEnterTimestampMonotonic)
+    w=$(prop "$1" ExecMainStartTimestampMonotonic)
+    restored=$(journalctl -b 0 -q --no-pager -u kiln-restore-images.service -o cat | grep -c '^kiln: restored .* from ')
+    if is_active kiln-restore-images.service && [ "${c:-0}" -gt 0 ] && [ "${r:-0}" -ge "$c" ] && [ "${w:-0}" -ge "$r" ]; then
+        pass restore "restored=$restored wiped=$wiped crio=${c}us restore=${r}us workload=${w}us"
+    else
+        fail restore "$(prop kiln-restore-images.service ActiveState)/$(prop kiln-restore-images.service Result) crio=${c}us restore=${r}us workload=${w}us"
+        diag kiln-restore-images.service
+    fi
+    if /var/lib/kiln/images/bin/kiln agent status | grep -q '^images: *all [0-9]* image(s) the node keeps are in local storage'; then
+        pass status-images
+    else
+        fail status-images "$(/var/lib/kiln/images/bin/kiln agent status | grep -A3 '^images:' | oneline)"
+    fi
+}
