@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -55,6 +56,8 @@ type upgradeRelease struct {
 	version string
 	images  []string // preloaded (and served) images
 	env     string   // /etc/kiln/release/workload.env
+	trust   []string // names of the keys (NAME.pub in the set's dir) the node trusts once it is current
+	key     string   // the key (NAME.key) its stick is signed with
 }
 
 // TestFieldUpgrade: factory 1.0 boots; the 1.1 delta stick is hot-plugged,
@@ -65,7 +68,21 @@ type upgradeRelease struct {
 // carry: the health check rolls it back to 1.2, 1.3's image and blobs are
 // removed. Five boots of one QEMU process.
 func TestFieldUpgrade(t *testing.T) {
+	t.Parallel() // beside the other machines (the Makefile runs three at a time)
 	set := newUpgradeSet(t, upgradeCheck)
+	// A 1.3 signed by the factory key, which 1.2 retired: a full bundle from
+	// a recipe that still trusts it (kiln bundle signs only for nodes that
+	// trust the key, and this recipe says they do).
+	r13, err := os.ReadFile(set.recipes["1.3.0"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	set.recipes["1.3.0-retired"] = filepath.Join(filepath.Dir(set.recipes["1.3.0"]), "retired.yaml")
+	retired := regexp.MustCompile(`(?m)^trust: .*$`).ReplaceAllString(string(r13), "trust: ["+filepath.Join(set.dir, "factory.pub")+"]")
+	if err := os.WriteFile(set.recipes["1.3.0-retired"], []byte(retired), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	set.bundle(t, "retired", "1.3.0-retired", "--key", filepath.Join(set.dir, "factory.key"))
 	tech := &technician{t: t, sticks: set.sticks}
 	res := vm.Boot(t, set.disk, append(tech.hands(), vm.WithName("field-upgrade"), vm.WithReboots(),
 		vm.WithTimeout(applianceTimeout(40*time.Minute)))...)
@@ -75,15 +92,7 @@ func TestFieldUpgrade(t *testing.T) {
 	root := mustFind(t, disk, "root")
 	readJournal(t, root, filepath.Join(filepath.Dir(res.Console), "field-upgrade-journal.txt"))
 
-	// The state file the node ended with, read off its disk.
-	b, err := root.ReadFile(contract.StateFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var final contract.State
-	if err := json.Unmarshal(b, &final); err != nil {
-		t.Fatalf("%s: %v", contract.StateFile, err)
-	}
+	final, b := finalState(t, root)
 	if final.Current.Version != "1.2.0" || final.Previous == nil || final.Previous.Version != "1.1.0" ||
 		final.Staged != nil || final.Trying != nil || len(final.Retired) > 0 ||
 		final.Last == nil || final.Last.Action != "rollback" || final.Last.Version != "1.3.0" {
@@ -91,15 +100,16 @@ func TestFieldUpgrade(t *testing.T) {
 	}
 
 	requireAllPass(t, res)
-	if strings.Join(plugs, " ") != "1.1.0 1.2.0 1.3.0" {
-		t.Errorf("sticks plugged: %v, want 1.1.0 1.2.0 1.3.0", plugs)
+	if strings.Join(plugs, " ") != "1.1.0 1.2.0 retired 1.3.0" {
+		t.Errorf("sticks plugged: %v, want 1.1.0 1.2.0 retired 1.3.0", plugs)
 	}
 	for _, name := range []string{
-		"b1-settled", "b1-current", "b1-cri-workload", "b1-pause-pinned", "b1-app-1.0-pinned", "b1-staged", "b1-stick-removed",
-		"b2-begin-before-crio", "b2-mirror-opened", "b2-current", "b2-previous", "b2-cri-workload", "b2-app-1.1-pinned", "b2-app-1.0-pinned", "b2-pins-file", "b2-staged", "b2-stick-removed",
-		"b3-begin-before-crio", "b3-mirror-opened", "b3-current", "b3-cri-workload", "b3-app-1.2-pinned", "b3-app-1.1-pinned", "b3-app-1.0-unpinned", "b3-env-1.0-blob-gone", "b3-staged",
+		"b1-settled", "b1-current", "b1-cri-workload", "b1-pause-pinned", "b1-app-1.0-pinned", "b1-trust", "b1-staged", "b1-stick-removed",
+		"b2-begin-before-crio", "b2-mirror-opened", "b2-current", "b2-previous", "b2-cri-workload", "b2-app-1.1-pinned", "b2-app-1.0-pinned", "b2-pins-file", "b2-trust", "b2-staged", "b2-stick-removed",
+		"b3-begin-before-crio", "b3-mirror-opened", "b3-current", "b3-cri-workload", "b3-app-1.2-pinned", "b3-app-1.1-pinned", "b3-app-1.0-unpinned", "b3-env-1.0-blob-gone", "b3-trust",
+		"b3-retired-refused", "b3-retired-unchanged", "b3-staged",
 		"b4-begin-before-crio", "b4-tools-loaded", "b4-workload-failed",
-		"b5-current", "b5-rolled-back", "b5-files-restored", "b5-cri-workload", "b5-app-1.2-pinned", "b5-app-1.1-pinned", "b5-tools-removed", "b5-tools-blob-gone",
+		"b5-current", "b5-rolled-back", "b5-files-restored", "b5-cri-workload", "b5-app-1.2-pinned", "b5-app-1.1-pinned", "b5-tools-removed", "b5-tools-blob-gone", "b5-trust",
 	} {
 		requirePass(t, res, name)
 	}
@@ -116,6 +126,7 @@ func TestFieldUpgrade(t *testing.T) {
 	}
 	for _, want := range []string{
 		"signed by SHA256:", "kiln: the new release is staged; reboot the appliance (systemctl reboot) to try it",
+		"refused: not signed by a trusted key", // the retired key, after 1.2's rotation
 		"health check of release 1.1.0: kiln-e2e-workload.service active, within 45s",
 		"release 1.1.0 passed its health check and is now current", "release 1.2.0 passed its health check and is now current",
 		"kiln: release 1.3.0 failed its health check: after 45s not active: kiln-e2e-workload.service; rolled back to 1.2.0",
@@ -172,6 +183,21 @@ func TestFieldUpgrade(t *testing.T) {
 	}
 }
 
+// finalState is the release state the node ended with, read off its disk,
+// and its bytes (for a failure message).
+func finalState(t *testing.T, root rawdisk.Partition) (*contract.State, []byte) {
+	t.Helper()
+	b, err := root.ReadFile(contract.StateFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s contract.State
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatalf("%s: %v", contract.StateFile, err)
+	}
+	return &s, b
+}
+
 // upgradeSet is what the upgrade scenarios boot and plug: the factory disk
 // of release 1.0.0 and a stick image per later release, built by the real
 // kiln, and the digests the guest checks against.
@@ -182,9 +208,16 @@ type upgradeSet struct {
 	digests         map[string]string // image ref -> manifest digest
 }
 
+// upgradeHealth is the recipes' upgrade.health: the node's health check of
+// every later release (the factory build's is the node's).
+type upgradeHealth struct {
+	command string        // YAML flow list, e.g. [/usr/bin/test, -e, /run/x]; "" for none
+	timeout time.Duration // default 45 s
+}
+
 // newUpgradeSet builds the releases of upgradeReleases with checkScript (its
 // @…@ values filled in) as the guest's scenario script.
-func newUpgradeSet(t *testing.T, checkScript string) *upgradeSet {
+func newUpgradeSet(t *testing.T, checkScript string, health ...upgradeHealth) *upgradeSet {
 	t.Helper()
 	base := fixture.Base(t)
 	dir := t.TempDir()
@@ -192,6 +225,7 @@ func newUpgradeSet(t *testing.T, checkScript string) *upgradeSet {
 		recipes: map[string]string{}, sticks: map[string]string{}, digests: map[string]string{}}
 	layout := filepath.Join(dir, "oci")
 	mustKilnCmd(t, set.kiln, "key", "generate", filepath.Join(dir, "factory"))
+	mustKilnCmd(t, set.kiln, "key", "generate", filepath.Join(dir, "rotated"))
 
 	for _, ref := range []string{pauseRef, appRepo + ":1.0", appRepo + ":1.1", appRepo + ":1.2", toolsRef} {
 		d, err := images.HelloImage(layout, ref, "amd64")
@@ -212,7 +246,15 @@ func newUpgradeSet(t *testing.T, checkScript string) *upgradeSet {
 		t.Fatal(err)
 	}
 	rels := upgradeReleases()
+	trustFile := func(name string) string {
+		pem, err := os.ReadFile(filepath.Join(dir, name+".pub"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return contract.TrustFileName(pem)
+	}
 	script := strings.NewReplacer(
+		"@TRUST_FACTORY@", trustFile("factory"), "@TRUST_ROTATED@", trustFile("rotated"),
 		"@WORKLOAD_POD@", workloadPod, "@HELLO_LINE@", images.HelloLine("amd64"), "@APP_REPO@", appRepo,
 		"@PAUSE_REF@", pauseRef, "@PAUSE_DIGEST@", set.digests[pauseRef],
 		"@APP10_DIGEST@", set.digests[appRepo+":1.0"], "@APP11_DIGEST@", set.digests[appRepo+":1.1"], "@APP12_DIGEST@", set.digests[appRepo+":1.2"],
@@ -221,8 +263,12 @@ func newUpgradeSet(t *testing.T, checkScript string) *upgradeSet {
 	).Replace(strings.Replace(withLib(checkScript), "#@UPGRADE_LIB@\n", upgradeLib, 1))
 	writeUpgradeFragment(t, dir, script)
 
+	h := upgradeHealth{timeout: 45 * time.Second}
+	if len(health) > 0 {
+		h = health[0]
+	}
 	for _, r := range rels {
-		set.recipes[r.version] = writeUpgradeRecipe(t, dir, base, r)
+		set.recipes[r.version] = writeUpgradeRecipe(t, dir, base, r, h)
 	}
 	start := time.Now()
 	cmd := exec.Command(set.kiln, "build", set.recipes["1.0.0"], "-o", set.disk, "--cache", filepath.Join(dir, "cache"))
@@ -230,10 +276,11 @@ func newUpgradeSet(t *testing.T, checkScript string) *upgradeSet {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("kiln build 1.0.0: %v\n%s", err, out)
 	}
-	// Each stick a delta from the release before it, as a vendor ships them.
+	// Each stick a delta from the release before it, as a vendor ships them,
+	// signed by a key the release before it trusts.
 	from := set.disk
 	for _, r := range rels[1:] {
-		set.bundle(t, r.version, r.version, "--key", filepath.Join(dir, "factory.key"), "--from", from)
+		set.bundle(t, r.version, r.version, "--key", filepath.Join(dir, r.key+".key"), "--from", from)
 		from = set.sticks[r.version]
 	}
 	t.Logf("kiln build of 1.0.0 and bundles of 1.1.0, 1.2.0, 1.3.0 took %s", time.Since(start).Round(time.Second))
@@ -251,12 +298,16 @@ func (set *upgradeSet) bundle(t *testing.T, name, version string, args ...string
 
 func upgradeReleases() []upgradeRelease {
 	envOf := func(image string) string { return "IMAGE=" + image + "\n" }
+	// Keys rotate: 1.1 (signed by the factory key) trusts a new key beside
+	// it; 1.2 (signed by the new key, which the node trusts once 1.1 is
+	// confirmed) retires the factory key.
 	return []upgradeRelease{
-		{"1.0.0", []string{pauseRef, appRepo + ":1.0"}, envOf(appRepo + ":1.0")},
-		{"1.1.0", []string{pauseRef, appRepo + ":1.1"}, envOf(appRepo + ":1.1")},
-		{"1.2.0", []string{pauseRef, appRepo + ":1.2"}, envOf(appRepo + ":1.2")},
-		// A broken release: its workload names an image it does not carry.
-		{"1.3.0", []string{pauseRef, toolsRef}, envOf(appRepo + ":1.3")},
+		{"1.0.0", []string{pauseRef, appRepo + ":1.0"}, envOf(appRepo + ":1.0"), []string{"factory"}, ""},
+		{"1.1.0", []string{pauseRef, appRepo + ":1.1"}, envOf(appRepo + ":1.1"), []string{"factory", "rotated"}, "factory"},
+		{"1.2.0", []string{pauseRef, appRepo + ":1.2"}, envOf(appRepo + ":1.2"), []string{"rotated"}, "rotated"},
+		// A broken release: its workload names an image it does not carry;
+		// the factory key it would trust again never is (it is rolled back).
+		{"1.3.0", []string{pauseRef, toolsRef}, envOf(appRepo + ":1.3"), []string{"rotated", "factory"}, "rotated"},
 	}
 }
 
@@ -379,7 +430,7 @@ func writeUpgradeFragment(t *testing.T, dir, script string) {
 // (a release is a commit of the same recipe) and returns its path. The
 // factory build uses 1.0's: its upgrade policy and health check are the
 // node's for every later release.
-func writeUpgradeRecipe(t *testing.T, dir, base string, r upgradeRelease) string {
+func writeUpgradeRecipe(t *testing.T, dir, base string, r upgradeRelease, h upgradeHealth) string {
 	t.Helper()
 	rd := filepath.Join(dir, "release-"+r.version)
 	if err := os.MkdirAll(rd, 0o755); err != nil {
@@ -387,6 +438,14 @@ func writeUpgradeRecipe(t *testing.T, dir, base string, r upgradeRelease) string
 	}
 	if err := os.WriteFile(filepath.Join(rd, "workload.env"), []byte(r.env), 0o644); err != nil {
 		t.Fatal(err)
+	}
+	command := ""
+	if h.command != "" {
+		command = "\n    command: " + h.command
+	}
+	var trust []string
+	for _, k := range r.trust {
+		trust = append(trust, filepath.Join(dir, k+".pub"))
 	}
 	var imgs strings.Builder
 	for _, ref := range r.images {
@@ -416,12 +475,12 @@ release:
 upgrade:
   reboot: command
   health:
-    units: [%s]
-    timeout: 45s
+    units: [%s]%s
+    timeout: %s
 ignition:
   fragments:
     - ../check.ign
-`, r.version, base, imgs.String(), filepath.Join(dir, "factory.pub"), workloadUnit)
+`, r.version, base, imgs.String(), strings.Join(trust, ", "), workloadUnit, command, h.timeout)
 	p := filepath.Join(rd, "appliance.yaml")
 	if err := os.WriteFile(p, []byte(recipe), 0o644); err != nil {
 		t.Fatal(err)
@@ -446,6 +505,7 @@ func mustKilnCmd(t *testing.T, kiln string, args ...string) {
 // copied: the node comes back on 1.0, and with the stick still in, the
 // import runs again at boot and stages 1.1. Two boots of one QEMU process.
 func TestFieldUpgradeRefusals(t *testing.T) {
+	t.Parallel() // beside the other machines (the Makefile runs three at a time)
 	set := newUpgradeSet(t, upgradeRefusals)
 	factoryKey := filepath.Join(set.dir, "factory.key")
 	mustKilnCmd(t, set.kiln, "key", "generate", filepath.Join(set.dir, "other"))
@@ -460,7 +520,8 @@ func TestFieldUpgradeRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	set.bundle(t, "untrusted", "1.1.0-other", "--key", filepath.Join(set.dir, "other.key"))
-	set.recipes["0.9.0"] = writeUpgradeRecipe(t, set.dir, fixture.Base(t), upgradeRelease{"0.9.0", []string{pauseRef, appRepo + ":1.0"}, "IMAGE=" + appRepo + ":1.0\n"})
+	set.recipes["0.9.0"] = writeUpgradeRecipe(t, set.dir, fixture.Base(t), upgradeRelease{"0.9.0", []string{pauseRef, appRepo + ":1.0"}, "IMAGE=" + appRepo + ":1.0\n",
+		[]string{"factory"}, "factory"}, upgradeHealth{timeout: 45 * time.Second})
 	set.bundle(t, "downgrade", "0.9.0", "--key", factoryKey)
 	set.sticks["tampered"] = filepath.Join(set.dir, "stick-tampered.img")
 	if err := rawdisk.Copy(set.sticks["tampered"], set.sticks["1.1.0"]); err != nil {

@@ -15,30 +15,13 @@
 # Every wait is bounded.
 #@LIB@
 #@UPGRADE_LIB@
-# plug VERSION: ask for the stick, wait until it is staged and pulled out,
-# reboot into it.
-plug() {
-    local v=$1
-    echo "kiln-e2e: plug $v"
-    if wait_for 600 status_is staged "${v//./\\.}"; then pass staged "$v"; else fail staged "$v not staged after 600 s"; diag "kiln-import@vdb1.service"; fi
-    if wait_for 180 test ! -e /sys/block/vdb; then pass stick-removed; else fail stick-removed "vdb still there after 180 s"; fi
-    show_status
-    # The firmware once hung on a reset 2 s after the hot-unplug (docs/e2e.md):
-    # let the root port finish powering its slot off first (pciehp's 5 s), as a
-    # technician would not reboot that fast either.
-    udevadm settle --timeout=30 || true
-    sleep 10
-    echo "kiln-e2e: rebooting to try $v"
-    systemctl --no-block reboot
-    exit 0
-}
-
 case $n in
 1)
     settled 1.0.0
     workload 1.0.0
     cri pinned pause-pinned "$PAUSE_REF" "$PAUSE_DIGEST" true
     pinned app-1.0-pinned 1.0.0 true
+    trust "$TRUST_FACTORY"
     show_status
     plug 1.1.0
     ;;
@@ -51,6 +34,8 @@ case $n in
     pinned app-1.1-pinned 1.1.0 true
     pinned app-1.0-pinned 1.0.0 true
     if grep -q "${DIGEST[1.1.0]}" /etc/crio/crio.conf.d/50-kiln-pins.conf; then pass pins-file; else fail pins-file "$(oneline < /etc/crio/crio.conf.d/50-kiln-pins.conf)"; fi
+    # 1.1 confirmed: the node trusts its keys, the new one beside the factory's.
+    trust "$TRUST_FACTORY" "$TRUST_ROTATED"
     show_status
     plug 1.2.0
     ;;
@@ -65,6 +50,9 @@ case $n in
     # (factory content), what it kept on /var (its release file) is gone.
     pinned app-1.0-unpinned 1.0.0 false
     if [ ! -e "$STORE/${ENV10_BLOB#sha256:}" ]; then pass env-1.0-blob-gone; else fail env-1.0-blob-gone "$STORE/${ENV10_BLOB#sha256:} still there"; fi
+    # 1.2 retired the factory key: a stick signed by it is refused.
+    trust "$TRUST_ROTATED"
+    refused retired
     show_status
     plug 1.3.0
     ;;
@@ -89,6 +77,8 @@ case $n in
     pinned app-1.1-pinned 1.1.0 true
     if podman image exists "$TOOLS_REF@$TOOLS_DIGEST"; then fail tools-removed "still in containers/storage"; else pass tools-removed; fi
     if [ -e "$STORE/${TOOLS_LAYER#sha256:}" ]; then fail tools-blob-gone "$TOOLS_LAYER still stored"; else pass tools-blob-gone; fi
+    # 1.3 was never confirmed: its trust never took effect.
+    trust "$TRUST_ROTATED"
     show_status
     systemctl --no-block poweroff
     ;;

@@ -19,6 +19,7 @@ PAUSE_REF="@PAUSE_REF@"; PAUSE_DIGEST="@PAUSE_DIGEST@"
 declare -A DIGEST=([1.0.0]="@APP10_DIGEST@" [1.1.0]="@APP11_DIGEST@" [1.2.0]="@APP12_DIGEST@")
 TOOLS_REF="@TOOLS_REF@"; TOOLS_DIGEST="@TOOLS_DIGEST@"; TOOLS_LAYER="@TOOLS_LAYER@"
 ENV10_BLOB="@ENV10_BLOB@" # the factory release's workload.env, stored at the first begin
+TRUST_FACTORY="@TRUST_FACTORY@"; TRUST_ROTATED="@TRUST_ROTATED@" # key files in /etc/kiln/trust
 WORKLOAD=kiln-e2e-workload.service
 
 if [ -x "$AGENT" ]; then pass agent "$AGENT"; else fail agent "no $AGENT"; fi
@@ -62,3 +63,50 @@ workload() {
 # pinned CHECK VERSION true|false: CRI-O's ImageStatus of VERSION's app image.
 pinned() { cri pinned "$1" "$APP:${2%.0}" "${DIGEST[$2]}" "$3"; }
 
+
+# trust FILE...: the node trusts exactly these key files (/etc/kiln/trust).
+trust() {
+    local got want
+    got=$(ls /etc/kiln/trust | sort | xargs)
+    want=$(printf '%s\n' "$@" | sort | xargs)
+    if [ "$got" = "$want" ]; then pass trust "$got"; else fail trust "trusts $got, want $want"; fi
+}
+
+IMPORT=kiln-import@vdb1.service
+# fingerprint: what a refused stick must leave as it was.
+fingerprint() { { cat /var/lib/kiln/state.json; ls -la "$STORE"; cat /etc/crio/crio.conf.d/50-kiln-pins.conf; ls -la /etc/kiln/trust; } | sha256sum | cut -c1-16; }
+
+# refused NAME: plug stick NAME, wait for the import to fail and the stick
+# to be pulled; nothing may have changed.
+refused() {
+    local before after
+    before=$(fingerprint)
+    echo "kiln-e2e: plug $1"
+    if wait_for 300 systemctl is-failed -q "$IMPORT"; then
+        pass "$1-refused" "$(journalctl -b 0 -q --no-pager -u "$IMPORT" -g ' refused: ' | tail -n1 | cut -c1-200)"
+    else
+        fail "$1-refused" "$IMPORT: $(prop "$IMPORT" ActiveState)"; diag "$IMPORT"
+    fi
+    wait_for 180 test ! -e /sys/block/vdb || fail "$1-pulled" "vdb still there after 180 s"
+    systemctl reset-failed "$IMPORT"
+    after=$(fingerprint)
+    if [ "$before" = "$after" ] && status_is staged -; then pass "$1-unchanged" "$after"; else fail "$1-unchanged" "$before -> $after: $("$AGENT" agent status | oneline)"; fi
+}
+
+# plug VERSION: ask for the stick, wait until it is staged and pulled out,
+# reboot into it.
+plug() {
+    local v=$1
+    echo "kiln-e2e: plug $v"
+    if wait_for 600 status_is staged "${v//./\\.}"; then pass staged "$v"; else fail staged "$v not staged after 600 s"; diag "kiln-import@vdb1.service"; fi
+    if wait_for 180 test ! -e /sys/block/vdb; then pass stick-removed; else fail stick-removed "vdb still there after 180 s"; fi
+    show_status
+    # The firmware once hung on a reset 2 s after the hot-unplug (docs/e2e.md):
+    # let the root port finish powering its slot off first (pciehp's 5 s), as a
+    # technician would not reboot that fast either.
+    udevadm settle --timeout=30 || true
+    sleep 10
+    echo "kiln-e2e: rebooting to try $v"
+    systemctl --no-block reboot
+    exit 0
+}
