@@ -13,7 +13,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	format "github.com/kiln-appliance/kiln/systemd/contract/reflash"
+	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 )
 
 // Report is what `kiln inspect` shows of a reflash stick: what it carries
@@ -27,9 +27,9 @@ type Report struct {
 	Disk Disk `json:"disk"`
 	// Target and Unattended: how the stick picks the disk and whether it
 	// asks first.
-	Target     format.Target `json:"target,omitzero"`
-	Unattended bool          `json:"unattended"`
-	Agent      Agent         `json:"agent"`
+	Target     recovery.Target `json:"target,omitzero"`
+	Unattended bool            `json:"unattended"`
+	Agent      Agent           `json:"agent"`
 	// Kiln made the stick; nil on sticks made before it was recorded.
 	Kiln *version.Info `json:"kiln,omitempty"`
 }
@@ -50,8 +50,8 @@ type Agent struct {
 }
 
 func payload(l *partitions.Layout) (*partitions.Partition, bool) {
-	p, ok := l.Find(format.PartitionName)
-	return p, ok && strings.EqualFold(p.Type, format.PartitionType)
+	p, ok := l.Find(recovery.PartitionName)
+	return p, ok && strings.EqualFold(p.Type, recovery.PartitionType)
 }
 
 // Inspect reads a stick's payload: its record, about.json and agent. A
@@ -69,14 +69,14 @@ func Inspect(p string) (rep *Report, err error) {
 	}
 	part, ok := payload(l)
 	if !ok {
-		return nil, fmt.Errorf("%s has no %s partition: not a reflash stick", p, format.PartitionName)
+		return nil, fmt.Errorf("%s has no %s partition: not a reflash stick", p, recovery.PartitionName)
 	}
 	fsys, closer, err := partitions.OpenSquashfs(p, part.Offset, part.Size)
 	if err != nil {
 		return nil, err
 	}
 	defer closer.Close()
-	rec, err := readFile(fsys, format.RecordFile, format.Decode)
+	rec, err := readFile(fsys, recovery.RecordFile, recovery.Decode)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
@@ -84,8 +84,8 @@ func Inspect(p string) (rep *Report, err error) {
 		Path: p, Layout: l, Target: rec.Target, Unattended: rec.Unattended,
 		Disk: Disk{Size: rec.Size, SHA256: rec.SHA256, DiskGUID: rec.DiskGUID},
 	}
-	about, err := readFile(fsys, format.AboutFile, func(r io.Reader) (*format.About, error) {
-		var a format.About
+	about, err := readFile(fsys, recovery.AboutFile, func(r io.Reader) (*recovery.About, error) {
+		var a recovery.About
 		return &a, json.NewDecoder(r).Decode(&a)
 	})
 	switch {
@@ -94,7 +94,7 @@ func Inspect(p string) (rep *Report, err error) {
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
-	if rep.Agent.Size, rep.Agent.Digest, err = hashFile(fsys, format.AgentBinary); err != nil {
+	if rep.Agent.Size, rep.Agent.Digest, err = hashFile(fsys, recovery.AgentBinary); err != nil {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
 	return rep, nil

@@ -25,7 +25,7 @@ import (
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	format "github.com/kiln-appliance/kiln/systemd/contract/reflash"
+	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 	"github.com/kiln-appliance/kiln/systemd/units"
 )
 
@@ -55,8 +55,8 @@ type Result struct {
 	Output string
 	Built  bool // the disk was built from the recipe, not given
 	Size   int64
-	Record *format.Record
-	About  *format.About
+	Record *recovery.Record
+	About  *recovery.About
 	// AgentSize is the size of the agent on the stick (About.Agent says
 	// which kiln it is).
 	AgentSize int64
@@ -113,7 +113,7 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	if built {
 		// Built in the work directory, so it goes with it, and on the
 		// same filesystem as the payload tree, which hard-links it.
-		if o.Disk, err = buildDisk(ctx, recipePath, filepath.Join(work, format.DiskFile), epoch, o); err != nil {
+		if o.Disk, err = buildDisk(ctx, recipePath, filepath.Join(work, recovery.DiskFile), epoch, o); err != nil {
 			return nil, err
 		}
 	}
@@ -137,12 +137,12 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 		}
 	}()
 
-	rec := &format.Record{DiskGUID: rep.Layout.GUID, Unattended: r.Reflash.Unattended || o.Unattended, Target: target(r.Reflash.Target)}
+	rec := &recovery.Record{DiskGUID: rep.Layout.GUID, Unattended: r.Reflash.Unattended || o.Unattended, Target: target(r.Reflash.Target)}
 	if err := stagePayload(ctx, tree, o.Disk, agent.Path, rec, o.Progress); err != nil {
 		return nil, err
 	}
-	about := &format.About{Disk: *rep.Contents, Agent: agent.Version, Kiln: version.Current()}
-	if err := writeJSON(filepath.Join(tree, format.AboutFile), about); err != nil {
+	about := &recovery.About{Disk: *rep.Contents, Agent: agent.Version, Kiln: version.Current()}
+	if err := writeJSON(filepath.Join(tree, recovery.AboutFile), about); err != nil {
 		return nil, err
 	}
 	seed := sha256.Sum256([]byte("kiln reflash stick\x00" + rec.SHA256))
@@ -159,8 +159,8 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 		SourceDateEpoch: epoch,
 		GUIDSeed:        seed[:],
 		NoVerity:        true, // the record's digests check every byte the agent writes
-		PartitionName:   format.PartitionName,
-		PartitionType:   format.PartitionType,
+		PartitionName:   recovery.PartitionName,
+		PartitionType:   recovery.PartitionType,
 		Ignition: func(id partitions.ImageIdentity) ([]byte, error) {
 			us, err := units.RenderReflash(units.ReflashParams{PartitionGUID: id.PartitionGUID, Unattended: rec.Unattended})
 			if err != nil {
@@ -203,20 +203,20 @@ func buildDisk(ctx context.Context, recipePath, path string, epoch int64, o Opti
 	return path, nil
 }
 
-func target(t recipes.ReflashTarget) format.Target {
-	return format.Target{Path: t.Path, Model: t.Model, MinSize: t.MinSize.Bytes, MaxSize: t.MaxSize.Bytes}
+func target(t recipes.ReflashTarget) recovery.Target {
+	return recovery.Target{Path: t.Path, Model: t.Model, MinSize: t.MinSize.Bytes, MaxSize: t.MaxSize.Bytes}
 }
 
 // stagePayload lays out the payload tree: the disk (hard-linked when it can be,
 // else copied sparse), its record (hashed while read), the agent.
-func stagePayload(ctx context.Context, dir, disk, agent string, rec *format.Record, p progress.Reporter) error {
-	if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(format.AgentBinary)), 0o755); err != nil {
+func stagePayload(ctx context.Context, dir, disk, agent string, rec *recovery.Record, p progress.Reporter) error {
+	if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(recovery.AgentBinary)), 0o755); err != nil {
 		return err
 	}
-	if err := linkOrCopy(agent, filepath.Join(dir, format.AgentBinary)); err != nil {
+	if err := linkOrCopy(agent, filepath.Join(dir, recovery.AgentBinary)); err != nil {
 		return fmt.Errorf("agent %s: %w", agent, err)
 	}
-	dst := filepath.Join(dir, format.DiskFile)
+	dst := filepath.Join(dir, recovery.DiskFile)
 	linked := os.Link(disk, dst) == nil
 	in, err := inputfile.Open(disk)
 	if err != nil {
@@ -227,7 +227,7 @@ func stagePayload(ctx context.Context, dir, disk, agent string, rec *format.Reco
 	if err != nil {
 		return err
 	}
-	c := format.NewChunker()
+	c := recovery.NewChunker()
 	t := p.Task("record "+disk, fi.Size())
 	var w io.Writer = io.MultiWriter(c, t)
 	var out *os.File
@@ -247,7 +247,7 @@ func stagePayload(ctx context.Context, dir, disk, agent string, rec *format.Reco
 		return fmt.Errorf("stage %s: %w", disk, err)
 	}
 	c.Fill(rec)
-	return writeJSON(filepath.Join(dir, format.RecordFile), rec)
+	return writeJSON(filepath.Join(dir, recovery.RecordFile), rec)
 }
 
 func writeJSON(p string, v any) error {

@@ -13,7 +13,7 @@ import (
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	bundlefmt "github.com/kiln-appliance/kiln/systemd/contract/bundle"
-	"github.com/kiln-appliance/kiln/systemd/contract/reflash"
+	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 )
 
 // imageKind is what kiln verify, inspect and write were given.
@@ -75,7 +75,7 @@ func identify(path string) (identity, error) {
 		switch {
 		case strings.EqualFold(p.Type, bundlefmt.PartitionType):
 			return identity{kind: bundleImage}, nil
-		case p.Name == reflash.PartitionName:
+		case p.Name == recovery.PartitionName:
 			return identity{kind: reflashStick}, nil
 		case p.Name == contract.PartitionName:
 			return identity{kind: kilnDisk}, nil

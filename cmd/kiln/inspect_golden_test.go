@@ -14,7 +14,7 @@ import (
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	bundlefmt "github.com/kiln-appliance/kiln/systemd/contract/bundle"
-	reflashfmt "github.com/kiln-appliance/kiln/systemd/contract/reflash"
+	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 	"github.com/kiln-appliance/kiln/test/golden"
 )
 
@@ -58,7 +58,7 @@ func TestInspectGolden(t *testing.T) {
 		Path: "reflash.img",
 		Layout: &partitions.Layout{Size: 1 << 30, SectorSize: 512, GUID: "0A1B2C3D-0000-4000-8000-000000000001", Partitions: []partitions.Partition{
 			{Number: 1, Name: "root", Type: "0FC63DAF-8483-4772-8E79-3D69D8477DE4", GUID: "0A1B2C3D-0001-4000-8000-000000000001", FirstLBA: 2048, LastLBA: 526335, Offset: 1 << 20, Size: 256 << 20, Filesystem: "ext4", Label: "root"},
-			{Number: 2, Name: reflashfmt.PartitionName, Type: reflashfmt.PartitionType, GUID: "0A1B2C3D-0002-4000-8000-000000000001", FirstLBA: 526336, LastLBA: 1574911, Offset: 257 << 20, Size: 512 << 20, Filesystem: "squashfs"},
+			{Number: 2, Name: recovery.PartitionName, Type: recovery.PartitionType, GUID: "0A1B2C3D-0002-4000-8000-000000000001", FirstLBA: 526336, LastLBA: 1574911, Offset: 257 << 20, Size: 512 << 20, Filesystem: "squashfs"},
 		}},
 		Disk: reflashstick.Disk{Size: 480 << 20, SHA256: d("4"), DiskGUID: "5E5E5E5E-0000-4000-8000-000000000001", Contents: &contract.Contents{
 			SchemaVersion: contract.ContentsVersion, Recipe: "acme", Version: "1.0.0", Arch: "amd64", LockDigest: d("2"), Created: 315532800, Kiln: kiln,
@@ -66,13 +66,13 @@ func TestInspectGolden(t *testing.T) {
 			Files:    []contract.File{{Path: "bin/kiln", Size: 11 << 20, Digest: d("7")}},
 			Registry: contract.Registry{Listen: "127.0.0.1:5050", MirrorTags: true, Upstreams: []string{"quay.io"}},
 		}},
-		Target: reflashfmt.Target{Path: "/dev/disk/by-path/pci-0000:00:1f.2-ata-1", MinSize: 64 << 30},
+		Target: recovery.Target{Path: "/dev/disk/by-path/pci-0000:00:1f.2-ata-1", MinSize: 64 << 30},
 		Agent:  reflashstick.Agent{Size: 11 << 20, Digest: d("7"), Version: &agent},
 		Kiln:   &kiln,
 	}
 	// A stick made before kiln recorded what it carries.
 	bare := *stick
-	bare.Disk.Contents, bare.Agent.Version, bare.Kiln, bare.Target, bare.Unattended = nil, nil, nil, reflashfmt.Target{}, true
+	bare.Disk.Contents, bare.Agent.Version, bare.Kiln, bare.Target, bare.Unattended = nil, nil, nil, recovery.Target{}, true
 
 	for name, print := range map[string]func(*bytes.Buffer, string) error{
 		"bundle-delta":          func(w *bytes.Buffer, f string) error { return printBundle(w, delta, f) },

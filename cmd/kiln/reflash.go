@@ -6,20 +6,20 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/reflash"
-	format "github.com/kiln-appliance/kiln/systemd/contract/reflash"
+	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 )
 
 func newReflashCommand() *cobra.Command {
 	var (
 		unattended, noPowerOff bool
 		candidates             []string
-		target                 format.Target
+		target                 recovery.Target
 	)
 	cmd := &cobra.Command{
 		Use:   "reflash [PAYLOAD]",
 		Short: "Write the appliance disk a reflash stick carries to the replacement disk, read it back, power off",
 		Long: `Run by the reflash stick's unit on the console. PAYLOAD is the stick's mounted payload partition
-(default ` + format.MountPoint + `). Picks the target disk by the stick's rule (default: the one
+(default ` + recovery.MountPoint + `). Picks the target disk by the stick's rule (default: the one
 non-removable disk that is neither the stick nor mounted), refusing when none or several fit, or
 when it is smaller than the appliance disk; shows it and asks once (unless unattended); writes the
 stick's disk image, each 4 MiB checked against its record just before, and reads every 64 MiB back
@@ -27,7 +27,7 @@ from the disk (flushed, O_DIRECT) while the next is written, the partition table
 "done — remove the stick and power on" and powers off.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			payload := format.MountPoint
+			payload := recovery.MountPoint
 			if len(args) == 1 {
 				payload = args[0]
 			}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder/reflashstick"
 	"github.com/kiln-appliance/kiln/partitions"
-	format "github.com/kiln-appliance/kiln/systemd/contract/reflash"
+	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 )
 
 // The stick: a valid GPT, a valid Ignition config running the reflash, a
@@ -46,9 +46,9 @@ func TestReflashStick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, ok := layout.Find(format.PartitionName)
-	if !ok || !strings.EqualFold(p.Type, format.PartitionType) {
-		t.Fatalf("no %s partition of type %s: %+v", format.PartitionName, format.PartitionType, layout.Partitions)
+	p, ok := layout.Find(recovery.PartitionName)
+	if !ok || !strings.EqualFold(p.Type, recovery.PartitionType) {
+		t.Fatalf("no %s partition of type %s: %+v", recovery.PartitionName, recovery.PartitionType, layout.Partitions)
 	}
 	ign, err := partitions.ReadIgnition(stick)
 	if err != nil {
@@ -57,7 +57,7 @@ func TestReflashStick(t *testing.T) {
 	ignPath := filepath.Join(f.dir, "stick.ign")
 	os.WriteFile(ignPath, ign, 0o644)
 	run(t, "ignition-validate", ignPath)
-	for _, want := range []string{format.Unit, "run-kiln-reflash.mount", "agent reflash --unattended", "by-partuuid/" + strings.ToLower(p.GUID)} {
+	for _, want := range []string{recovery.Unit, "run-kiln-reflash.mount", "agent reflash --unattended", "by-partuuid/" + strings.ToLower(p.GUID)} {
 		if !strings.Contains(string(ign), want) {
 			t.Errorf("the stick's Ignition config lacks %q", want)
 		}
@@ -82,16 +82,16 @@ func TestReflashStick(t *testing.T) {
 		t.Errorf("kiln write of a damaged stick: exit %d\n%s", code, out)
 	}
 
-	mnt := mountPartition(t, stick, format.PartitionName)
-	if got, want := sha256File(t, filepath.Join(mnt, format.DiskFile)), sha256File(t, disk); got != want {
+	mnt := mountPartition(t, stick, recovery.PartitionName)
+	if got, want := sha256File(t, filepath.Join(mnt, recovery.DiskFile)), sha256File(t, disk); got != want {
 		t.Fatalf("the payload's disk has sha256 %s, the appliance disk %s", got, want)
 	}
-	var rec format.Record
-	b, _ = os.ReadFile(filepath.Join(mnt, format.RecordFile))
+	var rec recovery.Record
+	b, _ = os.ReadFile(filepath.Join(mnt, recovery.RecordFile))
 	if err := json.Unmarshal(b, &rec); err != nil || rec.SHA256 != "sha256:"+sha256File(t, disk) || !rec.Unattended {
 		t.Fatalf("record %s: %v", b, err)
 	}
-	if fi, err := os.Stat(filepath.Join(mnt, format.AgentBinary)); err != nil || fi.Mode()&0o111 == 0 {
+	if fi, err := os.Stat(filepath.Join(mnt, recovery.AgentBinary)); err != nil || fi.Mode()&0o111 == 0 {
 		t.Fatalf("agent on the stick: %v %v", fi, err)
 	}
 
@@ -129,8 +129,8 @@ func TestReflashStickFromRecipe(t *testing.T) {
 	}
 	disk := filepath.Join(f.dir, "appliance.raw")
 	mustKiln(t, f, "build", f.recipe, "-o", disk)
-	mnt := mountPartition(t, stick, format.PartitionName)
-	if got, want := sha256File(t, filepath.Join(mnt, format.DiskFile)), sha256File(t, disk); got != want {
+	mnt := mountPartition(t, stick, recovery.PartitionName)
+	if got, want := sha256File(t, filepath.Join(mnt, recovery.DiskFile)), sha256File(t, disk); got != want {
 		t.Fatalf("the payload's disk has sha256 %s, kiln build's disk %s", got, want)
 	}
 

@@ -10,17 +10,17 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/bundle"
-	"github.com/kiln-appliance/kiln/builder/flash"
+	"github.com/kiln-appliance/kiln/builder/stickwrite"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	"github.com/kiln-appliance/kiln/systemd/contract/reflash"
+	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 )
 
 func init() { subcommands = append(subcommands, newWriteCommand) }
 
 func newWriteCommand() *cobra.Command {
 	var (
-		o        flash.Options
+		o        stickwrite.Options
 		noVerify bool
 		keys     []string
 	)
@@ -41,7 +41,7 @@ kernel's cache and reads every byte back, comparing sha256. It says "done" only 
 			if !fi.Mode().IsRegular() {
 				return fmt.Errorf("image %s is not a regular file: give the image file to write: a disk (kiln build -o), an upgrade stick image (kiln bundle -o) or a recovery stick image (kiln reflash-stick -o)", image)
 			}
-			d, err := flash.Open(dev)
+			d, err := stickwrite.Open(dev)
 			if err != nil {
 				return err
 			}
@@ -53,7 +53,7 @@ kernel's cache and reads every byte back, comparing sha256. It says "done" only 
 			if err := checkImage(cmd, image, keys, noVerify); err != nil {
 				return err
 			}
-			digest, err := flash.Write(cmd.Context(), image, d, newProgress())
+			digest, err := stickwrite.Write(cmd.Context(), image, d, newProgress())
 			if err != nil {
 				return err
 			}
@@ -88,7 +88,7 @@ func checkImage(cmd *cobra.Command, image string, keys []string, noVerify bool) 
 		}
 		return nil
 	case reflashStick:
-		if _, err := partitions.VerifyDisk(cmd.Context(), image, partitions.VerifyOptions{PartitionName: reflash.PartitionName}); err != nil {
+		if _, err := partitions.VerifyDisk(cmd.Context(), image, partitions.VerifyOptions{PartitionName: recovery.PartitionName}); err != nil {
 			return fmt.Errorf("not writing %s: %s failed verification; the stick image is damaged or was modified: make it again: %w", image, image, err)
 		}
 		return nil
@@ -108,7 +108,7 @@ func checkImage(cmd *cobra.Command, image string, keys []string, noVerify bool) 
 // verifyReflashStick checks a stick image (or a written stick) against the
 // seal kiln reflash-stick left in it: every byte, the payload by sha256.
 func verifyReflashStick(cmd *cobra.Command, path string) error {
-	rep, err := partitions.VerifyDisk(cmd.Context(), path, partitions.VerifyOptions{PartitionName: reflash.PartitionName})
+	rep, err := partitions.VerifyDisk(cmd.Context(), path, partitions.VerifyOptions{PartitionName: recovery.PartitionName})
 	if err != nil {
 		return fmt.Errorf("%s failed verification; the stick is damaged or was modified: make or write it again:\n  %w", path, err)
 	}

@@ -1,6 +1,6 @@
 // Package blockdev describes whole block devices as sysfs does and writes,
 // flushes and reads them back. Both sides use it: the factory's `kiln write`
-// (builder/flash) and the node's `kiln agent reflash`, which may not import
+// (builder/stickwrite) and the node's `kiln agent reflash`, which may not import
 // the factory's packages.
 package blockdev
 

@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/kiln-appliance/kiln/ignition"
-	format "github.com/kiln-appliance/kiln/systemd/contract/reflash"
+	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 )
 
 // ReflashParams are the inputs of a reflash stick's units.
@@ -13,7 +13,7 @@ type ReflashParams struct {
 	Unattended    bool   // do not ask on the console (the record may say so too)
 }
 
-// reflashMountUnit is systemd's name for format.MountPoint's mount unit
+// reflashMountUnit is systemd's name for recovery.MountPoint's mount unit
 // (systemd-escape --path --suffix=mount /run/kiln/reflash).
 const reflashMountUnit = "run-kiln-reflash.mount"
 
@@ -26,9 +26,9 @@ func RenderReflash(p ReflashParams) ([]ignition.Unit, error) {
 	v := struct {
 		PartitionGUID, MountPoint, MountUnit, Agent string
 		Unattended                                  bool
-	}{p.PartitionGUID, format.MountPoint, reflashMountUnit, format.MountPoint + "/" + format.AgentBinary, p.Unattended}
+	}{p.PartitionGUID, recovery.MountPoint, reflashMountUnit, recovery.MountPoint + "/" + recovery.AgentBinary, p.Unattended}
 	var units []ignition.Unit
-	for _, name := range []string{format.Unit, reflashMountUnit} {
+	for _, name := range []string{recovery.Unit, reflashMountUnit} {
 		text, err := renderUnit(name, v)
 		if err != nil {
 			return nil, err

@@ -13,7 +13,7 @@ import (
 	"github.com/kiln-appliance/kiln/ignition"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	"github.com/kiln-appliance/kiln/systemd/contract/reflash"
+	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 	"github.com/kiln-appliance/kiln/test/golden"
 )
 
@@ -204,8 +204,8 @@ func verify(t *testing.T, units []ignition.Unit, files ...ignition.File) {
 		mustRun(t, "cp", bin, filepath.Join(root, bin))
 	}
 	mustRun(t, "cp", "/usr/bin/true", filepath.Join(root, contract.AgentPath))
-	mustRun(t, "mkdir", "-p", filepath.Join(root, reflash.MountPoint, "bin"))
-	mustRun(t, "cp", "/usr/bin/true", filepath.Join(root, reflash.MountPoint, reflash.AgentBinary))
+	mustRun(t, "mkdir", "-p", filepath.Join(root, recovery.MountPoint, "bin"))
+	mustRun(t, "cp", "/usr/bin/true", filepath.Join(root, recovery.MountPoint, recovery.AgentBinary))
 	var paths []string
 	for _, u := range units {
 		p := filepath.Join(unitDir, u.Name)

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	format "github.com/kiln-appliance/kiln/systemd/contract/reflash"
+	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 	"github.com/kiln-appliance/kiln/test/paired"
 )
 
@@ -31,8 +31,8 @@ func BenchmarkReflashVsDD(b *testing.B) {
 	dir := b.TempDir()
 	payloadDir := filepath.Join(dir, "payload")
 	os.Mkdir(payloadDir, 0o755)
-	img := filepath.Join(payloadDir, format.DiskFile)
-	c := format.NewChunker()
+	img := filepath.Join(payloadDir, recovery.DiskFile)
+	c := recovery.NewChunker()
 	f, err := os.Create(img)
 	if err != nil {
 		b.Fatal(err)
@@ -48,7 +48,7 @@ func BenchmarkReflashVsDD(b *testing.B) {
 		c.Write(buf)
 	}
 	f.Close()
-	rec := format.Record{}
+	rec := recovery.Record{}
 	c.Fill(&rec)
 	writeRecord(b, payloadDir, rec)
 

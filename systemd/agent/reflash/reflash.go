@@ -26,7 +26,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/blockdev"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	format "github.com/kiln-appliance/kiln/systemd/contract/reflash"
+	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 )
 
 // Option configures a reflash.
@@ -42,7 +42,7 @@ func WithConsole(in io.Reader, out io.Writer) Option {
 func WithUnattended() Option { return func(r *reflasher) { r.unattended = true } }
 
 // WithTarget replaces the record's target rule.
-func WithTarget(t format.Target) Option { return func(r *reflasher) { r.rule = &t } }
+func WithTarget(t recovery.Target) Option { return func(r *reflasher) { r.rule = &t } }
 
 // WithCandidates limits the disks considered to these paths (tests: loop
 // devices are otherwise skipped as virtual).
@@ -66,7 +66,7 @@ type reflasher struct {
 	in         io.Reader
 	out        io.Writer
 	unattended bool
-	rule       *format.Target
+	rule       *recovery.Target
 	candidates []string
 	sysfs      string
 	bootMounts []string
@@ -95,11 +95,11 @@ func Run(ctx context.Context, payload string, opts ...Option) error {
 		o(r)
 	}
 	r.progress = progress.New(r.out, false, progress.Every(progressEvery))
-	rec, err := format.Read(payload)
+	rec, err := recovery.Read(payload)
 	if err != nil {
 		return fmt.Errorf("%w; use another stick", err)
 	}
-	image := filepath.Join(payload, format.DiskFile)
+	image := filepath.Join(payload, recovery.DiskFile)
 	if fi, err := os.Stat(image); err != nil {
 		return fmt.Errorf("the stick's disk image: %w; use another stick", err)
 	} else if fi.Size() != rec.Size {
@@ -134,7 +134,7 @@ func Run(ctx context.Context, payload string, opts ...Option) error {
 	switch {
 	case errors.As(err, &rerr):
 		return fmt.Errorf("read back %s: %w: the disk did not keep what was written%s; run the reflash again, or use another disk", target.Path, rerr.error, rerr.headNote())
-	case errors.Is(err, format.ErrDamaged):
+	case errors.Is(err, recovery.ErrDamaged):
 		return fmt.Errorf("the stick is damaged: its disk image, %w; %s was left without a partition table, so it does not boot half-written; use another stick", err, target.Path)
 	case errors.As(err, &werr):
 		return fmt.Errorf("write %s: %w: the disk is incomplete and will not boot; run the reflash again, or use another disk", target.Path, werr.error)
@@ -164,7 +164,7 @@ func (r *reflasher) holds(d *blockdev.Device) string {
 }
 
 // confirm asks once on the console: "yes" or the disk's serial.
-func (r *reflasher) confirm(rec *format.Record, d *blockdev.Device) error {
+func (r *reflasher) confirm(rec *recovery.Record, d *blockdev.Device) error {
 	if r.unattended || rec.Unattended {
 		fmt.Fprintln(r.out, "kiln reflash: unattended stick: not asking")
 		return nil
@@ -228,7 +228,7 @@ const regionChunks = 16 // 64 MiB
 // partition table, never one that looks bootable and is not
 // (coreos-installer does the same). An all-zero chunk is written only where
 // the target does not already read zero. It returns the bytes skipped.
-func (r *reflasher) write(ctx context.Context, rec *format.Record, image string, d *blockdev.Device) (int64, error) {
+func (r *reflasher) write(ctx context.Context, rec *recovery.Record, image string, d *blockdev.Device) (int64, error) {
 	in, err := os.Open(image)
 	if err != nil {
 		return 0, fmt.Errorf("the stick's disk image: %w", err)
@@ -246,8 +246,8 @@ func (r *reflasher) write(ctx context.Context, rec *format.Record, image string,
 		return 0, targetError{err}
 	}
 	defer back.Close()
-	old := make([]byte, format.ChunkSize)
-	head := min(format.ChunkSize, rec.Size)
+	old := make([]byte, recovery.ChunkSize)
+	head := min(recovery.ChunkSize, rec.Size)
 	if _, err := back.ReadAt(old[:head], 0); err != nil {
 		return 0, targetError{err}
 	}
@@ -303,7 +303,7 @@ type region struct {
 
 // writeAndReadBack writes every chunk but the first (which it returns) and
 // reads each region back once it is written, as write says.
-func (r *reflasher) writeAndReadBack(ctx context.Context, rec *format.Record, in io.ReaderAt, out *os.File, back io.ReaderAt,
+func (r *reflasher) writeAndReadBack(ctx context.Context, rec *recovery.Record, in io.ReaderAt, out *os.File, back io.ReaderAt,
 	wt, rt io.Writer) (skipped int64, first []byte, err error) {
 	n := len(rec.Chunks)
 	written := make(chan region, n/r.region+2) // never blocks the writer
@@ -340,13 +340,13 @@ func (r *reflasher) writeAndReadBack(ctx context.Context, rec *format.Record, in
 	})
 	g.Go(func() error {
 		defer close(written)
-		old := make([]byte, format.ChunkSize)
+		old := make([]byte, recovery.ChunkSize)
 		reg := region{from: 1, to: 1}
 		// put writes chunk i (b, checked against the record) unless it is
 		// zero and the target reads zero there, and keeps a copy of a data
 		// chunk for the read-back.
 		put := func(i int, b []byte) error {
-			off := int64(i) * format.ChunkSize
+			off := int64(i) * recovery.ChunkSize
 			if zero(b) {
 				reg.data = append(reg.data, nil)
 				if _, rerr := back.ReadAt(old[:len(b)], off); rerr == nil && zero(old[:len(b)]) {
@@ -361,7 +361,7 @@ func (r *reflasher) writeAndReadBack(ctx context.Context, rec *format.Record, in
 					return ctx.Err()
 				}
 				if c == nil {
-					c = make([]byte, format.ChunkSize)
+					c = make([]byte, recovery.ChunkSize)
 				}
 				c = c[:copy(c[:cap(c)], b)]
 				reg.data = append(reg.data, c)
@@ -387,7 +387,7 @@ func (r *reflasher) writeAndReadBack(ctx context.Context, rec *format.Record, in
 			return nil
 		})
 		var terr targetError
-		if err != nil && !errors.As(err, &terr) && !errors.Is(err, format.ErrDamaged) && !errors.Is(err, context.Canceled) {
+		if err != nil && !errors.As(err, &terr) && !errors.Is(err, recovery.ErrDamaged) && !errors.Is(err, context.Canceled) {
 			err = fmt.Errorf("read the stick's disk image: %w", err)
 		}
 		return err
@@ -398,7 +398,7 @@ func (r *reflasher) writeAndReadBack(ctx context.Context, rec *format.Record, in
 
 // sameAs checks a chunk read back against data, the stick's bytes of the
 // chunks from on, already checked against the record (nil: zeros).
-func sameAs(rec *format.Record, data [][]byte, from int) func(i int, b []byte) error {
+func sameAs(rec *recovery.Record, data [][]byte, from int) func(i int, b []byte) error {
 	return func(i int, b []byte) error {
 		want := data[i-from]
 		if want == nil {

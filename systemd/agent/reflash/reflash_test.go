@@ -13,7 +13,7 @@ import (
 	"strings"
 	"testing"
 
-	format "github.com/kiln-appliance/kiln/systemd/contract/reflash"
+	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 )
 
 const mib = 1 << 20
@@ -29,24 +29,24 @@ func testImage() []byte {
 }
 
 // payload writes a stick's payload directory for img.
-func payload(t *testing.T, img []byte, rec format.Record) string {
+func payload(t *testing.T, img []byte, rec recovery.Record) string {
 	t.Helper()
 	dir := t.TempDir()
-	c := format.NewChunker()
+	c := recovery.NewChunker()
 	c.Write(img)
 	c.Fill(&rec)
 	writeRecord(t, dir, rec)
-	if err := os.WriteFile(filepath.Join(dir, format.DiskFile), img, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, recovery.DiskFile), img, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return dir
 }
 
-func writeRecord(t testing.TB, dir string, rec format.Record) {
+func writeRecord(t testing.TB, dir string, rec recovery.Record) {
 	t.Helper()
 	rec.DiskGUID = "00000000-0000-0000-0000-000000000001"
 	b, _ := json.Marshal(rec)
-	if err := os.WriteFile(filepath.Join(dir, format.RecordFile), b, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, recovery.RecordFile), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -108,7 +108,7 @@ func reflash(t *testing.T, dir string, opts ...Option) (string, int, error) {
 
 func TestReflashWritesReadsBackAndPowersOff(t *testing.T) {
 	img := testImage()
-	dir := payload(t, img, format.Record{})
+	dir := payload(t, img, recovery.Record{})
 	// The target held data where the image is zero (written), and zeros
 	// elsewhere past it (skipped).
 	old := make([]byte, 24*mib)
@@ -150,7 +150,7 @@ func TestReflashWritesReadsBackAndPowersOff(t *testing.T) {
 // Every refusal: the message, no power-off, and the target unchanged.
 func TestReflashRefuses(t *testing.T) {
 	img := testImage()
-	good := payload(t, img, format.Record{})
+	good := payload(t, img, recovery.Record{})
 	for _, tc := range []struct {
 		name  string
 		setup func(t *testing.T) (target string, opts []Option)
@@ -171,11 +171,11 @@ func TestReflashRefuses(t *testing.T) {
 		}, good, []string{"no disk to write the appliance to", "the disk this system booted from", "nothing was written"}},
 		{"the rule names a mounted disk", func(t *testing.T) (string, []Option) {
 			d, _ := mounted(t)
-			return d, []Option{WithTarget(format.Target{Path: d}), WithUnattended()}
+			return d, []Option{WithTarget(recovery.Target{Path: d}), WithUnattended()}
 		}, good, []string{"is in use", "is mounted on", "nothing was written"}},
 		{"the rule names the boot disk", func(t *testing.T) (string, []Option) {
 			d, mnt := mounted(t)
-			return d, []Option{WithTarget(format.Target{Path: d}), WithBootMounts(mnt), WithUnattended()}
+			return d, []Option{WithTarget(recovery.Target{Path: d}), WithBootMounts(mnt), WithUnattended()}
 		}, good, []string{"the disk this system booted from", "refusing to overwrite it"}},
 		{"not confirmed", func(t *testing.T) (string, []Option) {
 			d := loop(t, 32*mib, []byte("keep"))
@@ -219,8 +219,8 @@ func TestReflashDamagedStickLeavesNoPartitionTable(t *testing.T) {
 		{"in the last chunk", 20*mib - 1, "bytes 16777216–20971520 (chunk 5 of 5)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := payload(t, img, format.Record{})
-			f, err := os.OpenFile(filepath.Join(dir, format.DiskFile), os.O_RDWR, 0)
+			dir := payload(t, img, recovery.Record{})
+			f, err := os.OpenFile(filepath.Join(dir, recovery.DiskFile), os.O_RDWR, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -239,7 +239,7 @@ func TestReflashDamagedStickLeavesNoPartitionTable(t *testing.T) {
 
 // The boot disk is skipped, not refused, when another disk is there.
 func TestReflashSkipsTheBootDisk(t *testing.T) {
-	dir := payload(t, testImage(), format.Record{Unattended: true})
+	dir := payload(t, testImage(), recovery.Record{Unattended: true})
 	boot, mnt := mounted(t)
 	blank := loop(t, 32*mib, nil)
 	out, _, err := reflash(t, dir, WithCandidates(boot, blank), WithBootMounts(mnt))
@@ -270,11 +270,11 @@ func TestReflashReadBackMismatchLeavesNoPartitionTable(t *testing.T) {
 		{"in the first chunk, read back last", 2, 17, "bytes 0–4194304 (chunk 1 of 5) does not match"}, // zeroed again
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := payload(t, img, format.Record{})
+			dir := payload(t, img, recovery.Record{})
 			old := make([]byte, 24*mib)
 			copy(old, bytes.Repeat([]byte("old disk"), 12*mib/8)) // an old partition table, old data at 4–12 MiB where the image is zero (written), none at 12–16 MiB (skipped)
 			dev := loop(t, 32*mib, old)
-			chunk := int(tc.at / format.ChunkSize)
+			chunk := int(tc.at / recovery.ChunkSize)
 			changed := false
 			corrupt := func(from, to int) {
 				if chunk < from || chunk >= to {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/internal/blockdev"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	format "github.com/kiln-appliance/kiln/systemd/contract/reflash"
+	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 )
 
 // virtual are kernel disk names that are never a replacement disk.
@@ -22,7 +22,7 @@ type candidate struct {
 }
 
 // pick chooses the one disk to write, or refuses naming every disk it saw.
-func (r *reflasher) pick(rule format.Target, size int64) (*blockdev.Device, error) {
+func (r *reflasher) pick(rule recovery.Target, size int64) (*blockdev.Device, error) {
 	paths, err := r.candidatePaths(rule)
 	if err != nil {
 		return nil, err
@@ -72,7 +72,7 @@ func (r *reflasher) pick(rule format.Target, size int64) (*blockdev.Device, erro
 
 // candidatePaths: the given list (tests), the rule's glob, or every
 // non-virtual disk in sysfs.
-func (r *reflasher) candidatePaths(rule format.Target) ([]string, error) {
+func (r *reflasher) candidatePaths(rule recovery.Target) ([]string, error) {
 	if r.candidates != nil {
 		return r.candidates, nil
 	}
@@ -143,7 +143,7 @@ func mountOf(mounts []blockdev.Mount, path string) (blockdev.Mount, bool) {
 // exclusion says why d may not be the target, "" if it may. A disk the
 // rule names explicitly but that is in use is an error, not a skip: the
 // recipe meant it, and it must be freed first.
-func (r *reflasher) exclusion(d *blockdev.Device, rule format.Target, excluded map[string]string) (string, error) {
+func (r *reflasher) exclusion(d *blockdev.Device, rule recovery.Target, excluded map[string]string) (string, error) {
 	if why, ok := excluded[d.Name]; ok {
 		if rule.Path != "" {
 			return "", fmt.Errorf("the recipe's target %q matches %s, %s: refusing to overwrite it; nothing was written", rule.Path, d, why)
@@ -183,7 +183,7 @@ func globMatch(pattern, s string) bool {
 	return err == nil && ok
 }
 
-func ruleText(t format.Target) string {
+func ruleText(t recovery.Target) string {
 	if t.IsZero() {
 		return "default rule: " + t.String()
 	}

@@ -1,8 +1,8 @@
-// Package flash writes a disk or stick image onto a whole block device on
+// Package stickwrite writes a disk or stick image onto a whole block device on
 // the factory host (`kiln write`) and proves it by reading every byte back.
 // It refuses, before writing anything, devices that are not whole disks,
 // are in use, are not removable (unless forced) or are too small.
-package flash
+package stickwrite
 
 import (
 	"context"

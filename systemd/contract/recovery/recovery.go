@@ -1,4 +1,4 @@
-// Package reflash is the format of a recovery reflash stick (kiln
+// Package recovery is the format of a recovery (reflash) stick (kiln
 // reflash-stick), shared by the factory that writes it and the node-edition
 // agent that runs from it (kiln agent reflash).
 //
@@ -10,7 +10,7 @@
 //	/bin/kiln       the node edition of kiln, which the stick's unit runs
 //	/about.json     About: the disk's kiln.json and which kiln the agent is, for kiln inspect
 //	                (the reflash reads none of it; sticks made before 2026-11-26 lack it)
-package reflash
+package recovery
 
 import (
 	"bytes"

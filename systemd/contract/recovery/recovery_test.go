@@ -1,4 +1,4 @@
-package reflash
+package recovery
 
 import (
 	"bytes"
