@@ -14,6 +14,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/kiln-appliance/kiln/builder/fetch"
+	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/partitions"
@@ -277,7 +278,7 @@ func agentBinary(path, arch string) (string, error) {
 		if !fileExists(path) {
 			size := "?"
 			if fi, err := os.Stat(exe); err == nil {
-				size = contract.Bytes(fi.Size())
+				size = human.Bytes(fi.Size())
 			}
 			return "", fmt.Errorf("no %s beside %s: the node runs kiln's node edition, %s, which `make build` writes beside kiln: put it there, or name it with --agent FILE (--agent %s would put this factory binary, %s, on the node instead, four times the size)",
 				NodeBinaryName, exe, NodeBinaryName, exe, size)

@@ -11,6 +11,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/kiln-appliance/kiln/ignition"
+	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/recipes"
@@ -153,7 +154,7 @@ func (b *build) checkSizes(lock *recipes.Lock) error {
 		return fmt.Errorf("agent binary: %w", err)
 	}
 	least := fi.Size()
-	known := fmt.Sprintf("the node's kiln binary (%s)", contract.Bytes(least))
+	known := fmt.Sprintf("the node's kiln binary (%s)", human.Bytes(least))
 	if lock != nil && r.ImagePartition.Compression == "none" {
 		var largest recipes.LockedImage
 		for _, img := range r.Images {
@@ -163,7 +164,7 @@ func (b *build) checkSizes(lock *recipes.Lock) error {
 		}
 		if largest.Size > 0 {
 			least += largest.Size
-			known += fmt.Sprintf(" and the largest served image, %s (%s as locked),", largest.Name, contract.Bytes(largest.Size))
+			known += fmt.Sprintf(" and the largest served image, %s (%s as locked),", largest.Name, human.Bytes(largest.Size))
 		}
 	}
 	return b.sizeError(partitions.CheckSizes(b.diskOptions(), least, known))

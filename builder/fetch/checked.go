@@ -13,6 +13,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/kiln-appliance/kiln/builder/internal/leftover"
+	"github.com/kiln-appliance/kiln/internal/filestamp"
 )
 
 // A build packs a local oci: layout's blobs from where they lie and checks
@@ -22,8 +23,9 @@ import (
 // what changed, as a rebuild from the cache does. A stamp is only as good
 // as "the file was not written since": any write or replacement changes its
 // ctime, which no user can set back; a file changed within the clock's
-// granularity of being stamped is never recorded (racyWindow), nor a file on
-// a filesystem that may not move ctime (stampable).
+// granularity of being stamped is never recorded (filestamp.RacyWindow), nor
+// a file on a filesystem that may not move ctime (filestamp.MovesCtime; a
+// read-only one is not enough: the record outlives the mount).
 
 // Stamp is a source file's state: device, inode, size, and the times any
 // write or replacement moves.
@@ -35,18 +37,7 @@ type Stamp struct {
 	Mtime int64  `json:"mtimeNs"`
 	Ctime int64  `json:"ctimeNs"`
 	taken time.Time
-	local bool // on a filesystem known to move ctime on every write (stampable)
-}
-
-// stampable are the filesystems whose ctime moves with every change of the
-// file, through them and nothing else (statfs f_type). FUSE, network and
-// overlay filesystems may keep or fake ctime: files there are always hashed.
-var stampable = map[int64]bool{
-	unix.EXT4_SUPER_MAGIC:  true, // ext2/3/4
-	unix.XFS_SUPER_MAGIC:   true,
-	unix.BTRFS_SUPER_MAGIC: true,
-	unix.TMPFS_MAGIC:       true,
-	unix.F2FS_SUPER_MAGIC:  true,
+	local bool // on a filesystem known to move ctime on every write (filestamp.MovesCtime)
 }
 
 // StampOf stamps the file at path (following a symlink, as a reader's open
@@ -58,7 +49,7 @@ func StampOf(path string) (Stamp, error) {
 		return Stamp{}, &os.PathError{Op: "stat", Path: path, Err: err}
 	}
 	var fs unix.Statfs_t
-	local := unix.Statfs(path, &fs) == nil && stampable[int64(fs.Type)]
+	local := unix.Statfs(path, &fs) == nil && filestamp.MovesCtime(int64(fs.Type))
 	return Stamp{Path: path, Dev: uint64(st.Dev), Ino: st.Ino, Size: st.Size,
 		Mtime: st.Mtim.Nano(), Ctime: st.Ctim.Nano(), taken: now, local: local}, nil
 }
@@ -72,13 +63,6 @@ func (s Stamp) Same(o Stamp) bool { return s.SameContent(o) && s.Ctime == o.Ctim
 func (s Stamp) SameContent(o Stamp) bool {
 	return s.Path == o.Path && s.Dev == o.Dev && s.Ino == o.Ino && s.Size == o.Size && s.Mtime == o.Mtime
 }
-
-// racyWindow: a file whose mtime is this close to when it was stamped may
-// be written again within the same clock tick without its mtime moving
-// (git's "racy" case), so its stamp is not recorded. File times come from
-// the kernel's coarse clock, a tick of 1-10 ms (HZ 1000 to 100); the window
-// is ten times the longest.
-const racyWindow = 100 * time.Millisecond
 
 func (c *Cache) checkedPath(h v1.Hash) string {
 	return filepath.Join(c.dir, "checked", h.Algorithm, h.Hex)
@@ -104,7 +88,7 @@ func (c *Cache) Checked(d v1.Descriptor, s Stamp) bool {
 // build compares its ctime too). A stamp taken too soon after the file's
 // last write is not recorded.
 func (c *Cache) RecordChecked(d v1.Descriptor, s Stamp) error {
-	if !s.local || s.Size != d.Size || s.taken.Sub(time.Unix(0, s.Mtime)) < racyWindow {
+	if !s.local || s.Size != d.Size || s.taken.Sub(time.Unix(0, s.Mtime)) < filestamp.RacyWindow {
 		return nil
 	}
 	dir := filepath.Dir(c.checkedPath(d.Digest))

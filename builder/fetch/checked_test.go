@@ -9,6 +9,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/kiln-appliance/kiln/internal/filestamp"
 )
 
 // TestChecked: a recorded stamp vouches for its file only while nothing has
@@ -30,7 +32,7 @@ func TestChecked(t *testing.T) {
 			t.Fatal(err)
 		}
 		if aged {
-			time.Sleep(racyWindow + 50*time.Millisecond)
+			time.Sleep(filestamp.RacyWindow + 50*time.Millisecond)
 		}
 		return c, p
 	}

@@ -19,12 +19,12 @@ import (
 	"github.com/kiln-appliance/kiln/builder/stage"
 	"github.com/kiln-appliance/kiln/ignition"
 	"github.com/kiln-appliance/kiln/internal/blockdev"
+	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/recipes"
-	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 	"github.com/kiln-appliance/kiln/systemd/units"
 )
@@ -198,7 +198,7 @@ func buildDisk(ctx context.Context, recipePath, path string, epoch int64, o Opti
 		return "", err
 	}
 	if bo.Log != nil {
-		fmt.Fprintf(bo.Log, "built the appliance disk (%s, %d images, disk GUID %s)\n", contract.Bytes(res.Layout.Size), len(res.Contents.Images), res.Layout.GUID)
+		fmt.Fprintf(bo.Log, "built the appliance disk (%s, %d images, disk GUID %s)\n", human.Bytes(res.Layout.Size), len(res.Contents.Images), res.Layout.GUID)
 	}
 	return path, nil
 }

@@ -16,9 +16,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kiln-appliance/kiln/internal/blockdev"
+	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
-	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // Device is a whole block device as sysfs describes it.
@@ -54,11 +54,11 @@ func (d *Device) Check(size int64, o Options) error {
 	}
 	if !d.Removable && !o.Force {
 		return fmt.Errorf("%s (%s, %s) is not a removable device: it may be a disk of this host; "+
-			"check with lsblk that it is the stick, then run again with --force to write to it", d.Path, d.Name, contract.Bytes(d.Size))
+			"check with lsblk that it is the stick, then run again with --force to write to it", d.Path, d.Name, human.Bytes(d.Size))
 	}
 	if size > d.Size {
 		return fmt.Errorf("%s holds %s (%d bytes), the image needs %s (%d bytes): use a larger stick; nothing was written",
-			d.Path, contract.Bytes(d.Size), d.Size, contract.Bytes(size), size)
+			d.Path, human.Bytes(d.Size), d.Size, human.Bytes(size), size)
 	}
 	return nil
 }

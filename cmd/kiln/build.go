@@ -11,10 +11,9 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/fetch"
+	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/recipes"
-
-	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 func init() { subcommands = append(subcommands, newBuildCommand, newLockCommand) }
@@ -59,8 +58,8 @@ and left untouched by a failed or interrupted build.`,
 			}
 			// The disk GUID is the digest of the disk's seal: the factory's record
 			// that `kiln verify` and `kiln inspect` compare against.
-			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%s, %d images, disk GUID %s)\nagent: %s, %s\n", res.Output, contract.Bytes(res.Layout.Size),
-				len(res.Contents.Images), res.Layout.GUID, res.Agent.Version, contract.Bytes(res.Agent.Size))
+			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%s, %d images, disk GUID %s)\nagent: %s, %s\n", res.Output, human.Bytes(res.Layout.Size),
+				len(res.Contents.Images), res.Layout.GUID, res.Agent.Version, human.Bytes(res.Agent.Size))
 			return nil
 		},
 	}

@@ -12,11 +12,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-appliance/kiln/builder/bundle"
+	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/version"
 	bundlefmt "github.com/kiln-appliance/kiln/systemd/contract/bundle"
-
-	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 func init() { subcommands = append(subcommands, newBundleCommand) }
@@ -52,7 +51,7 @@ a full bundle that applies to any earlier release. See docs/bundles.md.`,
 			}
 			m := res.Manifest
 			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%s %s %s bundle, %s; %s of blobs; signed by %s)\nagent: %s\n",
-				res.Output, m.Recipe, m.Version, m.Kind, contract.Bytes(res.Size), contract.Bytes(m.Space.CopyBytes), res.KeyID,
+				res.Output, m.Recipe, m.Version, m.Kind, human.Bytes(res.Size), human.Bytes(m.Space.CopyBytes), res.KeyID,
 				agentLine(res.Agent, m.Agent, m.AgentOnStick))
 			return nil
 		},
@@ -91,7 +90,7 @@ func printBundle(w io.Writer, rep *bundle.Report, format string) error {
 		return enc.Encode(rep)
 	}
 	m := rep.Manifest
-	fmt.Fprintf(w, "Bundle %s: %s %s (%s), %s bundle, %s, %s\n", rep.Path, m.Recipe, m.Version, m.Arch, m.Kind, formatName(rep.Format), contract.Bytes(rep.Size))
+	fmt.Fprintf(w, "Bundle %s: %s %s (%s), %s bundle, %s, %s\n", rep.Path, m.Recipe, m.Version, m.Arch, m.Kind, formatName(rep.Format), human.Bytes(rep.Size))
 	if m.Kind == bundlefmt.KindFull {
 		fmt.Fprintln(w, "Applies to: any earlier release")
 	} else {
@@ -110,7 +109,7 @@ func printBundle(w io.Writer, rep *bundle.Report, format string) error {
 		fmt.Fprintf(w, "Made by: not recorded (manifest schema %d)\n", m.SchemaVersion)
 	}
 	fmt.Fprintf(w, "Agent: %s\n", agentLine(m.AgentVersion, m.Agent, m.AgentOnStick))
-	fmt.Fprintf(w, "Space on the node: %s of blobs to copy, %s unpacked\n\n", contract.Bytes(m.Space.CopyBytes), contract.Bytes(m.Space.UnpackedBytes))
+	fmt.Fprintf(w, "Space on the node: %s of blobs to copy, %s unpacked\n\n", human.Bytes(m.Space.CopyBytes), human.Bytes(m.Space.UnpackedBytes))
 	onStick := map[string]bool{}
 	for _, b := range m.Blobs {
 		onStick[b.Digest] = b.OnStick
@@ -124,13 +123,13 @@ func printBundle(w io.Writer, rep *bundle.Report, format string) error {
 				n++
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d of %d\n", img.Name, short(img.Digest), contract.Bytes(img.Size), yesNo(img.Served), yesNo(img.Preloaded), n, len(img.Blobs)+1)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d of %d\n", img.Name, short(img.Digest), human.Bytes(img.Size), yesNo(img.Served), yesNo(img.Preloaded), n, len(img.Blobs)+1)
 	}
 	tw.Flush()
 	if len(m.ReleaseFiles) > 0 {
 		fmt.Fprintln(w, "\nRelease files:")
 		for _, f := range m.ReleaseFiles {
-			fmt.Fprintf(w, "  %s (%04o, %s)\n", f.Path, f.Mode, contract.Bytes(f.Size))
+			fmt.Fprintf(w, "  %s (%04o, %s)\n", f.Path, f.Mode, human.Bytes(f.Size))
 		}
 	}
 	fmt.Fprintln(w, "\nTrusted keys after this release:")
@@ -158,5 +157,5 @@ func agentLine(v version.Info, f bundlefmt.File, onStick bool) string {
 	if !onStick {
 		where = "not on the stick: every node it applies to runs this very agent, and keeps it"
 	}
-	return fmt.Sprintf("%s, %s, %s", which, contract.Bytes(f.Size), where)
+	return fmt.Sprintf("%s, %s, %s", which, human.Bytes(f.Size), where)
 }

@@ -21,6 +21,7 @@ import (
 	"testing"
 
 	"github.com/kiln-appliance/kiln/builder"
+	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
@@ -185,7 +186,7 @@ func fileBytes(t *testing.T, p string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return contract.Bytes(fi.Size())
+	return human.Bytes(fi.Size())
 }
 
 // mountImagePartition loop-mounts the disk's image partition read-only with

@@ -79,7 +79,7 @@ func TestInPlaceRebuildHashesOnlyWhatChanged(t *testing.T) {
 	f := newFixture(t, "base.raw", "fit", "false")
 	_, layer := inPlaceLayer(t, f)
 	// Files changed within a clock tick of the build are never remembered
-	// (fetch.racyWindow): let the fixture's files age past it.
+	// (filestamp.RacyWindow): let the fixture's files age past it.
 	time.Sleep(300 * time.Millisecond)
 
 	a := filepath.Join(f.dir, "a.raw")

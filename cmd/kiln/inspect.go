@@ -15,9 +15,8 @@ import (
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/bundle"
 	"github.com/kiln-appliance/kiln/builder/reflashstick"
+	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/version"
-
-	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 func init() { subcommands = append(subcommands, newInspectCommand, newVerifyCommand) }
@@ -135,11 +134,11 @@ func printChecks(w io.Writer, path string, checked, unchecked []string, exactly 
 
 func printReport(w io.Writer, rep *builder.Report) {
 	l := rep.Layout
-	fmt.Fprintf(w, "Disk %s: %s, GPT, disk GUID %s\n\n", rep.Disk, contract.Bytes(l.Size), l.GUID)
+	fmt.Fprintf(w, "Disk %s: %s, GPT, disk GUID %s\n\n", rep.Disk, human.Bytes(l.Size), l.GUID)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "#\tNAME\tSTART\tSIZE\tFS\tLABEL\tPARTITION GUID")
 	for _, p := range l.Partitions {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Number, p.Name, contract.Bytes(p.Offset), contract.Bytes(p.Size), p.Filesystem, p.Label, p.GUID)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Number, p.Name, human.Bytes(p.Offset), human.Bytes(p.Size), p.Filesystem, p.Label, p.GUID)
 	}
 	tw.Flush()
 	c := rep.Contents
@@ -157,13 +156,13 @@ func printReport(w io.Writer, rep *builder.Report) {
 	}
 	sort.Strings(parts)
 	for _, k := range parts {
-		fmt.Fprintf(w, "  %-8s %s\n", k+"/", contract.Bytes(rep.Sizes[k]))
+		fmt.Fprintf(w, "  %-8s %s\n", k+"/", human.Bytes(rep.Sizes[k]))
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "IMAGE\tDIGEST\tSIZE\tSERVED\tPRELOADED")
 	for _, img := range c.Images {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", img.Name, short(img.Digest), contract.Bytes(img.Size), yesNo(img.Served), yesNo(img.Preloaded))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", img.Name, short(img.Digest), human.Bytes(img.Size), yesNo(img.Served), yesNo(img.Preloaded))
 	}
 	tw.Flush()
 }

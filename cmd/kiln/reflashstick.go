@@ -11,8 +11,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-appliance/kiln/builder/reflashstick"
+	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/version"
-	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 func init() { subcommands = append(subcommands, newReflashStickCommand) }
@@ -60,8 +60,8 @@ any error. See docs/technician.md.`,
 			}
 			c := res.About.Disk
 			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%s), carrying %s (%s %s, %s, %s); %s\nagent: %s, %s\n",
-				res.Output, contract.Bytes(res.Size), disk, c.Recipe, c.Version, contract.Bytes(res.Record.Size), res.Record.SHA256, mode,
-				res.About.Agent, contract.Bytes(res.AgentSize))
+				res.Output, human.Bytes(res.Size), disk, c.Recipe, c.Version, human.Bytes(res.Record.Size), res.Record.SHA256, mode,
+				res.About.Agent, human.Bytes(res.AgentSize))
 			return nil
 		},
 	}
@@ -81,7 +81,7 @@ func printReflashStick(w io.Writer, rep *reflashstick.Report, format string) err
 		enc.SetIndent("", "  ")
 		return enc.Encode(rep)
 	}
-	fmt.Fprintf(w, "Reflash stick %s: %s, disk GUID %s\n", rep.Path, contract.Bytes(rep.Layout.Size), rep.Layout.GUID)
+	fmt.Fprintf(w, "Reflash stick %s: %s, disk GUID %s\n", rep.Path, human.Bytes(rep.Layout.Size), rep.Layout.GUID)
 	d := rep.Disk
 	if c := d.Contents; c != nil {
 		fmt.Fprintf(w, "Carries: appliance %s %s (%s), lock %s, %d image(s)\n", c.Recipe, c.Version, c.Arch, short(c.LockDigest), len(c.Images))
@@ -91,12 +91,12 @@ func printReflashStick(w io.Writer, rep *reflashstick.Report, format string) err
 	} else {
 		fmt.Fprintln(w, "Carries: an appliance disk; which one is not recorded (a stick made before kiln recorded it)")
 	}
-	fmt.Fprintf(w, "  disk.raw: %s, %s, disk GUID %s\n", contract.Bytes(d.Size), d.SHA256, d.DiskGUID)
+	fmt.Fprintf(w, "  disk.raw: %s, %s, disk GUID %s\n", human.Bytes(d.Size), d.SHA256, d.DiskGUID)
 	which := "kiln, version not recorded"
 	if rep.Agent.Version != nil {
 		which = rep.Agent.Version.String()
 	}
-	fmt.Fprintf(w, "Agent: %s, %s, %s\n", which, contract.Bytes(rep.Agent.Size), short(rep.Agent.Digest))
+	fmt.Fprintf(w, "Agent: %s, %s, %s\n", which, human.Bytes(rep.Agent.Size), short(rep.Agent.Digest))
 	if rep.Kiln != nil {
 		fmt.Fprintf(w, "Made by: %s\n", rep.Kiln)
 	}
@@ -114,7 +114,7 @@ func printReflashStick(w io.Writer, rep *reflashstick.Report, format string) err
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "IMAGE\tDIGEST\tSIZE\tSERVED\tPRELOADED")
 		for _, img := range c.Images {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", img.Name, short(img.Digest), contract.Bytes(img.Size), yesNo(img.Served), yesNo(img.Preloaded))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", img.Name, short(img.Digest), human.Bytes(img.Size), yesNo(img.Served), yesNo(img.Preloaded))
 		}
 		tw.Flush()
 	}

@@ -11,8 +11,8 @@ import (
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/bundle"
 	"github.com/kiln-appliance/kiln/builder/stickwrite"
+	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/partitions"
-	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 )
 
@@ -57,7 +57,7 @@ kernel's cache and reads every byte back, comparing sha256. It says "done" only 
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(w, "done: %s holds %s (%s, %s), read back and identical; remove the stick\n", dev, image, contract.Bytes(fi.Size()), digest)
+			fmt.Fprintf(w, "done: %s holds %s (%s, %s), read back and identical; remove the stick\n", dev, image, human.Bytes(fi.Size()), digest)
 			return nil
 		},
 	}

@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/internal/human"
 )
 
 // Device is a whole block device as sysfs describes it.
@@ -87,7 +87,7 @@ func (d *Device) String() string {
 	if serial == "" {
 		serial = "no serial"
 	}
-	return fmt.Sprintf("%s (%s, serial %s, %s)", d.Path, model, serial, contract.Bytes(d.Size))
+	return fmt.Sprintf("%s (%s, serial %s, %s)", d.Path, model, serial, human.Bytes(d.Size))
 }
 
 func readSys(dir, name string) string {

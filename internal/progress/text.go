@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/internal/human"
 )
 
 // New returns a Reporter writing to w: a live status line redrawn in place
@@ -60,7 +60,7 @@ func (r *text) Task(name string, total int64) Task {
 	r.active[t] = struct{}{}
 	if !r.terminal {
 		if total > 0 {
-			fmt.Fprintf(r.w, "%s: started (%s)\n", name, contract.Bytes(total))
+			fmt.Fprintf(r.w, "%s: started (%s)\n", name, human.Bytes(total))
 		} else {
 			fmt.Fprintf(r.w, "%s: started\n", name)
 		}
@@ -78,11 +78,11 @@ func (t *task) Write(p []byte) (int, error) {
 		r.draw()
 	case !r.terminal && r.every > 0 && now.Sub(t.shown) >= r.every:
 		t.shown = now
-		line := fmt.Sprintf("%s: %s", t.name, contract.Bytes(t.done))
+		line := fmt.Sprintf("%s: %s", t.name, human.Bytes(t.done))
 		if t.total > 0 {
-			line += fmt.Sprintf(" of %s (%d%%)", contract.Bytes(t.total), t.done*100/t.total)
+			line += fmt.Sprintf(" of %s (%d%%)", human.Bytes(t.total), t.done*100/t.total)
 		}
-		fmt.Fprintf(r.w, "%s, %s/s\n", line, contract.Bytes(rate(t.done, now.Sub(t.start))))
+		fmt.Fprintf(r.w, "%s, %s/s\n", line, human.Bytes(rate(t.done, now.Sub(t.start))))
 	}
 	return len(p), nil
 }
@@ -101,7 +101,7 @@ func (t *task) Done(err error) {
 	case err != nil:
 		fmt.Fprintf(r.w, "%s: failed after %s: %v\n", t.name, elapsed.Round(time.Millisecond), err)
 	case t.done > 0:
-		fmt.Fprintf(r.w, "%s: done, %s in %s (%s/s)\n", t.name, contract.Bytes(t.done), elapsed.Round(time.Millisecond), contract.Bytes(rate(t.done, elapsed)))
+		fmt.Fprintf(r.w, "%s: done, %s in %s (%s/s)\n", t.name, human.Bytes(t.done), elapsed.Round(time.Millisecond), human.Bytes(rate(t.done, elapsed)))
 	default:
 		fmt.Fprintf(r.w, "%s: done in %s\n", t.name, elapsed.Round(time.Millisecond))
 	}
@@ -129,11 +129,11 @@ func (r *text) draw() {
 	if len(r.active) > 1 {
 		name = fmt.Sprintf("%s (+%d more)", name, len(r.active)-1)
 	}
-	line := fmt.Sprintf("%s: %s", name, contract.Bytes(done))
+	line := fmt.Sprintf("%s: %s", name, human.Bytes(done))
 	if total > 0 {
-		line += fmt.Sprintf(" / %s  %3d%%", contract.Bytes(total), done*100/max(total, 1))
+		line += fmt.Sprintf(" / %s  %3d%%", human.Bytes(total), done*100/max(total, 1))
 	}
-	line += fmt.Sprintf("  %s/s", contract.Bytes(rate(done, r.now().Sub(start))))
+	line += fmt.Sprintf("  %s/s", human.Bytes(rate(done, r.now().Sub(start))))
 	r.clear()
 	fmt.Fprint(r.w, line)
 	r.lineLength = len(line)

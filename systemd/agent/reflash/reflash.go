@@ -24,8 +24,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kiln-appliance/kiln/internal/blockdev"
+	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/progress"
-	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 )
 
@@ -106,7 +106,7 @@ func Run(ctx context.Context, payload string, opts ...Option) error {
 		return fmt.Errorf("the stick's disk image %s holds %d bytes, its record says %d: the stick is damaged; use another stick; nothing was written",
 			image, fi.Size(), rec.Size)
 	}
-	fmt.Fprintf(r.out, "kiln reflash: this stick carries the appliance disk %s (%s, %s)\n", rec.DiskGUID, contract.Bytes(rec.Size), rec.SHA256)
+	fmt.Fprintf(r.out, "kiln reflash: this stick carries the appliance disk %s (%s, %s)\n", rec.DiskGUID, human.Bytes(rec.Size), rec.SHA256)
 
 	rule := rec.Target
 	if r.rule != nil {
@@ -118,7 +118,7 @@ func Run(ctx context.Context, payload string, opts ...Option) error {
 	}
 	if target.Size < rec.Size {
 		return fmt.Errorf("%s is too small: it holds %s (%d bytes), the appliance disk needs at least %s (%d bytes); "+
-			"use a disk of at least that size; nothing was written", target, contract.Bytes(target.Size), target.Size, contract.Bytes(rec.Size), rec.Size)
+			"use a disk of at least that size; nothing was written", target, human.Bytes(target.Size), target.Size, human.Bytes(rec.Size), rec.Size)
 	}
 	if target.ReadOnly {
 		return fmt.Errorf("%s is read-only: nothing was written", target)
@@ -142,7 +142,7 @@ func Run(ctx context.Context, payload string, opts ...Option) error {
 		return fmt.Errorf("%w; %s was left without a partition table, so it does not boot half-written; run the reflash again, or use another stick", err, target.Path)
 	}
 	if skipped > 0 {
-		fmt.Fprintf(r.out, "kiln reflash: %s of zeros not written: %s already read zero there\n", contract.Bytes(skipped), target.Path)
+		fmt.Fprintf(r.out, "kiln reflash: %s of zeros not written: %s already read zero there\n", human.Bytes(skipped), target.Path)
 	}
 	fmt.Fprintf(r.out, "kiln reflash: %s holds the appliance disk %s, read back and identical\n", target.Path, rec.SHA256)
 	fmt.Fprintln(r.out, "done — remove the stick and power on")

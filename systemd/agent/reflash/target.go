@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/kiln-appliance/kiln/internal/blockdev"
-	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 )
 
@@ -58,7 +58,7 @@ func (r *reflasher) pick(rule recovery.Target, size int64) (*blockdev.Device, er
 	case len(ok) == 0:
 		return nil, fmt.Errorf("no disk to write the appliance to (%s):%s\n"+
 			"attach the replacement disk (at least %s), or fix the recipe's reflash target; nothing was written",
-			ruleText(rule), list(cands), contract.Bytes(size))
+			ruleText(rule), list(cands), human.Bytes(size))
 	default:
 		var names []string
 		for _, d := range ok {
@@ -171,9 +171,9 @@ func (r *reflasher) exclusion(d *blockdev.Device, rule recovery.Target, excluded
 	case rule.Model != "" && !globMatch(rule.Model, d.Model):
 		return fmt.Sprintf("model %q does not match %q", d.Model, rule.Model), nil
 	case rule.MinSize > 0 && d.Size < rule.MinSize:
-		return "smaller than the recipe's minimum " + contract.Bytes(rule.MinSize), nil
+		return "smaller than the recipe's minimum " + human.Bytes(rule.MinSize), nil
 	case rule.MaxSize > 0 && d.Size > rule.MaxSize:
-		return "larger than the recipe's maximum " + contract.Bytes(rule.MaxSize), nil
+		return "larger than the recipe's maximum " + human.Bytes(rule.MaxSize), nil
 	}
 	return "", nil
 }

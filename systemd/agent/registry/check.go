@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kiln-appliance/kiln/internal/filestamp"
 )
 
 // A blob's bytes go out only once they were checked against its digest
@@ -23,8 +25,9 @@ import (
 //     checked every blob against its digest before it wrote it, so the
 //     bytes are checked already; the first full read is still hashed on its
 //     way out (a factory bug would show there), nothing after it.
-//   - on a filesystem whose ctime moves with every write (stampable: the
-//     release store on /var, a layout directory on ext4), a check is bound
+//   - on a filesystem whose ctime moves with every write or that is
+//     read-only (filestamp.WhileMounted: the release store on /var, a layout
+//     directory on ext4, a squashfs without verity), a check is bound
 //     to the file's stamp (fileStamp: device, inode, size, mtime, ctime). A
 //     blob is hashed before (Range) or while (a full GET) it is first sent,
 //     and again whenever its stamp moved; a checked blob is sent unhashed,
@@ -35,6 +38,8 @@ import (
 // What a stamp cannot see is a change under the filesystem, on its device
 // (a bit flipped on the disk after the check): that is what dm-verity is
 // for, and the image partition has it unless the recipe turned it off.
+// The checks are kept in memory, for the registry's life: a stamp on a
+// read-only filesystem holds while it stays mounted.
 
 // fileStamp is the state of a blob file a check is bound to: any write to
 // it or its replacement moves its ctime, which no user can set back.
@@ -49,15 +54,11 @@ func stampOf(fi os.FileInfo) fileStamp {
 	return fileStamp{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
 }
 
-// racyFor is how long the file must be left alone before its stamp can be
-// trusted: written so shortly before now, a write within the same tick of
-// the kernel's coarse clock could leave its times unmoved (git's "racy"
-// case). A tick is 1-10 ms (HZ 1000 to 100); the window is ten times the
-// longest.
+// racyFor is how long the file must still be left alone before its stamp
+// can be trusted (filestamp.RacyWindow).
 func (st fileStamp) racyFor(now time.Time) time.Duration {
-	const racyWindow = 100 * time.Millisecond
 	last := max(st.mtime.Nano(), st.ctime.Nano())
-	return racyWindow - now.Sub(time.Unix(0, last))
+	return filestamp.RacyWindow - now.Sub(time.Unix(0, last))
 }
 
 // check is what a hash of a blob file found: its stamp when it was read,
@@ -75,20 +76,6 @@ const (
 	stamped                    // checked once per stamp
 	verity                     // dm-verity: the build's bytes or an I/O error
 )
-
-// stampable are the filesystems whose ctime moves with every change of a
-// file made through them (statfs f_type), and the read-only ones nothing
-// can change through at all. FUSE, network and overlay filesystems may
-// keep or fake ctime: files there are hashed on every read.
-var stampable = map[int64]bool{
-	unix.EXT4_SUPER_MAGIC:     true, // ext2/3/4
-	unix.XFS_SUPER_MAGIC:      true,
-	unix.BTRFS_SUPER_MAGIC:    true,
-	unix.TMPFS_MAGIC:          true,
-	unix.F2FS_SUPER_MAGIC:     true,
-	unix.SQUASHFS_MAGIC:       true,
-	unix.EROFS_SUPER_MAGIC_V1: true,
-}
 
 // trustOf tells how far the files of a device can be trusted, learnt from
 // the first file met on it (one statfs, one sysfs read) and kept.
@@ -109,7 +96,7 @@ func (t *trustOf) of(f *os.File, dev uint64) trust {
 	switch {
 	case t.onVerity(dev):
 		tr = verity
-	case unix.Fstatfs(int(f.Fd()), &fs) == nil && stampable[int64(fs.Type)]:
+	case unix.Fstatfs(int(f.Fd()), &fs) == nil && filestamp.WhileMounted(int64(fs.Type)):
 		tr = stamped
 	}
 	if t.devs == nil {

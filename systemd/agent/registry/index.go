@@ -20,6 +20,7 @@ import (
 	"github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -394,7 +395,7 @@ func readVerified(path string, d ocispec.Descriptor) ([]byte, error) {
 		return nil, err
 	}
 	if int64(len(data)) > maxManifestSize {
-		return nil, fmt.Errorf("%s is over the limit of %d bytes (%s) for a manifest", path, int64(maxManifestSize), contract.Bytes(maxManifestSize))
+		return nil, fmt.Errorf("%s is over the limit of %d bytes (%s) for a manifest", path, int64(maxManifestSize), human.Bytes(maxManifestSize))
 	}
 	sum := sha256.Sum256(data)
 	if int64(len(data)) > limit || (d.Size >= 0 && int64(len(data)) != d.Size) || "sha256:"+hex.EncodeToString(sum[:]) != d.Digest.String() {

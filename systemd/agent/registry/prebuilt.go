@@ -12,6 +12,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -165,7 +166,7 @@ func readPrebuilt(path string) (*contract.RegistryIndex, error) {
 		return nil, err
 	}
 	if len(data) > contract.MaxRegistryIndexSize {
-		return nil, fmt.Errorf("%s is over the %s an index may be", path, contract.Bytes(contract.MaxRegistryIndexSize))
+		return nil, fmt.Errorf("%s is over the %s an index may be", path, human.Bytes(contract.MaxRegistryIndexSize))
 	}
 	return contract.DecodeRegistryIndex(data)
 }

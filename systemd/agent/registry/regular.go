@@ -6,7 +6,7 @@ import (
 	"os"
 	"syscall"
 
-	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/internal/human"
 )
 
 // errNotRegular marks a layout file that is not a regular file: a symlink
@@ -48,7 +48,7 @@ func checkSize(f *os.File, limit int64) error {
 		return err
 	}
 	if fi.Size() > limit {
-		return fmt.Errorf("%s is %d bytes, over the limit of %d (%s)", f.Name(), fi.Size(), limit, contract.Bytes(limit))
+		return fmt.Errorf("%s is %d bytes, over the limit of %d (%s)", f.Name(), fi.Size(), limit, human.Bytes(limit))
 	}
 	return nil
 }

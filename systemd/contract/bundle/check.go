@@ -12,6 +12,7 @@ import (
 
 	"github.com/coreos/go-semver/semver"
 
+	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -115,7 +116,7 @@ func (m *Manifest) CheckSpace(free int64) error {
 		return nil
 	}
 	return fmt.Errorf("%w on /var: the import needs %s (%s of blobs, %s unpacked), %s is free; free %s more (e.g. remove old logs or unused images) and plug the stick in again; nothing was changed",
-		ErrNoSpace, contract.Bytes(need), contract.Bytes(m.Space.CopyBytes), contract.Bytes(m.Space.UnpackedBytes), contract.Bytes(free), contract.Bytes(need-free))
+		ErrNoSpace, human.Bytes(need), human.Bytes(m.Space.CopyBytes), human.Bytes(m.Space.UnpackedBytes), human.Bytes(free), human.Bytes(need-free))
 }
 
 // Validate checks the manifest is consistent with itself: the writer calls

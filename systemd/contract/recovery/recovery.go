@@ -28,6 +28,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -109,10 +110,10 @@ func (t Target) String() string {
 		parts = append(parts, "model "+t.Model)
 	}
 	if t.MinSize > 0 {
-		parts = append(parts, "at least "+contract.Bytes(t.MinSize))
+		parts = append(parts, "at least "+human.Bytes(t.MinSize))
 	}
 	if t.MaxSize > 0 {
-		parts = append(parts, "at most "+contract.Bytes(t.MaxSize))
+		parts = append(parts, "at most "+human.Bytes(t.MaxSize))
 	}
 	return strings.Join(parts, ", ")
 }

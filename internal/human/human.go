@@ -1,9 +1,11 @@
-package contract
+// Package human prints quantities for people: the same spelling in the
+// factory's progress and messages and in the node's.
+package human
 
 import "fmt"
 
-// Bytes prints a byte count for people, the same way in the factory's
-// progress and the node's messages: 1.5 GiB, 320 MiB, 12 KiB, 512 B.
+// Bytes prints a byte count in binary units, one decimal: 1.5 GiB, 320.0
+// MiB, 12.0 KiB, 512 B.
 func Bytes(n int64) string {
 	const unit = 1024
 	if n < unit {

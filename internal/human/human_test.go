@@ -1,4 +1,4 @@
-package contract
+package human
 
 import "testing"
 
