@@ -14,6 +14,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/kiln-appliance/kiln/builder/fetch"
+	"github.com/kiln-appliance/kiln/builder/output"
+	"github.com/kiln-appliance/kiln/builder/preload"
 	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
@@ -61,7 +63,7 @@ type build struct {
 	// agentInfo says which kiln that is, for the build's summary.
 	agentInfo *Agent
 
-	out       *os.File // the temporary disk file, renamed to o.Output at the end
+	out       *output.File // the temporary disk file, renamed to o.Output at the end
 	lock      *recipes.Lock
 	lockBytes []byte
 	cache     *fetch.Cache
@@ -140,7 +142,7 @@ func newBuild(ctx context.Context, recipePath string, o Options) (*build, error)
 	if o.CacheDir == "" {
 		o.CacheDir = fetch.DefaultDir()
 	}
-	epoch, err := sourceDateEpoch(o.SourceDateEpoch)
+	epoch, err := SourceDateEpoch(o.SourceDateEpoch)
 	if err != nil {
 		return nil, err
 	}
@@ -165,16 +167,30 @@ func newBuild(ctx context.Context, recipePath string, o Options) (*build, error)
 // createOutput creates the temporary file the disk is written to, beside
 // the output.
 func (b *build) createOutput(context.Context) error {
-	if err := checkOutput(b.o.Output); err != nil {
+	inputs := append(output.RecipeInputs(b.recipe), output.Input{What: "the agent binary that goes on the disk", Path: b.agent})
+	if err := output.Check(b.o.Output, "appliance.raw", inputs); err != nil {
 		return err
 	}
-	inputs := append(RecipeInputs(b.recipe), Input{"the agent binary that goes on the disk", b.agent})
-	if err := CheckNotInput(b.o.Output, inputs); err != nil {
-		return err
-	}
-	f, err := CreateTemp(b.o.Output)
+	f, err := output.Create(b.o.Output)
 	b.out = f
 	return err
+}
+
+// workDirPrefix names a build's staging tree in the cache directory; its
+// name carries the build's tag, so a later build can tell a killed build's
+// leftovers apart.
+const workDirPrefix = "build-"
+
+// sweepLeftovers removes what builds killed before their cleanup ran
+// (SIGKILL, a power cut) left behind: a temporary disk beside this output,
+// staging trees in the cache directory, preload run roots in $TMPDIR. Only
+// entries whose owner is provably dead go; a failure to remove one is
+// reported and does not stop the build.
+func (b *build) sweepLeftovers(context.Context) error {
+	output.Sweep(b.o.Output, "build", b.o.Log,
+		output.Work{Dir: b.o.CacheDir, Prefix: workDirPrefix},
+		output.Work{Dir: os.TempDir(), Prefix: preload.RunRootPrefix})
+	return nil
 }
 
 // lockImages reads the lock, or resolves and writes one (EnsureLock).
@@ -188,22 +204,9 @@ func (b *build) lockImages(ctx context.Context) error {
 	return err
 }
 
-// commit makes the finished disk the output: sync, close, rename, sync the
-// directory. After it, cleanup has nothing of the output left to remove.
-func (b *build) commit(context.Context) error {
-	if err := b.out.Sync(); err != nil {
-		return fmt.Errorf("write %s: %w", b.o.Output, err)
-	}
-	if err := b.out.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", b.o.Output, err)
-	}
-	if err := os.Rename(b.out.Name(), b.o.Output); err != nil {
-		return fmt.Errorf("write %s: %w", b.o.Output, err)
-	}
-	b.out = nil
-	syncDir(filepath.Dir(b.o.Output))
-	return nil
-}
+// commit makes the finished disk the output (output.File.Commit). After
+// it, cleanup has nothing of the output left to remove.
+func (b *build) commit(ctx context.Context) error { return b.out.Commit(ctx) }
 
 // cleanup removes the staging tree and, unless commit ran, the temporary
 // disk file.
@@ -211,10 +214,7 @@ func (b *build) cleanup() {
 	if b.work != "" {
 		os.RemoveAll(b.work)
 	}
-	if b.out != nil {
-		b.out.Close()
-		os.Remove(b.out.Name())
-	}
+	b.out.Discard()
 }
 
 // seed derives the disk's GUIDs from the build's inputs, so the same recipe,
@@ -232,9 +232,10 @@ func (b *build) seed() []byte {
 
 func digestOf(b []byte) string { return fmt.Sprintf("sha256:%x", sha256.Sum256(b)) }
 
-// sourceDateEpoch picks the build's timestamp: the option, then
-// $SOURCE_DATE_EPOCH, then DefaultSourceDateEpoch.
-func sourceDateEpoch(v int64) (int64, error) {
+// SourceDateEpoch picks the timestamp of everything a run writes (the
+// build, a bundle, a stick): v, then $SOURCE_DATE_EPOCH, then
+// DefaultSourceDateEpoch.
+func SourceDateEpoch(v int64) (int64, error) {
 	if v != 0 {
 		return v, nil
 	}
@@ -297,11 +298,4 @@ func agentBinary(path, arch string) (string, error) {
 		return "", fmt.Errorf("agent binary %s is for %s, the recipe needs %s", path, f.Machine, want)
 	}
 	return path, nil
-}
-
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
 }

@@ -75,7 +75,7 @@ func (b *build) ignitionFor(id partitions.ImageIdentity) ([]byte, error) {
 // assembleDisk writes the disk into the temporary output file.
 func (b *build) assembleDisk(ctx context.Context) error {
 	opts := b.diskOptions()
-	opts.Output = b.out
+	opts.Output = b.out.File
 	opts.ImageTree = b.root
 	opts.SourceDateEpoch = b.epoch
 	opts.GUIDSeed = b.seed()

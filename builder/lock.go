@@ -183,3 +183,11 @@ func checkLockedSize(lock *recipes.Lock, li recipes.LockedImage, img *fetch.Imag
 	}
 	return nil
 }
+
+// syncDir makes a rename in dir durable.
+func syncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+}

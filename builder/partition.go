@@ -11,7 +11,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/kiln-appliance/kiln/builder/fetch"
-	"github.com/kiln-appliance/kiln/builder/internal/leftover"
+	"github.com/kiln-appliance/kiln/builder/output"
 	"github.com/kiln-appliance/kiln/builder/preload"
 	"github.com/kiln-appliance/kiln/builder/stage"
 	"github.com/kiln-appliance/kiln/internal/version"
@@ -67,7 +67,7 @@ func (b *build) fetchImages(ctx context.Context) error {
 func (b *build) stagePartition(ctx context.Context) error {
 	// The staging tree lives in the cache directory so blobs can be hard
 	// links to the cache rather than copies.
-	work, err := os.MkdirTemp(b.o.CacheDir, leftover.Pattern(workDirPrefix))
+	work, err := output.MkdirWork(output.Work{Dir: b.o.CacheDir, Prefix: workDirPrefix})
 	if err != nil {
 		return fmt.Errorf("staging directory: %w", err)
 	}

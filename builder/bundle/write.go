@@ -23,6 +23,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/fetch"
+	"github.com/kiln-appliance/kiln/builder/output"
 	"github.com/kiln-appliance/kiln/builder/stage"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
@@ -86,9 +87,6 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	if o.Format != FormatImage && o.Format != FormatFile {
 		return nil, fmt.Errorf("format %q: want %s or %s", o.Format, FormatImage, FormatFile)
 	}
-	if err := checkOutput(o.Output); err != nil {
-		return nil, err
-	}
 	epoch, err := builder.SourceDateEpoch(o.SourceDateEpoch)
 	if err != nil {
 		return nil, err
@@ -119,12 +117,12 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	if err != nil {
 		return nil, err
 	}
-	inputs := append(builder.RecipeInputs(r), builder.Input{What: "the signing key (--key)", Path: o.Key},
-		builder.Input{What: "the agent binary the bundle carries", Path: agent.Path})
+	inputs := append(output.RecipeInputs(r), output.Input{What: "the signing key (--key)", Path: o.Key},
+		output.Input{What: "the agent binary the bundle carries", Path: agent.Path})
 	for _, f := range o.From {
-		inputs = append(inputs, builder.Input{What: "a release given with --from", Path: f})
+		inputs = append(inputs, output.Input{What: "a release given with --from", Path: f})
 	}
-	if err := builder.CheckNotInput(o.Output, inputs); err != nil {
+	if err := output.Check(o.Output, "upgrade.img", inputs); err != nil {
 		return nil, err
 	}
 	trust, err := builder.TrustKeys(r)
@@ -221,8 +219,9 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	}
 
 	// The staging tree lives in the cache directory so blobs are hard links.
-	builder.SweepLeftovers(o.Output, cacheDir, workDirPrefix, o.Log)
-	work, err := builder.MkdirWork(cacheDir, workDirPrefix)
+	workDir := output.Work{Dir: cacheDir, Prefix: workDirPrefix}
+	output.Sweep(o.Output, "bundle run", o.Log, workDir)
+	work, err := output.MkdirWork(workDir)
 	if err != nil {
 		return nil, fmt.Errorf("staging directory: %w", err)
 	}
@@ -232,33 +231,18 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 		return nil, err
 	}
 
-	out, err := builder.CreateTemp(o.Output)
+	out, err := output.Create(o.Output)
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err != nil {
-			out.Close()
-			os.Remove(out.Name())
-		}
-	}()
-	size, err := writeBundle(ctx, out, tree, m, priv, epoch, o)
+	defer out.Discard()
+	size, err := writeBundle(ctx, out.File, tree, m, priv, epoch, o)
 	if err != nil {
 		return nil, err
 	}
-	if err := out.Sync(); err != nil {
-		return nil, fmt.Errorf("write %s: %w", o.Output, err)
-	}
-	if err := out.Close(); err != nil {
-		return nil, fmt.Errorf("write %s: %w", o.Output, err)
-	}
-	if err := ctx.Err(); err != nil { // interrupted after the last step looked: keep the previous output
+	if err := out.Commit(ctx); err != nil {
 		return nil, err
 	}
-	if err := os.Rename(out.Name(), o.Output); err != nil {
-		return nil, fmt.Errorf("write %s: %w", o.Output, err)
-	}
-	builder.SyncDir(filepath.Dir(o.Output))
 	return &Result{Output: o.Output, Size: size, Manifest: m, KeyID: keyID, Agent: agent.Version}, nil
 }
 
@@ -501,25 +485,6 @@ func placeFiles(m *bundle.Manifest, files []sqfswrite.File) error {
 func guidSeed(envelope []byte) []byte {
 	s := sha256.Sum256(envelope)
 	return s[:]
-}
-
-// checkOutput refuses outputs kiln must not replace: a directory, or a
-// device (write the image to a file, then dd it onto the stick).
-func checkOutput(p string) error {
-	if p == "" {
-		return fmt.Errorf("no output file given (-o FILE)")
-	}
-	st, err := os.Stat(p)
-	if err != nil {
-		return nil // does not exist yet: fine; createTemp reports an unwritable directory
-	}
-	switch {
-	case st.IsDir():
-		return fmt.Errorf("output %s is a directory: give a file name, e.g. -o %s", p, filepath.Join(p, "upgrade.img"))
-	case !st.Mode().IsRegular():
-		return fmt.Errorf("output %s is not a regular file (a device?): kiln writes the bundle to a file; put it on the stick with `dd if=FILE of=%s bs=4M conv=fsync`", p, p)
-	}
-	return nil
 }
 
 func digestOf(b []byte) string { return fmt.Sprintf("sha256:%x", sha256.Sum256(b)) }

@@ -37,32 +37,20 @@ type Option func(*options)
 
 type options struct {
 	insecure  bool
-	keychain  authn.Keychain
 	transport http.RoundTripper
-	jobs      int
 }
 
 // WithInsecure lets docker:// sources use plain HTTP registries. (Loopback
 // and RFC 1918 registries use HTTP without it.)
 func WithInsecure() Option { return func(o *options) { o.insecure = true } }
 
-// WithKeychain replaces authn.DefaultKeychain (docker config, podman's
-// auth.json, credential helpers) as the source of registry credentials.
-func WithKeychain(kc authn.Keychain) Option { return func(o *options) { o.keychain = kc } }
-
 // WithTransport sets the HTTP transport used to talk to registries.
 func WithTransport(rt http.RoundTripper) Option { return func(o *options) { o.transport = rt } }
 
-// WithJobs sets how many images FetchAll fetches at once (default 4).
-func WithJobs(n int) Option { return func(o *options) { o.jobs = n } }
-
 func makeOptions(opts []Option) *options {
-	o := &options{keychain: authn.DefaultKeychain, jobs: 4}
+	o := &options{}
 	for _, opt := range opts {
 		opt(o)
-	}
-	if o.jobs < 1 {
-		o.jobs = 1
 	}
 	return o
 }
@@ -114,7 +102,7 @@ func newDockerBackend(src source, o *options) (*dockerBackend, error) {
 		t.ResponseHeaderTimeout = stallTimeout
 		rt = t
 	}
-	ropts := []remote.Option{remote.WithAuthFromKeychain(o.keychain), remote.WithUserAgent("kiln"), remote.WithTransport(rt)}
+	ropts := []remote.Option{remote.WithAuthFromKeychain(authn.DefaultKeychain), remote.WithUserAgent("kiln"), remote.WithTransport(rt)}
 	return &dockerBackend{src: src, ref: ref, opts: ropts}, nil
 }
 

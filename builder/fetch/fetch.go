@@ -33,15 +33,11 @@ func (img *Image) Blobs() []v1.Descriptor {
 	return append([]v1.Descriptor{img.Config}, img.Layers...)
 }
 
-// Fetch makes sure the manifest digest (as locked) of source, its config and
-// every layer are in the cache, fetching only what is missing: a rebuild
-// with a warm cache does not touch the source at all. If digest names an
-// index, the manifest for platform is taken from it. Bytes fetched are
-// reported to reporter as one task named after the source.
-func (c *Cache) Fetch(ctx context.Context, source, baseDir, digest string, platform v1.Platform, reporter progress.Reporter, opts ...Option) (*Image, error) {
-	return c.fetch(ctx, Request{Source: source, BaseDir: baseDir, Digest: digest, Platform: platform}, reporter, opts...)
-}
-
+// fetch makes sure the manifest digest (as locked) of r's source, its
+// config and every layer are in the cache, fetching only what is missing: a
+// rebuild with a warm cache does not touch the source at all. If the digest
+// names an index, the manifest for r.Platform is taken from it. Bytes
+// fetched are reported to reporter as one task named after the source.
 func (c *Cache) fetch(ctx context.Context, r Request, reporter progress.Reporter, opts ...Option) (*Image, error) {
 	source, baseDir, digest, platform := r.Source, r.BaseDir, r.Digest, r.Platform
 	src, err := parseSource(source, baseDir)
@@ -164,8 +160,9 @@ func (c *Cache) fetch(ctx context.Context, r Request, reporter progress.Reporter
 	return img, nil
 }
 
-// blobJobs is how many blobs of one image are fetched at once.
-const blobJobs = 3
+// imageJobs is how many images FetchAll fetches at once, and blobJobs how
+// many blobs of one image.
+const imageJobs, blobJobs = 4, 3
 
 // manifest returns manifest h from the cache, or fetches, checks and caches it.
 func (c *Cache) manifest(ctx context.Context, b *lazyBackend, h v1.Hash) ([]byte, error) {
@@ -206,13 +203,13 @@ type Request struct {
 	InPlace bool
 }
 
-// FetchAll fetches several images, a few at a time (WithJobs, default 4).
+// FetchAll fetches several images, imageJobs at a time (see fetch).
 // Blobs shared between them are fetched once. The result is in request
 // order; the first error cancels the rest.
 func (c *Cache) FetchAll(ctx context.Context, reqs []Request, reporter progress.Reporter, opts ...Option) ([]*Image, error) {
 	out := make([]*Image, len(reqs))
 	g, ctx := errgroup.WithContext(ctx)
-	g.SetLimit(makeOptions(opts).jobs)
+	g.SetLimit(imageJobs)
 	for i, r := range reqs {
 		g.Go(func() error {
 			img, err := c.fetch(ctx, r, reporter, opts...)

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 
 	"github.com/kiln-appliance/kiln/builder"
+	"github.com/kiln-appliance/kiln/builder/output"
 	"github.com/kiln-appliance/kiln/builder/stage"
 	"github.com/kiln-appliance/kiln/ignition"
 	"github.com/kiln-appliance/kiln/internal/blockdev"
@@ -71,9 +72,6 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	if o.Progress == nil {
 		o.Progress = progress.Discard()
 	}
-	if err := builder.CheckOutput(o.Output); err != nil {
-		return nil, err
-	}
 	epoch, err := builder.SourceDateEpoch(o.SourceDateEpoch)
 	if err != nil {
 		return nil, err
@@ -89,11 +87,11 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	if err != nil {
 		return nil, err
 	}
-	inputs := append(builder.RecipeInputs(r), builder.Input{What: "the agent binary the stick carries", Path: agent.Path})
+	inputs := append(output.RecipeInputs(r), output.Input{What: "the agent binary the stick carries", Path: agent.Path})
 	if o.Disk != "" {
-		inputs = append(inputs, builder.Input{What: "the appliance disk (--disk)", Path: o.Disk})
+		inputs = append(inputs, output.Input{What: "the appliance disk (--disk)", Path: o.Disk})
 	}
-	if err := builder.CheckNotInput(o.Output, inputs); err != nil {
+	if err := output.Check(o.Output, "reflash.img", inputs); err != nil {
 		return nil, err
 	}
 
@@ -102,8 +100,9 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 		log = io.Discard
 	}
 	dir := filepath.Dir(o.Output)
-	builder.SweepLeftovers(o.Output, dir, workDirPrefix, log)
-	work, err := builder.MkdirWork(dir, workDirPrefix)
+	workDir := output.Work{Dir: dir, Prefix: workDirPrefix}
+	output.Sweep(o.Output, "reflash-stick run", log, workDir)
+	work, err := output.MkdirWork(workDir)
 	if err != nil {
 		return nil, fmt.Errorf("work directory beside %s: %w", o.Output, err)
 	}
@@ -126,16 +125,11 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 			o.Disk, c.Recipe, c.Version, r.Path, r.Name, r.Version)
 	}
 
-	out, err := builder.CreateTemp(o.Output)
+	out, err := output.Create(o.Output)
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err != nil {
-			out.Close()
-			os.Remove(out.Name())
-		}
-	}()
+	defer out.Discard()
 
 	rec := &recovery.Record{DiskGUID: rep.Layout.GUID, Unattended: r.Reflash.Unattended || o.Unattended, Target: target(r.Reflash.Target)}
 	if err := stagePayload(ctx, tree, o.Disk, agent.Path, rec, o.Progress); err != nil {
@@ -147,7 +141,7 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	}
 	seed := sha256.Sum256([]byte("kiln reflash stick\x00" + rec.SHA256))
 	layout, err := partitions.Assemble(ctx, partitions.AssembleOptions{
-		Output:     out,
+		Output:     out.File,
 		Base:       r.Resolve(r.Base.Path),
 		BaseDigest: r.Base.Digest,
 		ImageTree:  tree,
@@ -173,13 +167,9 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	if err != nil {
 		return nil, err
 	}
-	if err := out.Close(); err != nil {
-		return nil, fmt.Errorf("close %s: %w", out.Name(), err)
+	if err := out.Commit(ctx); err != nil {
+		return nil, err
 	}
-	if err := os.Rename(out.Name(), o.Output); err != nil {
-		return nil, fmt.Errorf("rename %s to %s: %w", out.Name(), o.Output, err)
-	}
-	builder.SyncDir(filepath.Dir(o.Output))
 	return &Result{Output: o.Output, Built: built, Size: layout.Size, Record: rec, About: about, AgentSize: agent.Size, Layout: layout}, nil
 }
 
