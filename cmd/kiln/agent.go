@@ -15,6 +15,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/agent/gate"
 	"github.com/kiln-appliance/kiln/systemd/agent/pins"
 	"github.com/kiln-appliance/kiln/systemd/agent/preloadcopy"
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -51,10 +52,10 @@ func partitionArg(cmd *cobra.Command, args []string) error {
 
 func newMirrorGateCommand() *cobra.Command {
 	var (
-		timeout time.Duration
-		dropIn  string
-		remove  bool
-		state   string
+		timeout   time.Duration
+		dropIn    string
+		remove    bool
+		stateFile string
 	)
 	cmd := &cobra.Command{
 		Use:   "mirror-gate PARTITION",
@@ -75,10 +76,10 @@ func newMirrorGateCommand() *cobra.Command {
 				return err
 			}
 			g.DropIn, g.Log = dropIn, cmd.OutOrStdout()
-			if state != "" && !remove {
-				switch st, err := contract.ReadState(state); {
+			if stateFile != "" && !remove {
+				switch st, err := state.Read(stateFile); {
 				case errors.Is(err, os.ErrNotExist):
-					fmt.Fprintf(g.Log, "no release state at %s: waiting for the image partition's images only\n", state)
+					fmt.Fprintf(g.Log, "no release state at %s: waiting for the image partition's images only\n", stateFile)
 				case err != nil:
 					return fmt.Errorf("mirror gate: %w (check it with `kiln agent status`)", err)
 				default:
@@ -98,14 +99,14 @@ func newMirrorGateCommand() *cobra.Command {
 	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "how long to wait for the registry")
 	cmd.Flags().StringVar(&dropIn, "drop-in", contract.MirrorDropIn, "registries.conf drop-in to write")
 	cmd.Flags().BoolVar(&remove, "remove", false, "remove the drop-in and exit")
-	cmd.Flags().StringVar(&state, "state", "", "also wait for the active release of this release state file (on a node "+contract.StateFile+"; missing: the partition's images only)")
+	cmd.Flags().StringVar(&stateFile, "state", "", "also wait for the active release of this release state file (on a node "+contract.StateFile+"; missing: the partition's images only)")
 	return cmd
 }
 
 func newWaitImagesCommand() *cobra.Command {
 	var (
 		timeout, interval     time.Duration
-		marker, state         string
+		marker, stateFile     string
 		root, runRoot, driver string
 		storageOpts           []string
 	)
@@ -123,8 +124,8 @@ func newWaitImagesCommand() *cobra.Command {
 				return err
 			}
 			images := c.Images
-			if state != "" {
-				st, err := contract.ReadState(state)
+			if stateFile != "" {
+				st, err := state.Read(stateFile)
 				if err != nil && !errors.Is(err, os.ErrNotExist) {
 					return err
 				}
@@ -167,7 +168,7 @@ func newWaitImagesCommand() *cobra.Command {
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Hour, "how long to wait")
 	cmd.Flags().DurationVar(&interval, "interval", 5*time.Second, "how often to look")
 	cmd.Flags().StringVar(&marker, "marker", "", "file to write once every image is present (e.g. "+contract.FirstBootMarker+")")
-	cmd.Flags().StringVar(&state, "state", "", "wait for the images of this release state's active release instead (on a node "+contract.StateFile+")")
+	cmd.Flags().StringVar(&stateFile, "state", "", "wait for the images of this release state's active release instead (on a node "+contract.StateFile+")")
 	cmd.Flags().StringVar(&root, "root", "", "containers/storage graph root (default: from storage.conf)")
 	cmd.Flags().StringVar(&runRoot, "runroot", "", "containers/storage run root (default: from storage.conf)")
 	cmd.Flags().StringVar(&driver, "storage-driver", "", "containers/storage driver (default: from storage.conf)")

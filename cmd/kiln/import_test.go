@@ -29,6 +29,7 @@ import (
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/systemd/agent/bundleimport"
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
@@ -106,9 +107,9 @@ func (n *importNode) snapshot(t *testing.T) map[string]string {
 	return out
 }
 
-func (n *importNode) state(t *testing.T) *contract.State {
+func (n *importNode) state(t *testing.T) *state.State {
 	t.Helper()
-	s, err := contract.ReadState(filepath.Join(n.root, contract.StateFile))
+	s, err := state.Read(filepath.Join(n.root, contract.StateFile))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/agent/healthcheck"
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
 	"github.com/kiln-appliance/kiln/systemd/agent/restore"
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -327,7 +328,7 @@ func newReleaseCheckCommand(flags *releaseFlags) *cobra.Command {
 			}
 			st, err := m.Load()
 			if errors.Is(err, os.ErrNotExist) { // nothing recorded: nothing imported either
-				st, err = &contract.State{}, nil
+				st, err = &state.State{}, nil
 			}
 			if err != nil {
 				return err

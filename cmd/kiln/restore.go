@@ -12,6 +12,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/agent/preloadcopy"
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
 	"github.com/kiln-appliance/kiln/systemd/agent/restore"
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -73,7 +74,7 @@ func keptImages(root, part string) ([]contract.Image, *contract.Contents, error)
 	st, err := release.New(release.WithRoot(root)).Load()
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		st = &contract.State{SchemaVersion: contract.StateVersion, Current: release.FactoryRelease(c)}
+		st = &state.State{SchemaVersion: state.Version, Current: release.FactoryRelease(c)}
 	case err != nil:
 		return nil, nil, err
 	}
@@ -82,7 +83,7 @@ func keptImages(root, part string) ([]contract.Image, *contract.Contents, error)
 
 // registryRuns says whether this boot runs the local registry: on the first
 // boot (until its marker is written), on an upgrade boot, or always.
-func registryRuns(root string, c *contract.Contents, st *contract.State) bool {
+func registryRuns(root string, c *contract.Contents, st *state.State) bool {
 	_, err := os.Stat(filepath.Join(root, contract.FirstBootMarker))
 	return c.Registry.AlwaysOn || errors.Is(err, os.ErrNotExist) || st.Trying != nil
 }

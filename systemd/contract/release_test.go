@@ -27,31 +27,3 @@ func TestCheckReleasePath(t *testing.T) {
 		}
 	}
 }
-
-// The state file is read strictly: a field this kiln does not know, another
-// schema version, or both a staged and a trying release are errors.
-func TestDecodeState(t *testing.T) {
-	t.Parallel()
-	good := `{"schemaVersion":1,"current":{"version":"1.0.0","images":[]},"staged":{"version":"1.1.0","images":[]}}`
-	s, err := DecodeState(strings.NewReader(good))
-	if err != nil || s.Current.Version != "1.0.0" || s.Staged.Version != "1.1.0" || len(s.Releases()) != 2 || s.Active().Version != "1.0.0" {
-		t.Fatalf("DecodeState: %+v, %v", s, err)
-	}
-	data, err := EncodeState(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if again, err := DecodeState(strings.NewReader(string(data))); err != nil || again.Staged.Version != "1.1.0" {
-		t.Errorf("round trip: %+v, %v", again, err)
-	}
-	for name, bad := range map[string]string{
-		"unknown field":     `{"schemaVersion":1,"current":{"version":"1.0.0","images":[]},"next":{}}`,
-		"schema":            `{"schemaVersion":2,"current":{"version":"1.0.0","images":[]}}`,
-		"staged and trying": `{"schemaVersion":1,"current":{"version":"1.0.0","images":[]},"staged":{"version":"1.1.0","images":[]},"trying":{"version":"1.2.0","images":[]}}`,
-		"not JSON":          `{"schemaVersion":1,`,
-	} {
-		if _, err := DecodeState(strings.NewReader(bad)); err == nil || !strings.Contains(err.Error(), "release state") {
-			t.Errorf("%s: %v, want an error about the release state", name, err)
-		}
-	}
-}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder/bundle"
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/test/e2e/fixture"
 	"github.com/kiln-appliance/kiln/test/e2e/guest"
@@ -185,13 +186,13 @@ func TestFieldUpgrade(t *testing.T) {
 
 // finalState is the release state the node ended with, read off its disk,
 // and its bytes (for a failure message).
-func finalState(t *testing.T, root rawdisk.Partition) (*contract.State, []byte) {
+func finalState(t *testing.T, root rawdisk.Partition) (*state.State, []byte) {
 	t.Helper()
 	b, err := root.ReadFile(contract.StateFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var s contract.State
+	var s state.State
 	if err := json.Unmarshal(b, &s); err != nil {
 		t.Fatalf("%s: %v", contract.StateFile, err)
 	}

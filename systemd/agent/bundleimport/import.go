@@ -27,6 +27,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/localimage"
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
@@ -74,7 +75,7 @@ func WithCopyHook(f func(digest string)) Option { return func(i *importer) { i.c
 // /var, every byte of the bundle's filesystem against the signed manifest;
 // only then are blobs copied (each verified as it is written, those already
 // stored kept) and the release recorded as staged, last.
-func Import(ctx context.Context, source string, opts ...Option) (*contract.State, error) {
+func Import(ctx context.Context, source string, opts ...Option) (*state.State, error) {
 	i := &importer{root: "/", log: os.Stdout, copying: func(string) {}}
 	for _, o := range opts {
 		o(i)
@@ -183,7 +184,7 @@ func (i *importer) node() (bundle.Node, contract.Release, error) {
 	st, err := i.machine.Load()
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		st = &contract.State{Current: factory}
+		st = &state.State{Current: factory}
 	case err != nil:
 		return bundle.Node{}, factory, err
 	}

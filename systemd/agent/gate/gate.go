@@ -22,6 +22,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -76,8 +77,8 @@ func New(c *contract.Contents) (*Gate, error) {
 // AddState adds what the node's release state asks of the mirror: the
 // active release's served images (the one being tried at an upgrade boot)
 // must answer too before the mirror opens, and the hosts of every release
-// the registry serves (contract.State.Served) are mirrored.
-func (g *Gate) AddState(s *contract.State) error {
+// the registry serves (state.State.Served) are mirrored.
+func (g *Gate) AddState(s *state.State) error {
 	waiting := map[contract.Image]bool{}
 	for _, im := range g.Images {
 		waiting[contract.Image{Name: im.Name, Digest: im.Digest}] = true

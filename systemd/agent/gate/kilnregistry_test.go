@@ -16,6 +16,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/random"
 
 	kilnregistry "github.com/kiln-appliance/kiln/systemd/agent/registry"
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -102,9 +103,9 @@ func TestGateWaitsForTryingRelease(t *testing.T) {
 	for _, e := range ents {
 		next.Blobs = append(next.Blobs, "sha256:"+e.Name())
 	}
-	st := &contract.State{SchemaVersion: contract.StateVersion, Current: contract.Release{Version: "1.2.0", Images: c.Images}, Trying: &next}
+	st := &state.State{SchemaVersion: state.Version, Current: contract.Release{Version: "1.2.0", Images: c.Images}, Trying: &next}
 	stateFile := filepath.Join(t.TempDir(), "state.json")
-	data, _ := contract.EncodeState(st)
+	data, _ := state.Encode(st)
 	os.WriteFile(stateFile, data, 0o644)
 
 	quiet := kilnregistry.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))

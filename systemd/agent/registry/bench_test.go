@@ -26,6 +26,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -197,9 +198,9 @@ func BenchmarkStartup200(b *testing.B) {
 	store := filepath.Join(b.TempDir(), "releases")
 	next := releaseOf(b, manyImagesSeeded(b, store, 200, 3, "2"), "2.0.0")
 	stateFile := filepath.Join(b.TempDir(), "state.json")
-	st := contract.State{SchemaVersion: contract.StateVersion, Current: releaseOf(b, dir, "1.0.0"), Trying: &next}
+	st := state.State{SchemaVersion: state.Version, Current: releaseOf(b, dir, "1.0.0"), Trying: &next}
 	st.Current.Blobs = nil
-	if err := os.WriteFile(stateFile, must(contract.EncodeState(&st)), 0o644); err != nil {
+	if err := os.WriteFile(stateFile, must(state.Encode(&st)), 0o644); err != nil {
 		b.Fatal(err)
 	}
 	b.Run("direct", func(b *testing.B) {

@@ -420,12 +420,12 @@ func TestLoadErrors(t *testing.T) {
 			os.Remove(f.blobPath(f.appDigest))
 			syscall.Mkfifo(f.blobPath(f.appDigest), 0o644)
 			return f.dir
-		}, "not a regular file (p"},
+		}, "is a FIFO (named pipe), not a regular file"},
 		{"manifest is a directory", func(f *fixture) string {
 			os.Remove(f.blobPath(f.appDigest))
 			os.Mkdir(f.blobPath(f.appDigest), 0o755)
 			return f.dir
-		}, "not a regular file (d"},
+		}, "is a directory, not a regular file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)

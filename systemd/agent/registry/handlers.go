@@ -20,6 +20,8 @@ import (
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/kiln-appliance/kiln/internal/inputfile"
 )
 
 func writeJSON(w http.ResponseWriter, contentType string, body []byte) {
@@ -76,8 +78,8 @@ func (s *Server) blob(w http.ResponseWriter, r *http.Request, repo *repository, 
 		newError(http.StatusNotFound, codeBlobUnknown, fmt.Sprintf("blob %s of repository %s is missing on this node", rt.ref, rt.name)).write(w)
 		return
 	}
-	f, err := openRegular(bf.path)
-	if errors.Is(err, errNotRegular) {
+	f, err := inputfile.OpenFile(bf.path, inputfile.NoFollow())
+	if errors.Is(err, inputfile.ErrNotFile) {
 		// A symlink could point anywhere on the node: never followed.
 		s.log.Error("blob file is not a regular file: not served; "+damageFix(bf.store),
 			"file", bf.path, "digest", rt.ref, "error", err)

@@ -21,6 +21,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/kiln-appliance/kiln/internal/human"
+	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -128,10 +129,7 @@ func layoutRoot(dir string) (string, error) {
 			return "", fmt.Errorf("%s/%s is not a directory (%s): the registry serves only files inside the layout", dir, sub, fi.Mode().Type())
 		}
 	}
-	b, err := readRegular(filepath.Join(dir, ocispec.ImageLayoutFile), maxLayoutFile) // a FIFO here once hung kiln serve
-	if err == nil && len(b) > maxLayoutFile {
-		err = fmt.Errorf("larger than %d bytes", maxLayoutFile)
-	}
+	b, err := inputfile.ReadFile(filepath.Join(dir, ocispec.ImageLayoutFile), maxLayoutFile, inputfile.NoFollow()) // a FIFO here once hung kiln serve
 	if err != nil {
 		return "", fmt.Errorf("%s is not an OCI image layout or kiln image partition (no oci-layout file): %w", dir, err)
 	}
@@ -221,12 +219,12 @@ type rawManifest struct {
 
 func (l *loader) loadLayout(root string) error {
 	src := layoutBlobs(root)
-	f, err := openRegular(filepath.Join(root, ocispec.ImageIndexFile))
+	f, err := inputfile.OpenFile(filepath.Join(root, ocispec.ImageIndexFile), inputfile.NoFollow())
 	if err != nil {
 		return fmt.Errorf("read OCI layout %s: %w", root, err)
 	}
 	defer f.Close()
-	if err := checkSize(f, maxManifestSize); err != nil {
+	if err := inputfile.CheckSize(f, maxManifestSize); err != nil {
 		return fmt.Errorf("%w: an index.json this large is not served (on an image partition: damaged, verify it with `kiln verify`; "+
 			"a layout of your own: split its images across several layouts, kiln serve takes several directories)", err)
 	}
@@ -390,15 +388,18 @@ func readVerified(path string, d ocispec.Descriptor) ([]byte, error) {
 	if limit < 0 {
 		limit = maxManifestSize
 	}
-	data, err := readRegular(path, limit)
-	if err != nil {
+	data, err := inputfile.ReadFile(path, limit, inputfile.NoFollow())
+	var tooLarge *inputfile.TooLargeError
+	switch {
+	case errors.As(err, &tooLarge) && tooLarge.Size > maxManifestSize && limit >= maxManifestSize:
+		return nil, fmt.Errorf("%s is over the limit of %d bytes (%s) for a manifest", path, int64(maxManifestSize), human.Bytes(maxManifestSize))
+	case errors.As(err, &tooLarge): // longer than its descriptor says
+		return nil, fmt.Errorf("%s does not match its digest", path)
+	case err != nil:
 		return nil, err
 	}
-	if int64(len(data)) > maxManifestSize {
-		return nil, fmt.Errorf("%s is over the limit of %d bytes (%s) for a manifest", path, int64(maxManifestSize), human.Bytes(maxManifestSize))
-	}
 	sum := sha256.Sum256(data)
-	if int64(len(data)) > limit || (d.Size >= 0 && int64(len(data)) != d.Size) || "sha256:"+hex.EncodeToString(sum[:]) != d.Digest.String() {
+	if (d.Size >= 0 && int64(len(data)) != d.Size) || "sha256:"+hex.EncodeToString(sum[:]) != d.Digest.String() {
 		return nil, fmt.Errorf("%s does not match its digest", path)
 	}
 	return data, nil

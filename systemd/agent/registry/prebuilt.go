@@ -12,7 +12,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/kiln-appliance/kiln/internal/human"
+	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -161,12 +161,9 @@ func (l *loader) loadPrebuilt(root string) bool {
 
 // readPrebuilt reads a prebuilt index without following a symlink.
 func readPrebuilt(path string) (*contract.RegistryIndex, error) {
-	data, err := readRegular(path, contract.MaxRegistryIndexSize)
+	data, err := inputfile.ReadFile(path, contract.MaxRegistryIndexSize, inputfile.NoFollow())
 	if err != nil {
 		return nil, err
-	}
-	if len(data) > contract.MaxRegistryIndexSize {
-		return nil, fmt.Errorf("%s is over the %s an index may be", path, human.Bytes(contract.MaxRegistryIndexSize))
 	}
 	return contract.DecodeRegistryIndex(data)
 }

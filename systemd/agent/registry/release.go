@@ -3,7 +3,6 @@ package registry
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +10,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -73,7 +73,7 @@ type releaseSource struct {
 }
 
 // role names r's place in s, for log lines.
-func role(s *contract.State, r contract.Release) string {
+func role(s *state.State, r contract.Release) string {
 	switch {
 	case s.Trying != nil && s.Trying.Version == r.Version:
 		return "trying"
@@ -81,23 +81,6 @@ func role(s *contract.State, r contract.Release) string {
 		return "current"
 	}
 	return "previous"
-}
-
-// maxStateSize bounds the release state file read at start.
-const maxStateSize = 64 << 20
-
-// readState reads the state file without following a symlink. A missing
-// file is os.ErrNotExist (wrapped).
-func readState(path string) (*contract.State, error) {
-	f, err := openRegular(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	if err := checkSize(f, maxStateSize); err != nil {
-		return nil, err
-	}
-	return contract.DecodeState(io.LimitReader(f, maxStateSize))
 }
 
 // storeBlobDir returns the release store's blobs/sha256 directory, "" when
@@ -127,7 +110,7 @@ func storeBlobDir(store string) (string, error) {
 // stat'ed. An image whose manifest is nowhere or damaged is skipped with
 // an error line, the rest are served.
 func (l *loader) loadReleases(rs *releaseSource, roots []string) error {
-	s, err := readState(rs.stateFile)
+	s, err := state.Read(rs.stateFile)
 	if errors.Is(err, os.ErrNotExist) {
 		l.log.Info("no release state: serving the image partition only", "state", rs.stateFile)
 		return nil

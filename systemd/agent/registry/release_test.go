@@ -16,6 +16,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -107,14 +108,14 @@ func newUpgradeNode(t testing.TB) *upgradeNode {
 		{Name: "quay.io/acme/app:1.0", Digest: digestOf(t, n.old), MediaType: string(types.OCIManifestSchema1), Served: true},
 		{Name: "quay.io/acme/app:stable", Digest: digestOf(t, n.old), MediaType: string(types.OCIManifestSchema1), Served: true},
 	}}
-	n.writeState(t, contract.State{Current: n.oldRel, Trying: &n.newRel, Attempts: 1})
+	n.writeState(t, state.State{Current: n.oldRel, Trying: &n.newRel, Attempts: 1})
 	return n
 }
 
-func (n *upgradeNode) writeState(t testing.TB, s contract.State) {
+func (n *upgradeNode) writeState(t testing.TB, s state.State) {
 	t.Helper()
-	s.SchemaVersion = contract.StateVersion
-	if err := os.WriteFile(n.state, must(contract.EncodeState(&s)), 0o644); err != nil {
+	s.SchemaVersion = state.Version
+	if err := os.WriteFile(n.state, must(state.Encode(&s)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -247,11 +248,11 @@ func testReleaseTagClash(t *testing.T, mode indexMode) {
 	}
 	t.Run("trying", func(t *testing.T) { check(t, digestOf(t, n.app), true) })
 	t.Run("confirmed", func(t *testing.T) {
-		n.writeState(t, contract.State{Current: n.newRel, Previous: &n.oldRel})
+		n.writeState(t, state.State{Current: n.newRel, Previous: &n.oldRel})
 		check(t, digestOf(t, n.app), true)
 	})
 	t.Run("staged only", func(t *testing.T) {
-		n.writeState(t, contract.State{Current: n.oldRel, Staged: &n.newRel})
+		n.writeState(t, state.State{Current: n.oldRel, Staged: &n.newRel})
 		check(t, digestOf(t, n.old), false)
 	})
 	t.Run("no state", func(t *testing.T) {
@@ -293,7 +294,7 @@ func TestReleaseStoreHardening(t *testing.T) {
 		}, "not a regular file"},
 		{"state not JSON", func(n *upgradeNode) { os.WriteFile(n.state, []byte("{"), 0o644) }, "parse release state"},
 		// Sparse: its size, not its bytes, is what is refused.
-		{"state over the limit", func(n *upgradeNode) { os.Truncate(n.state, maxStateSize+1) }, "is 67108865 bytes, over the limit of 67108864 (64.0 MiB)"},
+		{"state over the limit", func(n *upgradeNode) { os.Truncate(n.state, 64<<20+1) }, "is 67108865 bytes, over the limit of 67108864 (64.0 MiB)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := newUpgradeNode(t)

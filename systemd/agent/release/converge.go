@@ -17,13 +17,14 @@ import (
 
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 	"github.com/kiln-appliance/kiln/systemd/agent/pins"
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // Converge makes everything derived from the state match it, without
 // changing the state (except to forget retired releases once they are gone).
 // Every boot may run it; it is what finishes a transition that was killed.
-func (m *Machine) Converge(ctx context.Context) (*contract.State, error) {
+func (m *Machine) Converge(ctx context.Context) (*state.State, error) {
 	unlock, err := m.lock()
 	if err != nil {
 		return nil, err
@@ -41,7 +42,7 @@ func (m *Machine) Converge(ctx context.Context) (*contract.State, error) {
 // yet), the current release's trusted keys, then the pins narrowed to the kept releases (after the files, so a
 // rolled-back release's workloads are gone before its images are unpinned),
 // then retired images and blobs, then the state forgets the retired.
-func (m *Machine) converge(ctx context.Context, s *contract.State) error {
+func (m *Machine) converge(ctx context.Context, s *state.State) error {
 	if err := m.syncFiles(s); err != nil {
 		return err
 	}
@@ -65,6 +66,10 @@ func (m *Machine) converge(ctx context.Context, s *contract.State) error {
 	s.Retired = nil
 	return m.writeState(s)
 }
+
+// pinsApplied records the digest of the pins drop-in CRI-O was last told to
+// read. It is on tmpfs: after a reboot CRI-O reads the drop-in anew.
+const pinsApplied = "/run/kiln/pins.applied"
 
 // syncPins writes the pins for releases' images if the drop-in differs, and
 // has CRI-O read them unless it already did (a marker on /run holds the
@@ -97,7 +102,7 @@ func (m *Machine) syncPins(ctx context.Context, releases []contract.Release) err
 	}
 	sum := sha256.Sum256(data)
 	want := "sha256:" + hex.EncodeToString(sum[:]) + "\n"
-	marker := m.path(contract.PinsApplied)
+	marker := m.path(pinsApplied)
 	if got, err := os.ReadFile(marker); err == nil && string(got) == want {
 		return nil
 	}
@@ -110,7 +115,7 @@ func (m *Machine) syncPins(ctx context.Context, releases []contract.Release) err
 
 // syncFiles installs the active release's files and removes every other
 // file a known release (kept or retired) owns.
-func (m *Machine) syncFiles(s *contract.State) error {
+func (m *Machine) syncFiles(s *state.State) error {
 	active := s.Active()
 	want := map[string]bool{}
 	files := append([]contract.ReleaseFile(nil), active.Files...)
@@ -217,7 +222,7 @@ func (m *Machine) findBlob(d string) (string, error) {
 }
 
 // removeImages removes retired releases' images that no kept release uses.
-func (m *Machine) removeImages(ctx context.Context, s *contract.State) error {
+func (m *Machine) removeImages(ctx context.Context, s *state.State) error {
 	if m.images == nil || len(s.Retired) == 0 {
 		return nil
 	}
@@ -249,7 +254,7 @@ func (m *Machine) removeImages(ctx context.Context, s *contract.State) error {
 // collectBlobs removes every blob in the release store that no kept release
 // lists (a retired release's, or one an interrupted import left behind).
 // Only the store on /var is touched, never the image partition.
-func (m *Machine) collectBlobs(s *contract.State) error {
+func (m *Machine) collectBlobs(s *state.State) error {
 	kept := map[string]bool{}
 	for _, r := range s.Releases() {
 		for _, b := range r.Blobs {

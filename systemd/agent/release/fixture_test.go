@@ -18,6 +18,7 @@ import (
 	"github.com/kiln-appliance/kiln/builder/stage"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 	"github.com/kiln-appliance/kiln/systemd/agent/pins"
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
@@ -240,7 +241,7 @@ type op struct {
 func (o op) String() string { return strings.TrimSpace(o.Action + " " + o.Version) }
 
 // run performs o on n with m. A stage first imports the release's blobs.
-func (n *node) run(t testing.TB, m *Machine, o op) (*contract.State, error) {
+func (n *node) run(t testing.TB, m *Machine, o op) (*state.State, error) {
 	ctx := context.Background()
 	switch o.Action {
 	case "init": // as kiln agent release begin does it: kiln.json lists no files
@@ -300,7 +301,7 @@ func (n *node) snapshot(t testing.TB) map[string]string {
 			return err
 		}
 		rel, _ := filepath.Rel(n.root, p)
-		if "/"+rel == contract.StateLock || n.root+"/"+rel == n.removedLog() {
+		if "/"+rel == state.Lock || n.root+"/"+rel == n.removedLog() {
 			return nil
 		}
 		data, err := os.ReadFile(p)
@@ -335,9 +336,9 @@ func diffSnapshots(a, b map[string]string) string {
 // checkSafe checks what must hold at every instant, even mid-transition:
 // the state parses, every image of every kept release is pinned, and every
 // blob a kept release lists is in the store, intact. It returns the state.
-func (n *node) checkSafe(t testing.TB) *contract.State {
+func (n *node) checkSafe(t testing.TB) *state.State {
 	t.Helper()
-	s, err := contract.ReadState(filepath.Join(n.root, contract.StateFile))
+	s, err := state.Read(filepath.Join(n.root, contract.StateFile))
 	if err != nil {
 		t.Fatalf("state: %v", err)
 	}
@@ -373,7 +374,7 @@ func (n *node) checkSafe(t testing.TB) *contract.State {
 // checkConverged checks a node at rest: checkSafe, plus exactly the active
 // release's files, exactly the kept releases pinned (and CRI-O told),
 // exactly their blobs stored, nothing retired left over.
-func (n *node) checkConverged(t testing.TB) *contract.State {
+func (n *node) checkConverged(t testing.TB) *state.State {
 	t.Helper()
 	s := n.checkSafe(t)
 	active := s.Active()
@@ -461,7 +462,7 @@ func keySets() [][]string {
 }
 
 // versions summarises a state as "current/previous/staged/trying".
-func versions(s *contract.State) string {
+func versions(s *state.State) string {
 	v := func(r *contract.Release) string {
 		if r == nil {
 			return "-"

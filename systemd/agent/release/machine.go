@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -92,8 +93,8 @@ func (m *Machine) path(p string) string { return filepath.Join(m.root, p) }
 
 // Load reads the state. A node that never recorded one gets an error
 // wrapping os.ErrNotExist (run Init with the factory release first).
-func (m *Machine) Load() (*contract.State, error) {
-	return contract.ReadState(m.path(contract.StateFile))
+func (m *Machine) Load() (*state.State, error) {
+	return state.Read(m.path(contract.StateFile))
 }
 
 // FactoryRelease is the release a factory disk holds: the image partition's
@@ -108,11 +109,11 @@ func FactoryRelease(c *contract.Contents) contract.Release {
 // the node has under contract.ReleaseDirs (Ignition's), their contents kept
 // in the release store for a rollback. On a node with state Init only
 // converges: the factory release never overrides a recorded one.
-func (m *Machine) Init(ctx context.Context, factory contract.Release) (*contract.State, error) {
+func (m *Machine) Init(ctx context.Context, factory contract.Release) (*state.State, error) {
 	if err := checkRelease(factory); err != nil {
 		return nil, fmt.Errorf("factory release: %w", err)
 	}
-	return m.transition(ctx, "init", func(s *contract.State) error {
+	return m.transition(ctx, "init", func(s *state.State) error {
 		if s.SchemaVersion != 0 {
 			return errUnchanged
 		}
@@ -126,7 +127,7 @@ func (m *Machine) Init(ctx context.Context, factory contract.Release) (*contract
 				return err
 			}
 		}
-		*s = contract.State{SchemaVersion: contract.StateVersion, Current: factory}
+		*s = state.State{SchemaVersion: state.Version, Current: factory}
 		return nil
 	})
 }
@@ -137,7 +138,7 @@ var errUnchanged = errors.New("unchanged")
 
 // transition is every state change: load, compute, widen the pins over old
 // and new, write the new state, converge to it.
-func (m *Machine) transition(ctx context.Context, action string, next func(s *contract.State) error) (*contract.State, error) {
+func (m *Machine) transition(ctx context.Context, action string, next func(s *state.State) error) (*state.State, error) {
 	unlock, err := m.lock()
 	if err != nil {
 		return nil, err
@@ -146,7 +147,7 @@ func (m *Machine) transition(ctx context.Context, action string, next func(s *co
 
 	old, err := m.Load()
 	if errors.Is(err, os.ErrNotExist) && action == "init" {
-		old, err = &contract.State{}, nil
+		old, err = &state.State{}, nil
 	}
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -175,8 +176,8 @@ func (m *Machine) transition(ctx context.Context, action string, next func(s *co
 	return s, m.converge(ctx, s)
 }
 
-func (m *Machine) writeState(s *contract.State) error {
-	data, err := contract.EncodeState(s)
+func (m *Machine) writeState(s *state.State) error {
+	data, err := state.Encode(s)
 	if err != nil {
 		return err
 	}
@@ -186,7 +187,7 @@ func (m *Machine) writeState(s *contract.State) error {
 // lock serialises the node's state changes (a boot unit and a technician's
 // command, say) with an exclusive flock; the kernel drops it if we die.
 func (m *Machine) lock() (func(), error) {
-	p := m.path(contract.StateLock)
+	p := m.path(state.Lock)
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return nil, fmt.Errorf("release state lock: %w", err)
 	}
@@ -206,22 +207,22 @@ func (m *Machine) lock() (func(), error) {
 }
 
 // clone deep-copies a state through its JSON form (the form that matters).
-func clone(s *contract.State) *contract.State {
+func clone(s *state.State) *state.State {
 	if s.SchemaVersion == 0 {
-		return &contract.State{}
+		return &state.State{}
 	}
-	data, err := contract.EncodeState(s)
+	data, err := state.Encode(s)
 	if err != nil {
 		panic(err) // a State always encodes
 	}
-	c, err := contract.DecodeState(bytes.NewReader(data))
+	c, err := state.Decode(bytes.NewReader(data))
 	if err != nil {
 		panic(err)
 	}
 	return c
 }
 
-func describe(s *contract.State) string {
+func describe(s *state.State) string {
 	d := "current " + s.Current.Version
 	if s.Previous != nil {
 		d += ", previous " + s.Previous.Version

@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/pins"
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -21,7 +22,7 @@ type Status struct {
 	Trying   *contract.Release `json:"trying,omitempty"`
 	Attempts int               `json:"attempts,omitempty"`
 	Retired  []string          `json:"retired,omitempty"` // versions still being removed
-	Last     *contract.Result  `json:"last,omitempty"`
+	Last     *state.Result  `json:"last,omitempty"`
 	Pins     []string          `json:"pins"`
 	// PinsCurrent says whether the pins drop-in is exactly what the state
 	// derives; false means a transition was interrupted and the next run
@@ -38,7 +39,7 @@ func (m *Machine) Status() (*Status, error) {
 		if cerr != nil {
 			return nil, fmt.Errorf("no release state (%s) and no image partition to read the factory release from: %w", contract.StateFile, cerr)
 		}
-		s, err = &contract.State{SchemaVersion: contract.StateVersion, Current: FactoryRelease(c)}, nil
+		s, err = &state.State{SchemaVersion: state.Version, Current: FactoryRelease(c)}, nil
 	}
 	if err != nil {
 		return nil, err

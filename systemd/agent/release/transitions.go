@@ -11,6 +11,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/pins"
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -24,7 +25,7 @@ var (
 // Stage records r as the release to try at the next boot. r's blobs must
 // already be in the release store. Staging the same release again changes
 // nothing.
-func (m *Machine) Stage(ctx context.Context, r contract.Release) (*contract.State, error) {
+func (m *Machine) Stage(ctx context.Context, r contract.Release) (*state.State, error) {
 	return m.Import(ctx, r, nil)
 }
 
@@ -39,11 +40,11 @@ type Fill func(ctx context.Context, blobDir string) error
 // while they are copied. When fill fails nothing is recorded; the blobs it
 // left are reused by the next import (fill may skip blobs already there) or
 // collected by the next converge.
-func (m *Machine) Import(ctx context.Context, r contract.Release, fill Fill) (*contract.State, error) {
+func (m *Machine) Import(ctx context.Context, r contract.Release, fill Fill) (*state.State, error) {
 	if err := checkRelease(r); err != nil {
 		return nil, fmt.Errorf("stage %s: %w", r.Version, err)
 	}
-	return m.transition(ctx, "stage", func(s *contract.State) error {
+	return m.transition(ctx, "stage", func(s *state.State) error {
 		switch {
 		case s.Trying != nil:
 			return fmt.Errorf("stage %s: %w: %s is being tried; it must be confirmed or rolled back first", r.Version, ErrBusy, s.Trying.Version)
@@ -76,12 +77,12 @@ func (m *Machine) Import(ctx context.Context, r contract.Release, fill Fill) (*c
 // counted once per boot. A release not confirmed after the maximum number of
 // boots is rolled back instead. With nothing staged or trying, Begin only
 // converges (every boot may run it).
-func (m *Machine) Begin(ctx context.Context) (*contract.State, error) {
+func (m *Machine) Begin(ctx context.Context) (*state.State, error) {
 	boot, err := m.bootID()
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
-	return m.transition(ctx, "begin", func(s *contract.State) error {
+	return m.transition(ctx, "begin", func(s *state.State) error {
 		switch {
 		case s.Staged != nil:
 			s.Trying, s.Staged = s.Staged, nil
@@ -106,8 +107,8 @@ func (m *Machine) Begin(ctx context.Context) (*contract.State, error) {
 // Confirm makes the release being tried current, once its health check
 // passed: the current one becomes previous (still pinned, for rollback) and
 // the one before it is retired. Confirming the current release changes nothing.
-func (m *Machine) Confirm(ctx context.Context, version string) (*contract.State, error) {
-	return m.transition(ctx, "confirm", func(s *contract.State) error {
+func (m *Machine) Confirm(ctx context.Context, version string) (*state.State, error) {
+	return m.transition(ctx, "confirm", func(s *state.State) error {
 		switch {
 		case s.Trying != nil && s.Trying.Version == version:
 		case s.Trying == nil && s.Current.Version == version:
@@ -130,8 +131,8 @@ func (m *Machine) Confirm(ctx context.Context, version string) (*contract.State,
 // Rollback gives up the release being tried (its health check failed): the
 // current release's files come back and the tried one is unpinned and
 // retired. reason says what failed. Rolling back again changes nothing.
-func (m *Machine) Rollback(ctx context.Context, version, reason string) (*contract.State, error) {
-	return m.transition(ctx, "rollback", func(s *contract.State) error {
+func (m *Machine) Rollback(ctx context.Context, version, reason string) (*state.State, error) {
+	return m.transition(ctx, "rollback", func(s *state.State) error {
 		switch {
 		case s.Trying != nil && s.Trying.Version == version:
 		case s.Trying == nil && lastWas(s, "rollback", version):
@@ -148,8 +149,8 @@ func (m *Machine) Rollback(ctx context.Context, version, reason string) (*contra
 
 // Abandon drops a staged release before it is tried (a technician changed
 // their mind, or the import must start over).
-func (m *Machine) Abandon(ctx context.Context, version string) (*contract.State, error) {
-	return m.transition(ctx, "abandon", func(s *contract.State) error {
+func (m *Machine) Abandon(ctx context.Context, version string) (*state.State, error) {
+	return m.transition(ctx, "abandon", func(s *state.State) error {
 		switch {
 		case s.Staged != nil && s.Staged.Version == version:
 		case s.Staged == nil && lastWas(s, "abandon", version):
@@ -164,16 +165,16 @@ func (m *Machine) Abandon(ctx context.Context, version string) (*contract.State,
 	})
 }
 
-func (m *Machine) result(action, version string, ok bool, msg string) *contract.Result {
-	return &contract.Result{Action: action, Version: version, OK: ok, Message: msg, Time: m.now().Unix()}
+func (m *Machine) result(action, version string, ok bool, msg string) *state.Result {
+	return &state.Result{Action: action, Version: version, OK: ok, Message: msg, Time: m.now().Unix()}
 }
 
-func lastWas(s *contract.State, action, version string) bool {
+func lastWas(s *state.State, action, version string) bool {
 	return s.Last != nil && s.Last.Action == action && s.Last.Version == version
 }
 
 // retire queues r's leftovers (files, pins, blobs, images) for removal.
-func retire(s *contract.State, r contract.Release) {
+func retire(s *state.State, r contract.Release) {
 	for i, old := range s.Retired {
 		if old.Version == r.Version {
 			s.Retired[i] = r
@@ -185,8 +186,8 @@ func retire(s *contract.State, r contract.Release) {
 
 // same reports whether two releases are the same record.
 func same(a, b contract.Release) bool {
-	s1, _ := contract.EncodeState(&contract.State{Current: a})
-	s2, _ := contract.EncodeState(&contract.State{Current: b})
+	s1, _ := state.Encode(&state.State{Current: a})
+	s2, _ := state.Encode(&state.State{Current: b})
 	return string(s1) == string(s2)
 }
 

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
@@ -86,7 +87,7 @@ func checkTrust(keys []contract.TrustKey) error {
 // mix, and a cut anywhere leaves one of them; the old set, now beside it, is
 // removed after. A current release that records no keys (a state written
 // before releases carried them) leaves TrustDir as it is.
-func (m *Machine) syncTrust(s *contract.State) error {
+func (m *Machine) syncTrust(s *state.State) error {
 	want := s.Current.Trust
 	if len(want) == 0 {
 		return nil

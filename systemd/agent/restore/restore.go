@@ -21,6 +21,7 @@ import (
 	"go.podman.io/storage"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/localimage"
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -36,7 +37,7 @@ import (
 // boot, an upgrade boot, alwaysOn), the served-only images of the releases
 // it serves: pulls through the mirror bring them, and the first boot's or
 // the upgrade's wait makes sure they do.
-func Needed(s *contract.State, registryRuns bool) []contract.Image {
+func Needed(s *state.State, registryRuns bool) []contract.Image {
 	var out []contract.Image
 	seen := map[string]bool{}
 	add := func(im contract.Image) {

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -22,16 +23,16 @@ func TestNeeded(t *testing.T) {
 	}
 	tests := []struct {
 		name         string
-		s            contract.State
+		s            state.State
 		registryRuns bool
 		want         []contract.Image
 	}{
-		{"factory, no registry: every image", contract.State{Current: *rel("1.0.0", a, b, c)}, false, []contract.Image{a, b, c}},
-		{"factory, first boot: served-only left to the registry", contract.State{Current: *rel("1.0.0", a, b, c)}, true, []contract.Image{b, c}},
-		{"previous kept, shared image once", contract.State{Current: *rel("1.1.0", a, d), Previous: rel("1.0.0", a, b)}, false, []contract.Image{a, d, b}},
-		{"trying before previous", contract.State{Current: *rel("1.1.0", a), Trying: rel("1.2.0", e, d), Previous: rel("1.0.0", c)}, false, []contract.Image{a, e, d, c}},
-		{"upgrade boot: the tried release's served-only images are served", contract.State{Current: *rel("1.1.0", a), Trying: rel("1.2.0", e, d)}, true, []contract.Image{e}},
-		{"staged: only what its import loaded", contract.State{Current: *rel("1.0.0", c), Staged: rel("1.1.0", d, e)}, false, []contract.Image{c, e}},
+		{"factory, no registry: every image", state.State{Current: *rel("1.0.0", a, b, c)}, false, []contract.Image{a, b, c}},
+		{"factory, first boot: served-only left to the registry", state.State{Current: *rel("1.0.0", a, b, c)}, true, []contract.Image{b, c}},
+		{"previous kept, shared image once", state.State{Current: *rel("1.1.0", a, d), Previous: rel("1.0.0", a, b)}, false, []contract.Image{a, d, b}},
+		{"trying before previous", state.State{Current: *rel("1.1.0", a), Trying: rel("1.2.0", e, d), Previous: rel("1.0.0", c)}, false, []contract.Image{a, e, d, c}},
+		{"upgrade boot: the tried release's served-only images are served", state.State{Current: *rel("1.1.0", a), Trying: rel("1.2.0", e, d)}, true, []contract.Image{e}},
+		{"staged: only what its import loaded", state.State{Current: *rel("1.0.0", c), Staged: rel("1.1.0", d, e)}, false, []contract.Image{c, e}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
