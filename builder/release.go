@@ -8,11 +8,12 @@ import (
 	"github.com/kiln-appliance/kiln/ignition"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/recipes"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
 
 // releaseFiles are the Ignition files a release puts on the node: the keys
-// it accepts upgrade bundles from (bundle.TrustDir) and its release files.
+// it accepts upgrade bundles from (contract.TrustDir) and its release files.
 // An upgrade bundle carries the same set for the next release.
 func releaseFiles(r *recipes.Recipe) ([]ignition.File, error) {
 	var files []ignition.File
@@ -25,7 +26,7 @@ func releaseFiles(r *recipes.Recipe) ([]ignition.File, error) {
 		if err != nil {
 			return nil, err
 		}
-		files = append(files, ignition.File{Path: path.Join(bundle.TrustDir, bundle.TrustFileName(pemBytes)), Mode: 0o644, Contents: pemBytes})
+		files = append(files, ignition.File{Path: path.Join(contract.TrustDir, contract.TrustFileName(pemBytes)), Mode: 0o644, Contents: pemBytes})
 	}
 	for _, f := range r.Release.Files {
 		data, err := inputfile.ReadFile(r.Resolve(f.Source), -1)

@@ -109,7 +109,6 @@ func (r *Recipe) applyDefaults() {
 			img.Preload = ptr(defaultPreload)
 		}
 	}
-	setDefault(&r.Registry.Listen, contract.DefaultListen)
 	if r.Registry.MirrorTags == nil {
 		r.Registry.MirrorTags = ptr(defaultMirrorTags)
 	}
@@ -171,7 +170,7 @@ func (r *Recipe) validate(d *document) {
 
 	r.validateImages(v)
 
-	v.listen("registry.listen", r.Registry.Listen)
+	v.listen("registry.listen", &r.Registry.Listen)
 	v.oneOf("preload.mode", r.Preload.Mode, PreloadModes, nil)
 
 	ign := r.Ignition
@@ -309,7 +308,7 @@ func (r *Recipe) validateRelease(v validator) {
 	}
 	if len(r.Trust) > 0 {
 		if v.required("version", r.Version, `a recipe with trust keys takes upgrade bundles, which need a semver version: add e.g. "version: 1.0.0"`) {
-			if _, err := bundle.ParseVersion(r.Version); err != nil {
+			if _, err := contract.ParseVersion(r.Version); err != nil {
 				v.errorf("version", "%v; upgrade bundles (trust is set) order releases by semver", err)
 			}
 		}
@@ -477,12 +476,16 @@ func (v validator) digest(field, value string) bool {
 	return true
 }
 
-// listen checks the node registry's listen address with the node's own
-// rule, so an address the units would refuse fails here, at its line.
-func (v validator) listen(field, value string) {
-	if err := contract.CheckListen(value); err != nil {
+// listen sets the node registry's listen address (its default when
+// unset) by the node's own rule, so an address the units would refuse
+// fails here, at its line.
+func (v validator) listen(field string, addr *string) {
+	listen, err := contract.ListenAddress(*addr)
+	if err != nil {
 		v.errorf(field, "%v", err)
+		return
 	}
+	*addr = listen
 }
 
 // abbreviate shortens a long value (an SSH key) for an error message.

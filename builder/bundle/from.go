@@ -31,7 +31,7 @@ type base struct {
 	from    string // as given
 	recipe  string
 	arch    string
-	release bundle.Release
+	release contract.ReleaseID
 	blobs   map[string]bool
 	trust   []ed25519.PublicKey // keys its nodes trust, when known
 	agent   string              // digest of the agent its nodes run, when known
@@ -103,7 +103,7 @@ func baseFromDisk(p string, l *partitions.Layout) (*base, error) {
 }
 
 // diskTrust reads the keys a disk's nodes trust from its Ignition config
-// (the files under bundle.TrustDir, as the factory build writes them); nil
+// (the files under contract.TrustDir, as the factory build writes them); nil
 // when it trusts none (built before trust existed, or without it).
 func diskTrust(disk string) ([]ed25519.PublicKey, error) {
 	raw, err := partitions.ReadIgnition(disk)
@@ -125,7 +125,7 @@ func diskTrust(disk string) ([]ed25519.PublicKey, error) {
 	}
 	var keys []ed25519.PublicKey
 	for _, f := range cfg.Storage.Files {
-		if path.Dir(f.Path) != bundle.TrustDir || f.Contents.Source == nil {
+		if path.Dir(f.Path) != contract.TrustDir || f.Contents.Source == nil {
 			continue
 		}
 		u, err := dataurl.DecodeString(*f.Contents.Source)
@@ -158,7 +158,7 @@ func baseFromContents(p string) (*base, error) {
 // (Images only preloaded are in containers/storage, not as blobs, so a
 // delta carries their blobs again.)
 func baseOfContents(c *contract.Contents) *base {
-	b := &base{recipe: c.Recipe, arch: c.Arch, release: bundle.Release{Version: c.Version, LockDigest: c.LockDigest}, blobs: map[string]bool{}, schema: bundle.SchemaVersion}
+	b := &base{recipe: c.Recipe, arch: c.Arch, release: contract.ReleaseID{Version: c.Version, LockDigest: c.LockDigest}, blobs: map[string]bool{}, schema: bundle.SchemaVersion}
 	if c.Kiln == (version.Info{}) {
 		b.schema = 1
 	}
@@ -191,7 +191,7 @@ func baseFromBundle(p string, offset int64) (*base, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &base{recipe: m.Recipe, arch: m.Arch, release: bundle.Release{Version: m.Version, LockDigest: m.LockDigest}, blobs: map[string]bool{}, agent: m.Agent.Digest, schema: m.SchemaVersion}
+	b := &base{recipe: m.Recipe, arch: m.Arch, release: contract.ReleaseID{Version: m.Version, LockDigest: m.LockDigest}, blobs: map[string]bool{}, agent: m.Agent.Digest, schema: m.SchemaVersion}
 	for _, bl := range m.Blobs {
 		b.blobs[bl.Digest] = true
 	}
@@ -239,7 +239,7 @@ func baseFromLock(ctx context.Context, p string, cache *fetch.Cache, o Options) 
 	if err != nil {
 		return nil, err
 	}
-	b := &base{recipe: r.Name, arch: r.Arch, release: bundle.Release{Version: r.Version, LockDigest: digestOf(lockBytes)}, blobs: map[string]bool{}, schema: bundle.SchemaVersion}
+	b := &base{recipe: r.Name, arch: r.Arch, release: contract.ReleaseID{Version: r.Version, LockDigest: digestOf(lockBytes)}, blobs: map[string]bool{}, schema: bundle.SchemaVersion}
 	for _, img := range imgs {
 		b.blobs[img.Descriptor.Digest.String()] = true
 		for _, d := range img.Blobs() {

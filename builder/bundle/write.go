@@ -31,6 +31,7 @@ import (
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/partitions/sqfswrite"
 	"github.com/kiln-appliance/kiln/recipes"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
 
@@ -254,7 +255,7 @@ func checkBase(r *recipes.Recipe, b *base) error {
 	if b.arch != r.Arch {
 		return fmt.Errorf("--from %s is for %s, the recipe for %s: give a release of the same arch", b.from, b.arch, r.Arch)
 	}
-	c, err := bundle.CompareVersions(r.Version, b.release.Version)
+	c, err := contract.CompareVersions(r.Version, b.release.Version)
 	if err != nil {
 		return fmt.Errorf("--from %s: %w", b.from, err)
 	}
@@ -370,10 +371,10 @@ func describeImages(m *bundle.Manifest, r *recipes.Recipe, images []*fetch.Image
 	for i, img := range images {
 		ri := r.Images[i]
 		add(img.Descriptor)
-		mi := bundle.Image{
+		mi := bundle.Image{Image: contract.Image{
 			Name: ri.Name, Digest: img.Descriptor.Digest.String(), MediaType: string(img.Descriptor.MediaType),
 			Size: img.Descriptor.Size, Served: ri.Served(), Preloaded: ri.Preloaded(), ImageID: img.Config.Digest.String(),
-		}
+		}}
 		for _, d := range img.Blobs() {
 			add(d)
 			mi.Size += d.Size

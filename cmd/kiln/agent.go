@@ -213,7 +213,7 @@ func newPreloadCopyCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&from, "from", contract.StorePath, "the preloaded store")
-	cmd.Flags().StringVar(&to, "to", preloadcopy.DefaultGraphRoot, "the node's main store")
+	cmd.Flags().StringVar(&to, "to", contract.DefaultGraphRoot, "the node's main store")
 	return cmd
 }
 

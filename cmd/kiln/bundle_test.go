@@ -20,7 +20,8 @@ import (
 	"github.com/kiln-appliance/kiln/builder/bundle"
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/partitions"
-	contract "github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract"
+	bundlefmt "github.com/kiln-appliance/kiln/systemd/contract/bundle"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 	"github.com/kiln-appliance/kiln/test/fixtures/layers"
 	"github.com/kiln-appliance/kiln/test/loopmount"
@@ -204,7 +205,7 @@ func TestBundles(t *testing.T) {
 				t.Errorf("sgdisk -v %s:\n%s", p, out)
 			}
 			info := run(t, "sgdisk", "-i", "1", p)
-			if !strings.Contains(info, contract.PartitionType) || !strings.Contains(info, contract.PartitionName) {
+			if !strings.Contains(info, bundlefmt.PartitionType) || !strings.Contains(info, bundlefmt.PartitionName) {
 				t.Errorf("%s partition 1 is not kiln's bundle partition:\n%s", p, info)
 			}
 		}
@@ -213,7 +214,7 @@ func TestBundles(t *testing.T) {
 	t.Run("a full bundle holds every image, read by skopeo from the kernel mount", func(t *testing.T) {
 		mnt := mountBundle(t, b12)
 		rep := inspectBundle(t, rs, b12)
-		if rep.Manifest.Kind != contract.KindFull || len(rep.Manifest.AppliesTo) != 0 {
+		if rep.Manifest.Kind != bundlefmt.KindFull || len(rep.Manifest.AppliesTo) != 0 {
 			t.Errorf("full bundle: kind %s, applies to %v", rep.Manifest.Kind, rep.Manifest.AppliesTo)
 		}
 		for _, ref := range []string{baseImage, appImage + "1.2"} {
@@ -223,7 +224,7 @@ func TestBundles(t *testing.T) {
 		if want, _ := os.ReadFile(filepath.Join(rs.dir, "app.container")); err != nil || string(got) != string(want) {
 			t.Errorf("release file on the stick: %q, %v", got, err)
 		}
-		if fi, err := os.Stat(filepath.Join(mnt, contract.AgentBinary)); err != nil || fi.Mode().Perm() != 0o755 {
+		if fi, err := os.Stat(filepath.Join(mnt, bundlefmt.AgentBinary)); err != nil || fi.Mode().Perm() != 0o755 {
 			t.Errorf("agent on the stick: %v %v", fi, err)
 		}
 	})
@@ -244,10 +245,10 @@ func TestBundles(t *testing.T) {
 		}
 		rep := inspectBundle(t, rs, b11)
 		m := rep.Manifest
-		if _, err := os.Stat(filepath.Join(deltaMnt, contract.AgentBinary)); m.AgentOnStick || err == nil {
+		if _, err := os.Stat(filepath.Join(deltaMnt, bundlefmt.AgentBinary)); m.AgentOnStick || err == nil {
 			t.Errorf("the delta carries the agent its base already runs")
 		}
-		if m.Kind != contract.KindDelta || len(m.AppliesTo) != 1 || m.AppliesTo[0].Version != "1.0.0" {
+		if m.Kind != bundlefmt.KindDelta || len(m.AppliesTo) != 1 || m.AppliesTo[0].Version != "1.0.0" {
 			t.Errorf("delta: kind %s, applies to %+v", m.Kind, m.AppliesTo)
 		}
 		var onStick int64
@@ -563,8 +564,8 @@ func TestBundleSaysWhichAgent(t *testing.T) {
 		t.Errorf("the summary does not say %q:\n%s", want, out)
 	}
 	m := inspectBundle(t, rs, full).Manifest
-	if m.SchemaVersion != contract.SchemaVersion || m.Kiln != self || m.AgentVersion != agent || m.AgentVersion.Edition != "node" {
-		t.Errorf("manifest schema %d, kiln %+v, agent %+v; want schema %d, %+v, %+v", m.SchemaVersion, m.Kiln, m.AgentVersion, contract.SchemaVersion, self, agent)
+	if m.SchemaVersion != bundlefmt.SchemaVersion || m.Kiln != self || m.AgentVersion != agent || m.AgentVersion.Edition != "node" {
+		t.Errorf("manifest schema %d, kiln %+v, agent %+v; want schema %d, %+v, %+v", m.SchemaVersion, m.Kiln, m.AgentVersion, bundlefmt.SchemaVersion, self, agent)
 	}
 	text := rs.mustKiln(t, "inspect", full)
 	for _, want := range []string{"Made by: " + self.String() + "\n", "Agent: " + agent.String() + ", " + agentSize + ", on the stick\n"} {
@@ -644,7 +645,7 @@ func TestBundleSchemaForOlderNodes(t *testing.T) {
 	for _, tc := range []struct {
 		from   string
 		schema int
-	}{{old, 1}, {disk10, contract.SchemaVersion}} {
+	}{{old, 1}, {disk10, bundlefmt.SchemaVersion}} {
 		p := filepath.Join(rs.dir, fmt.Sprintf("schema-%d.img", tc.schema))
 		rs.mustKiln(t, "bundle", r11, "-o", p, "--key", rs.key, "--from", tc.from)
 		rep := inspectBundle(t, rs, p)

@@ -4,7 +4,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/bundleimport"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 func newImportCommand() *cobra.Command {
@@ -12,7 +12,7 @@ func newImportCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "import SOURCE",
 		Short: "Import an upgrade bundle (a stick's partition device or a bundle file) and stage its release",
-		Long: "Checks the bundle's signature against the keys in " + bundle.TrustDir + " before using anything from it,\n" +
+		Long: "Checks the bundle's signature against the keys in " + contract.TrustDir + " before using anything from it,\n" +
 			"then that it is for this appliance and arch, newer than the running release (a delta: made for it),\n" +
 			"that nothing else is staged and that /var has room; then copies its blobs into the release store and\n" +
 			"stages the release for the next boot. A refusal changes nothing; an interrupted import is resumed by\n" +

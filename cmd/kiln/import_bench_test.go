@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 	"github.com/kiln-appliance/kiln/test/fixtures/images"
 	"github.com/kiln-appliance/kiln/test/paired"
 )
@@ -73,8 +72,8 @@ func benchImport(b *testing.B, total int64) {
 		data, _ := os.ReadFile(filepath.Join(part, contract.ContentsFile))
 		os.WriteFile(filepath.Join(img, contract.ContentsFile), data, 0o644)
 		os.Symlink(filepath.Join(part, contract.OCIDir), filepath.Join(img, contract.OCIDir))
-		os.MkdirAll(filepath.Join(root, bundle.TrustDir), 0o755)
-		os.WriteFile(filepath.Join(root, bundle.TrustDir, bundle.TrustFileName(pub)), pub, 0o644)
+		os.MkdirAll(filepath.Join(root, contract.TrustDir), 0o755)
+		os.WriteFile(filepath.Join(root, contract.TrustDir, contract.TrustFileName(pub)), pub, 0o644)
 		// The node edition, as the node runs it.
 		d, rss := timedRSS(b, env, filepath.Join(filepath.Dir(kilnBin), "kiln-agent"), "agent", "import", full, "--root", root, "--apply-pins", "none")
 		peak = max(peak, rss)

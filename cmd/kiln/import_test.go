@@ -62,14 +62,14 @@ func (n *importNode) setup(t *testing.T, disk string, trust ...string) {
 	if err := os.Symlink(filepath.Join(part, contract.OCIDir), filepath.Join(img, contract.OCIDir)); err != nil {
 		t.Fatal(err)
 	}
-	dir := filepath.Join(n.root, bundle.TrustDir)
+	dir := filepath.Join(n.root, contract.TrustDir)
 	os.MkdirAll(dir, 0o755)
 	for _, p := range trust {
 		pem, err := os.ReadFile(p)
 		if err != nil {
 			t.Fatal(err)
 		}
-		os.WriteFile(filepath.Join(dir, bundle.TrustFileName(pem)), pem, 0o644)
+		os.WriteFile(filepath.Join(dir, contract.TrustFileName(pem)), pem, 0o644)
 	}
 }
 
@@ -340,11 +340,11 @@ func TestImport(t *testing.T) {
 		{"tampered blob", tampered, nil, "bundle is damaged: blob sha256:"},
 		{"tampered manifest", badSig, nil, "bundle is damaged: the signature of SHA256:"},
 		{"untrusted key", b12, func(t *testing.T, n *importNode) {
-			os.RemoveAll(filepath.Join(n.root, bundle.TrustDir))
+			os.RemoveAll(filepath.Join(n.root, contract.TrustDir))
 			n.setupTrust(t, rs.otherPub)
 		}, "not signed by a trusted key (signed by [SHA256:"},
 		{"no trusted key at all", b12, func(t *testing.T, n *importNode) {
-			os.RemoveAll(filepath.Join(n.root, bundle.TrustDir))
+			os.RemoveAll(filepath.Join(n.root, contract.TrustDir))
 		}, "this node trusts no bundle key"},
 		{"another recipe", bOther, nil, "bundle is for another appliance: it is other for amd64, this node runs acme for amd64"},
 		{"another arch", b12, func(t *testing.T, n *importNode) {
@@ -592,9 +592,9 @@ func (n *importNode) setupTrust(t *testing.T, pub string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := filepath.Join(n.root, bundle.TrustDir)
+	dir := filepath.Join(n.root, contract.TrustDir)
 	os.MkdirAll(dir, 0o755)
-	os.WriteFile(filepath.Join(dir, bundle.TrustFileName(pem)), pem, 0o644)
+	os.WriteFile(filepath.Join(dir, contract.TrustFileName(pem)), pem, 0o644)
 }
 
 func (n *importNode) editContents(t *testing.T, edit func(c *contract.Contents)) {
@@ -631,7 +631,6 @@ func copyFile(t *testing.T, from, to string) {
 		t.Fatal(err)
 	}
 }
-
 
 // flipSignedByte changes a digit of the manifest's version inside the
 // signed payload (base64 in the envelope: change one payload character).

@@ -29,10 +29,10 @@ func TestInspectGolden(t *testing.T) {
 		SignedBy: []string{"SHA256:factorykey"},
 		Manifest: &bundlefmt.Manifest{
 			SchemaVersion: bundlefmt.SchemaVersion, Recipe: "acme", Version: "1.1.0", Arch: "amd64", LockDigest: d("1"), Created: 315532800,
-			Kiln: kiln, Kind: bundlefmt.KindDelta, AppliesTo: []bundlefmt.Release{{Version: "1.0.0", LockDigest: d("2")}},
+			Kiln: kiln, Kind: bundlefmt.KindDelta, AppliesTo: []contract.ReleaseID{{Version: "1.0.0", LockDigest: d("2")}},
 			Images: []bundlefmt.Image{
-				{Name: "quay.io/acme/app:1.1", Digest: d("a"), Size: 600 << 10, Served: true, Preloaded: true, ImageID: d("b"), Blobs: []string{d("b"), d("c")}},
-				{Name: "quay.io/acme/base:1", Digest: d("d"), Size: 300 << 10, Served: true, ImageID: d("e"), Blobs: []string{d("e"), d("f")}},
+				{Image: contract.Image{Name: "quay.io/acme/app:1.1", Digest: d("a"), Size: 600 << 10, Served: true, Preloaded: true, ImageID: d("b")}, Blobs: []string{d("b"), d("c")}},
+				{Image: contract.Image{Name: "quay.io/acme/base:1", Digest: d("d"), Size: 300 << 10, Served: true, ImageID: d("e")}, Blobs: []string{d("e"), d("f")}},
 			},
 			Blobs: []bundlefmt.Blob{
 				{Digest: d("a"), Size: 500, OnStick: true}, {Digest: d("b"), Size: 300, OnStick: true},
@@ -43,7 +43,7 @@ func TestInspectGolden(t *testing.T) {
 			ReleaseFiles: []contract.ReleaseFile{{Path: "/etc/containers/systemd/app.container", Mode: 0o644, Size: 40, Digest: d("9")}},
 			Agent:        bundlefmt.File{Path: bundlefmt.AgentBinary, Size: 11 << 20, Digest: d("7"), Offset: 4096},
 			AgentOnStick: true, AgentVersion: agent,
-			Trust:      []bundlefmt.Key{{KeyID: "SHA256:factorykey", PublicKey: "-----BEGIN PUBLIC KEY-----\n…\n-----END PUBLIC KEY-----\n"}},
+			Trust:      []contract.TrustKey{{KeyID: "SHA256:factorykey", PublicKey: "-----BEGIN PUBLIC KEY-----\n…\n-----END PUBLIC KEY-----\n"}},
 			Filesystem: bundlefmt.Filesystem{Size: 11<<20 + 1<<20, Metadata: d("6")},
 		},
 	}

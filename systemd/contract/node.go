@@ -79,6 +79,17 @@ const DefaultListen = "127.0.0.1:5050"
 // distribution spec suggests 4 MiB as a limit registries may enforce).
 const MaxManifestSize = 4 << 20
 
+// ListenAddress is the address the node's registry listens on when the
+// recipe (and so kiln.json) gives addr: DefaultListen when addr is empty,
+// else addr if CheckListen accepts it. The recipe's loader, the units'
+// renderer and the mirror gate all take the address from here.
+func ListenAddress(addr string) (string, error) {
+	if addr == "" {
+		return DefaultListen, nil
+	}
+	return addr, CheckListen(addr)
+}
+
 // CheckListen reports whether the node's registry may listen on addr: a
 // loopback IP (the registry is never exposed to the network; the units allow
 // only localhost traffic) and an unprivileged port (it runs without

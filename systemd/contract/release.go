@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"path"
 	"strings"
+
+	"github.com/coreos/go-semver/semver"
 )
 
 // Where the node keeps its releases. The release state itself, one file
@@ -62,6 +64,40 @@ type Release struct {
 	// release is current (key rotation: a release brings the next set);
 	// the factory release's is what Ignition wrote to TrustDir.
 	Trust []TrustKey `json:"trust,omitempty"`
+}
+
+// ReleaseID names one release of a recipe: its version and the digest of
+// its lock file (what a delta bundle names as its base).
+type ReleaseID struct {
+	Version    string `json:"version"`
+	LockDigest string `json:"lockDigest"`
+}
+
+// ID names r.
+func (r Release) ID() ReleaseID { return ReleaseID{Version: r.Version, LockDigest: r.LockDigest} }
+
+// ParseVersion parses a release version as semver (MAJOR.MINOR.PATCH, with
+// optional -prerelease and +build).
+func ParseVersion(v string) (*semver.Version, error) {
+	sv, err := semver.NewVersion(v)
+	if err != nil {
+		return nil, fmt.Errorf("version %q is not semver (MAJOR.MINOR.PATCH, e.g. 1.4.0): %v", v, err)
+	}
+	return sv, nil
+}
+
+// CompareVersions returns -1, 0 or 1 as a is older than, the same as or
+// newer than b, by semver precedence.
+func CompareVersions(a, b string) (int, error) {
+	va, err := ParseVersion(a)
+	if err != nil {
+		return 0, err
+	}
+	vb, err := ParseVersion(b)
+	if err != nil {
+		return 0, err
+	}
+	return va.Compare(*vb), nil
 }
 
 // TrustDir is where a node keeps the public keys it accepts bundles from,

@@ -20,8 +20,6 @@ import (
 	"time"
 
 	"github.com/kiln-appliance/kiln/ignition"
-	"github.com/kiln-appliance/kiln/systemd/agent/pins"
-	"github.com/kiln-appliance/kiln/systemd/agent/preloadcopy"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
@@ -44,7 +42,8 @@ type Params struct {
 	// PartitionGUID is the image partition's unique partition GUID (not its
 	// type GUID): the mount names the device by it.
 	PartitionGUID string
-	// Listen is the registry's loopback address; contract.DefaultListen when empty.
+	// Listen is the registry's loopback address (contract.ListenAddress:
+	// contract.DefaultListen when empty).
 	Listen string
 	// AlwaysOn keeps the registry and mirror running on every boot instead
 	// of stopping them once first boot has every image in local storage.
@@ -143,7 +142,7 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 		units = append(units, ignition.Unit{Name: name, Contents: text, Enabled: enabled[name]})
 	}
 
-	pinConf, err := pins.Render(p.Images)
+	pinConf, err := contract.RenderPins(p.Images)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -173,8 +172,8 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 		files = append(files,
 			// The preloaded store, read-only on the image partition, is an
 			// additional image store of the node's main store.
-			ignition.File{Path: contract.StorageConf, Mode: 0o644, Contents: preloadcopy.StorageConf(preloadcopy.Conf{
-				AdditionalImageStores: []string{contract.StorePath}})})
+			ignition.File{Path: contract.StorageConf, Mode: 0o644, Contents: contract.StorageConfig{
+				AdditionalImageStores: []string{contract.StorePath}}.Render()})
 		// With the store path absent, podman and CRI-O refuse to start:
 		// CRI-O waits for the partition's mount.
 		crio += "[Unit]\n# CRI-O reads the preloaded store on the image partition.\nRequiresMountsFor=" + contract.StorePath + "\n"
@@ -219,11 +218,8 @@ func (p Params) values() (values, error) {
 	if p.RootHash != "" && (!rootHashRE.MatchString(p.RootHash) || p.HashOffset <= 0 || p.HashOffset%4096 != 0) {
 		return values{}, fmt.Errorf("render units: verity root hash %q at offset %d: want 64 hex digits and a positive multiple of 4096", p.RootHash, p.HashOffset)
 	}
-	listen := p.Listen
-	if listen == "" {
-		listen = contract.DefaultListen
-	}
-	if err := contract.CheckListen(listen); err != nil {
+	listen, err := contract.ListenAddress(p.Listen)
+	if err != nil {
 		return values{}, fmt.Errorf("render units: registry listen address %w", err)
 	}
 	guid := strings.ToLower(p.PartitionGUID) // udev's by-partuuid names are lower case

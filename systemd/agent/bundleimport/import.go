@@ -89,13 +89,13 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 	}
 	defer f.Close()
 
-	keys, err := trustedKeys(i.path(bundle.TrustDir))
+	keys, ids, err := trustedKeys(i.path(contract.TrustDir))
 	if err != nil {
 		return nil, err
 	}
 	m, h, keyID, err := bundle.Open(f, keys)
 	if errors.Is(err, bundle.ErrUntrusted) {
-		err = fmt.Errorf("%w; this node trusts %s (%s): use a bundle signed by one of them", err, keyIDs(keys), bundle.TrustDir)
+		err = fmt.Errorf("%w; this node trusts %s (%s): use a bundle signed by one of them", err, ids, contract.TrustDir)
 	}
 	if err != nil {
 		return nil, refused(source, err)
@@ -188,16 +188,17 @@ func (i *importer) node() (bundle.Node, contract.Release, error) {
 	case err != nil:
 		return bundle.Node{}, factory, err
 	}
-	n := bundle.Node{Recipe: c.Recipe, Arch: c.Arch,
-		Current: bundle.Release{Version: st.Current.Version, LockDigest: st.Current.LockDigest}}
+	n := bundle.Node{Recipe: c.Recipe, Arch: c.Arch, Current: st.Current.ID()}
 	if n.Current.LockDigest == "" && st.Current.Version == c.Version {
 		n.Current.LockDigest = c.LockDigest // recorded before releases kept their lock digest
 	}
 	if r := st.Staged; r != nil {
-		n.Staged = &bundle.Release{Version: r.Version, LockDigest: r.LockDigest}
+		id := r.ID()
+		n.Staged = &id
 	}
 	if r := st.Trying; r != nil {
-		n.Trying = &bundle.Release{Version: r.Version, LockDigest: r.LockDigest}
+		id := r.ID()
+		n.Trying = &id
 	}
 	return n, factory, nil
 }
@@ -337,43 +338,27 @@ func mkdirs(dir string) (undo func(), err error) {
 	}, nil
 }
 
-// trustedKeys reads every public key in dir.
-func trustedKeys(dir string) ([]ed25519.PublicKey, error) {
-	entries, err := os.ReadDir(dir)
-	if err != nil && !os.IsNotExist(err) {
-		return nil, fmt.Errorf("read trusted keys: %w", err)
+// trustedKeys reads the keys the node accepts bundles from (dir is
+// contract.TrustDir under the node's root): at least one, or nothing can be
+// imported.
+func trustedKeys(dir string) (keys []ed25519.PublicKey, ids string, err error) {
+	trusted, err := bundle.ReadTrustDir(dir)
+	if err != nil {
+		return nil, "", err
 	}
-	var keys []ed25519.PublicKey
-	for _, e := range entries {
-		if !strings.HasSuffix(e.Name(), ".pub") {
-			continue
-		}
-		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+	if len(trusted) == 0 {
+		return nil, "", fmt.Errorf("%w: %s holds no key (the factory build writes it from the recipe's trust); no bundle can be imported", ErrNoTrust, dir)
+	}
+	var names []string
+	for _, k := range trusted {
+		pub, err := bundle.ParsePublicKey([]byte(k.PublicKey))
 		if err != nil {
-			return nil, fmt.Errorf("read trusted key: %w", err)
+			return nil, "", fmt.Errorf("trusted key %s: %w", k.KeyID, err)
 		}
-		k, err := bundle.ParsePublicKey(data)
-		if err != nil {
-			return nil, fmt.Errorf("trusted key %s: %w", filepath.Join(dir, e.Name()), err)
-		}
-		keys = append(keys, k)
+		keys = append(keys, pub)
+		names = append(names, k.KeyID)
 	}
-	if len(keys) == 0 {
-		return nil, fmt.Errorf("%w: %s holds no key (the factory build writes it from the recipe's trust); no bundle can be imported", ErrNoTrust, dir)
-	}
-	return keys, nil
-}
-
-func keyIDs(keys []ed25519.PublicKey) string {
-	var ids []string
-	for _, k := range keys {
-		id, err := bundle.KeyID(k)
-		if err != nil {
-			id = "?"
-		}
-		ids = append(ids, id)
-	}
-	return strings.Join(ids, ", ")
+	return keys, strings.Join(names, ", "), nil
 }
 
 // freeBytes is what an unprivileged writer may still use on dir's filesystem.

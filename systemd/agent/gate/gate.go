@@ -43,15 +43,13 @@ type Gate struct {
 // checked, and every host they come from (plus the recipe's upstreams) is
 // mirrored.
 func New(c *contract.Contents) (*Gate, error) {
-	g := &Gate{Listen: c.Registry.Listen, MirrorTags: c.Registry.MirrorTags}
-	if g.Listen == "" {
-		g.Listen = contract.DefaultListen
-	}
 	// The same rule the factory applied: the address also goes into the
 	// drop-in's comment and mirror locations.
-	if err := contract.CheckListen(g.Listen); err != nil {
+	listen, err := contract.ListenAddress(c.Registry.Listen)
+	if err != nil {
 		return nil, fmt.Errorf("kiln.json: registry listen address %v", err)
 	}
+	g := &Gate{Listen: listen, MirrorTags: c.Registry.MirrorTags}
 	hosts := map[string]bool{}
 	for _, h := range c.Registry.Upstreams {
 		hosts[h] = true

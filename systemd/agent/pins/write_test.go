@@ -11,9 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/BurntSushi/toml"
-
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // helperEnv makes the test binary write pins and stop just before the
@@ -36,7 +35,7 @@ func TestMain(m *testing.M) {
 // on keys CRI-O would not know.
 func parsePins(t *testing.T, path string) []string {
 	t.Helper()
-	got, err := Read(path) // strict: a key CRI-O would not know is an error
+	got, err := contract.ReadPins(path) // strict: a key CRI-O would not know is an error
 	if err != nil {
 		t.Fatalf("%s is not a pins drop-in CRI-O can read: %v", path, err)
 	}
@@ -102,32 +101,5 @@ func TestKilledBeforeRename(t *testing.T) {
 		if m, _ := filepath.Glob(filepath.Join(d, ".*tmp-*")); len(m) > 0 {
 			t.Errorf("temp files left in %s: %v", d, m)
 		}
-	}
-}
-
-// TestRenderQuotesAsTOML: characters Go's %q and TOML quote differently
-// (Go writes BEL and VT as \a and \v, escapes TOML does not have, so CRI-O
-// would refuse the whole file) come back whole when the drop-in is parsed. References that reach the
-// pins are validated and hold none of them; the encoder makes that not
-// matter.
-func TestRenderQuotesAsTOML(t *testing.T) {
-	refs := []string{"quay.io/a\ab:1", "quay.io/c\vd:1", "quay.io/e\x7f:1", `quay.io/"f"\g:1`, "quay.io/é:1"}
-	data, err := render(refs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(string(data), `\a`) || !strings.Contains(string(data), `\u0007`) {
-		t.Errorf("not TOML quoting:\n%s", data)
-	}
-	path := filepath.Join(t.TempDir(), "pins.conf")
-	os.WriteFile(path, data, 0o644)
-	if got := parsePins(t, path); strings.Join(got, "|") != strings.Join(refs, "|") {
-		t.Errorf("parsed back %q, want %q", got, refs)
-	}
-	// What fmt's %q would have written is not TOML at all.
-	bad := fmt.Sprintf("[crio.image]\npinned_images = [%q]\n", refs[0])
-	var v map[string]any
-	if _, err := toml.Decode(bad, &v); err == nil {
-		t.Errorf("%q parsed: the test does not tell the quotings apart", bad)
 	}
 }

@@ -1,3 +1,10 @@
+// Package preloadcopy copies images of the preloaded containers/storage
+// store (the image partition's storage/, built by builder/preload) into the
+// node's main store, digests preserved: every one at first boot in the
+// preload's mode copy, and those a kept release needs when the image
+// restore puts back what CRI-O lost. (Mode store needs no program: the
+// factory writes the storage.conf that adds the partition's store,
+// contract.StorageConfig.)
 package preloadcopy
 
 import (
@@ -16,6 +23,8 @@ import (
 	"go.podman.io/storage/pkg/archive"
 	"go.podman.io/storage/types"
 	"golang.org/x/sys/unix"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // CopyOption tunes CopyToMainStore.
@@ -26,9 +35,6 @@ type copyOptions struct {
 	log     io.Writer
 	only    map[string]bool
 }
-
-// WithRunRoot sets the main store's run root (default DefaultRunRoot).
-func WithRunRoot(dir string) CopyOption { return func(o *copyOptions) { o.runRoot = dir } }
 
 // WithOnly copies only the images with these IDs (default: every image of
 // the preloaded store): the node's image restore asks for the images a kept
@@ -59,7 +65,7 @@ func WithLog(w io.Writer) CopyOption { return func(o *copyOptions) { o.log = w }
 // the manifest (and its digest); here the exact layer tar is re-created
 // from the store's tar-split data and its DiffID verified.
 func CopyToMainStore(ctx context.Context, fromStore, toStore string, opts ...CopyOption) (err error) {
-	o := copyOptions{runRoot: DefaultRunRoot, log: os.Stderr}
+	o := copyOptions{runRoot: contract.DefaultRunRoot, log: os.Stderr}
 	for _, opt := range opts {
 		opt(&o)
 	}

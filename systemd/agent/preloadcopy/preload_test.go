@@ -13,6 +13,7 @@ import (
 
 	bpreload "github.com/kiln-appliance/kiln/builder/preload"
 	"github.com/kiln-appliance/kiln/partitions/sqfswrite"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/test/fixtures/layers"
 	"go.podman.io/storage/pkg/reexec"
 	"golang.org/x/sys/unix"
@@ -154,32 +155,13 @@ func images(t *testing.T, conf, tmp string) map[string]listed {
 	return m
 }
 
-func TestStorageConfDefault(t *testing.T) {
-	got := string(StorageConf(Conf{AdditionalImageStores: []string{StorePath}}))
-	want := `# Written by kiln. A whole storage.conf: containers/storage reads one file
-# and merges nothing, so this replaces /usr/share/containers/storage.conf.
-# additionalimagestores: kiln's preloaded images, read-only, from the image partition.
-[storage]
-  driver = "overlay"
-  runroot = "/run/containers/storage"
-  graphroot = "/var/lib/containers/storage"
-  [storage.options]
-    additionalimagestores = ["/var/lib/kiln/images/storage"]
-    [storage.options.overlay]
-      mountopt = "nodev"
-`
-	if got != want {
-		t.Errorf("StorageConf:\n%s\nwant:\n%s", got, want)
-	}
-}
-
 // TestStorageConfPodman: real podman 4.3, configured only by StorageConf's
 // file, sees every preloaded image read-only with the lock's digests.
 func TestStorageConfPodman(t *testing.T) {
 	mnt, written := nodeStore(t)
 	dir := scratch(t)
 	conf := filepath.Join(dir, "storage.conf")
-	text := StorageConf(Conf{GraphRoot: filepath.Join(dir, "root"), RunRoot: filepath.Join(dir, "run"), AdditionalImageStores: []string{mnt}})
+	text := contract.StorageConfig{GraphRoot: filepath.Join(dir, "root"), RunRoot: filepath.Join(dir, "run"), AdditionalImageStores: []string{mnt}}.Render()
 	if err := os.WriteFile(conf, text, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +194,7 @@ func TestCopyToMainStore(t *testing.T) {
 	}
 
 	conf := filepath.Join(dir, "storage.conf")
-	if err := os.WriteFile(conf, StorageConf(Conf{GraphRoot: root, RunRoot: runRoot}), 0o644); err != nil {
+	if err := os.WriteFile(conf, contract.StorageConfig{GraphRoot: root, RunRoot: runRoot}.Render(), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	tmp := filepath.Join(dir, "tmp")
@@ -272,7 +254,7 @@ func TestCopyOnly(t *testing.T) {
 		t.Errorf("log:\n%s\nwant %s copied and nothing of %s", log.String(), want.Name, left.Name)
 	}
 	conf := filepath.Join(dir, "storage.conf")
-	if err := os.WriteFile(conf, StorageConf(Conf{GraphRoot: root, RunRoot: runRoot}), 0o644); err != nil {
+	if err := os.WriteFile(conf, contract.StorageConfig{GraphRoot: root, RunRoot: runRoot}.Render(), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	got := images(t, conf, filepath.Join(dir, "tmp"))
@@ -332,7 +314,7 @@ func TestStorageConfStoreMissing(t *testing.T) {
 	dir := scratch(t)
 	absent := filepath.Join(dir, "images", "storage")
 	conf := filepath.Join(dir, "storage.conf")
-	text := StorageConf(Conf{GraphRoot: filepath.Join(dir, "root"), RunRoot: filepath.Join(dir, "run"), AdditionalImageStores: []string{absent}})
+	text := contract.StorageConfig{GraphRoot: filepath.Join(dir, "root"), RunRoot: filepath.Join(dir, "run"), AdditionalImageStores: []string{absent}}.Render()
 	if err := os.WriteFile(conf, text, 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -50,13 +50,6 @@ func WithCandidates(paths ...string) Option {
 	return func(r *reflasher) { r.candidates = append([]string{}, paths...) }
 }
 
-// WithSysfs sets the sysfs root (default /sys).
-func WithSysfs(root string) Option { return func(r *reflasher) { r.sysfs = root } }
-
-// WithBootMounts sets the mount points whose disks are the running
-// system's (default /, /boot, /sysroot, /usr).
-func WithBootMounts(points ...string) Option { return func(r *reflasher) { r.bootMounts = points } }
-
 // WithPowerOff sets what runs after success (default systemctl poweroff;
 // nil: nothing).
 func WithPowerOff(f func() error) Option { return func(r *reflasher) { r.powerOff = f } }
@@ -68,7 +61,6 @@ type reflasher struct {
 	unattended bool
 	rule       *recovery.Target
 	candidates []string
-	sysfs      string
 	bootMounts []string
 	powerOff   func() error
 	progress   progress.Reporter
@@ -78,6 +70,9 @@ type reflasher struct {
 	beforeReadBack func(from, to int)
 }
 
+// sysfs is where the kernel describes the disks.
+const sysfs = "/sys"
+
 // progressEvery spaces the console's progress lines.
 const progressEvery = 5 * time.Second
 
@@ -86,7 +81,7 @@ const progressEvery = 5 * time.Second
 // read-back says what to do next.
 func Run(ctx context.Context, payload string, opts ...Option) error {
 	r := &reflasher{
-		payload: payload, in: os.Stdin, out: os.Stdout, sysfs: "/sys",
+		payload: payload, in: os.Stdin, out: os.Stdout,
 		bootMounts: []string{"/", "/boot", "/sysroot", "/usr"},
 		powerOff:   func() error { return exec.Command("systemctl", "poweroff").Run() },
 		region:     regionChunks,
@@ -156,7 +151,7 @@ func Run(ctx context.Context, payload string, opts ...Option) error {
 
 // holds says what the target holds now, from its partitions in sysfs.
 func (r *reflasher) holds(d *blockdev.Device) string {
-	parts, _ := filepath.Glob(filepath.Join(r.sysfs, "block", d.Name, d.Name+"*", "partition"))
+	parts, _ := filepath.Glob(filepath.Join(sysfs, "block", d.Name, d.Name+"*", "partition"))
 	if len(parts) == 0 {
 		return ""
 	}

@@ -89,7 +89,7 @@ func (r *reflasher) candidatePaths(rule recovery.Target) ([]string, error) {
 		}
 		return out, nil
 	}
-	entries, err := os.ReadDir(filepath.Join(r.sysfs, "block"))
+	entries, err := os.ReadDir(filepath.Join(sysfs, "block"))
 	if err != nil {
 		return nil, fmt.Errorf("list disks: %w", err)
 	}
@@ -113,13 +113,13 @@ func (r *reflasher) excludedDisks() (map[string]string, error) {
 	out := map[string]string{}
 	for _, m := range mounts {
 		if slices.Contains(r.bootMounts, m.Point) {
-			for _, d := range blockdev.Disks(r.sysfs, m.MajMin) {
+			for _, d := range blockdev.Disks(sysfs, m.MajMin) {
 				out[d] = "the disk this system booted from (" + m.Point + ")"
 			}
 		}
 	}
 	if m, ok := mountOf(mounts, r.payload); ok {
-		for _, d := range blockdev.Disks(r.sysfs, m.MajMin) {
+		for _, d := range blockdev.Disks(sysfs, m.MajMin) {
 			if _, boot := out[d]; !boot {
 				out[d] = "the stick this reflash runs from"
 			}

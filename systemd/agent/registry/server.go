@@ -22,22 +22,25 @@ import (
 	"golang.org/x/sync/singleflight"
 )
 
+// shutdownTimeout is how long Serve lets in-flight requests finish after
+// its context is cancelled.
+const shutdownTimeout = 5 * time.Second
+
 // Server serves OCI layouts read-only. It is an http.Handler.
 type Server struct {
-	ix              *index
-	log             *slog.Logger
-	logRequests     bool
-	shutdownTimeout time.Duration
-	writeTimeout    time.Duration
-	ready           func(Stats)
-	checks          sync.Map // blob digest → its last check (check.go)
-	hashing         singleflight.Group
-	trust           trustOf
-	memory          memoryReturn
-	maxConns        int // connections held at once (maxConns; fewer in tests)
-	layouts         int // the layouts served
-	onVerity        int // of which on dm-verity
-	releases        *releaseSource
+	ix           *index
+	log          *slog.Logger
+	logRequests  bool
+	writeTimeout time.Duration
+	ready        func(Stats)
+	checks       sync.Map // blob digest → its last check (check.go)
+	hashing      singleflight.Group
+	trust        trustOf
+	memory       memoryReturn
+	maxConns     int // connections held at once (maxConns; fewer in tests)
+	layouts      int // the layouts served
+	onVerity     int // of which on dm-verity
+	releases     *releaseSource
 }
 
 // Option configures a Server.
@@ -45,19 +48,6 @@ type Option func(*Server)
 
 // WithLogger sets the logger (default: slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
-
-// WithRequestLog turns the one-line-per-request log on or off (default on).
-func WithRequestLog(on bool) Option { return func(s *Server) { s.logRequests = on } }
-
-// WithShutdownTimeout sets how long Serve lets in-flight requests finish
-// after its context is cancelled (default 5s).
-func WithShutdownTimeout(d time.Duration) Option { return func(s *Server) { s.shutdownTimeout = d } }
-
-// WithWriteTimeout sets how long a client may take to accept each chunk
-// (4 MiB) of a response before its connection is closed (default 30s): a
-// reader that stops reading does not hold a connection and an open blob
-// for ever.
-func WithWriteTimeout(d time.Duration) Option { return func(s *Server) { s.writeTimeout = d } }
 
 // WithReady sets a function Serve calls once the listener is accepting
 // (the index is loaded by then): the place for sd_notify READY=1.
@@ -80,7 +70,7 @@ func WithReleaseState(stateFile, store string) Option {
 // request; any other layout's manifests are read and verified now and its
 // blobs stat'ed.
 func New(dirs []string, opts ...Option) (*Server, error) {
-	s := &Server{log: slog.Default(), logRequests: true, shutdownTimeout: 5 * time.Second, writeTimeout: 30 * time.Second,
+	s := &Server{log: slog.Default(), logRequests: true, writeTimeout: 30 * time.Second,
 		trust: trustOf{sysfs: "/sys"}, maxConns: maxConns}
 	for _, o := range opts {
 		o(s)
@@ -152,11 +142,11 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		return err
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), s.shutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
 	err := hs.Shutdown(sctx)
 	if errors.Is(err, context.DeadlineExceeded) {
-		s.log.Warn("requests still running at shutdown; closing them", "timeout", s.shutdownTimeout)
+		s.log.Warn("requests still running at shutdown; closing them", "timeout", shutdownTimeout)
 		err = hs.Close()
 	}
 	if e := <-errc; e != nil && !errors.Is(e, http.ErrServerClosed) {

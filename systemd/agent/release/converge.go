@@ -88,7 +88,7 @@ func (m *Machine) syncPins(ctx context.Context, releases []contract.Release) err
 			}
 		}
 	}
-	data, err := pins.Render(images)
+	data, err := contract.RenderPins(images)
 	if err != nil {
 		return err
 	}

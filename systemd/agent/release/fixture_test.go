@@ -17,7 +17,6 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder/stage"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
-	"github.com/kiln-appliance/kiln/systemd/agent/pins"
 	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
@@ -342,7 +341,7 @@ func (n *node) checkSafe(t testing.TB) *state.State {
 	if err != nil {
 		t.Fatalf("state: %v", err)
 	}
-	pinned, err := pins.Read(filepath.Join(n.root, contract.PinsDropIn))
+	pinned, err := contract.ReadPins(filepath.Join(n.root, contract.PinsDropIn))
 	if err != nil {
 		t.Fatalf("pins: %v", err)
 	}
@@ -354,7 +353,7 @@ func (n *node) checkSafe(t testing.TB) *state.State {
 	}
 	for _, r := range s.Releases() {
 		for _, im := range r.Images {
-			refs, _ := pins.Refs(im)
+			refs, _ := contract.PinRefs(im)
 			for _, ref := range refs {
 				if !slices.Contains(pinned, ref) {
 					t.Errorf("release %s keeps %s but %s is not pinned", r.Version, im.Name, ref)
@@ -402,7 +401,7 @@ func (n *node) checkConverged(t testing.TB) *state.State {
 			kept[b] = true
 		}
 	}
-	wantPins, _ := pins.Render(images)
+	wantPins, _ := contract.RenderPins(images)
 	gotPins, _ := os.ReadFile(filepath.Join(n.root, contract.PinsDropIn))
 	if string(gotPins) != string(wantPins) {
 		t.Errorf("pins:\n%s\nwant\n%s", gotPins, wantPins)

@@ -29,14 +29,13 @@ import (
 
 // Machine runs transitions on one node's release state.
 type Machine struct {
-	root        string
-	applier     PinApplier
-	images      ImageRemover
-	bootID      func() (string, error)
-	now         func() time.Time
-	maxAttempts int
-	log         io.Writer
-	step        func(name string)
+	root    string
+	applier PinApplier
+	images  ImageRemover
+	bootID  func() (string, error)
+	now     func() time.Time
+	log     io.Writer
+	step    func(name string)
 }
 
 // Option configures a Machine.
@@ -54,33 +53,17 @@ func WithPinApplier(a PinApplier) Option { return func(m *Machine) { m.applier =
 // node's containers/storage (default: none; they stay until removed by hand).
 func WithImageRemover(r ImageRemover) Option { return func(m *Machine) { m.images = r } }
 
-// WithBootID sets how the current boot is identified (default: the kernel's
-// /proc/sys/kernel/random/boot_id).
-func WithBootID(f func() (string, error)) Option { return func(m *Machine) { m.bootID = f } }
-
-// WithClock sets the clock results are stamped with.
-func WithClock(now func() time.Time) Option { return func(m *Machine) { m.now = now } }
-
-// WithMaxAttempts sets how many boots a trying release gets to be confirmed
-// before the next boot rolls it back (default 3).
-func WithMaxAttempts(n int) Option { return func(m *Machine) { m.maxAttempts = n } }
-
 // WithLog sets where the machine says what it does (default: nowhere).
 func WithLog(w io.Writer) Option { return func(m *Machine) { m.log = w } }
-
-// WithStepHook calls f with the name of each step before it runs. The crash
-// tests use it to kill the process at every step.
-func WithStepHook(f func(name string)) Option { return func(m *Machine) { m.step = f } }
 
 // New returns a Machine for the node (root "/") unless options say otherwise.
 func New(opts ...Option) *Machine {
 	m := &Machine{
-		applier:     ReloadCRIO,
-		bootID:      kernelBootID,
-		now:         time.Now,
-		maxAttempts: 3,
-		log:         io.Discard,
-		step:        func(string) {},
+		applier: ReloadCRIO,
+		bootID:  kernelBootID,
+		now:     time.Now,
+		log:     io.Discard,
+		step:    func(string) {},
 	}
 	for _, o := range opts {
 		o(m)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/kiln-appliance/kiln/systemd/agent/pins"
 	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -22,7 +21,7 @@ type Status struct {
 	Trying   *contract.Release `json:"trying,omitempty"`
 	Attempts int               `json:"attempts,omitempty"`
 	Retired  []string          `json:"retired,omitempty"` // versions still being removed
-	Last     *state.Result  `json:"last,omitempty"`
+	Last     *state.Result     `json:"last,omitempty"`
 	Pins     []string          `json:"pins"`
 	// PinsCurrent says whether the pins drop-in is exactly what the state
 	// derives; false means a transition was interrupted and the next run
@@ -51,7 +50,7 @@ func (m *Machine) Status() (*Status, error) {
 	for _, r := range s.Retired {
 		st.Retired = append(st.Retired, r.Version)
 	}
-	st.Pins, err = pins.Read(m.path(contract.PinsDropIn))
+	st.Pins, err = contract.ReadPins(m.path(contract.PinsDropIn))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
@@ -59,7 +58,7 @@ func (m *Machine) Status() (*Status, error) {
 	for _, r := range s.Releases() {
 		images = append(images, r.Images...)
 	}
-	want, err := pins.Render(images)
+	want, err := contract.RenderPins(images)
 	if err != nil {
 		return nil, err
 	}

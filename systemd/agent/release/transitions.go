@@ -7,10 +7,8 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/coreos/go-semver/semver"
 	"github.com/opencontainers/go-digest"
 
-	"github.com/kiln-appliance/kiln/systemd/agent/pins"
 	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -22,12 +20,9 @@ var (
 	ErrNoSuch   = errors.New("no such release in this state")
 )
 
-// Stage records r as the release to try at the next boot. r's blobs must
-// already be in the release store. Staging the same release again changes
-// nothing.
-func (m *Machine) Stage(ctx context.Context, r contract.Release) (*state.State, error) {
-	return m.Import(ctx, r, nil)
-}
+// maxAttempts is how many boots a trying release gets to be confirmed
+// before the next boot rolls it back.
+const maxAttempts = 3
 
 // Fill puts a release's blobs into the release store's blob directory
 // (blobs/sha256/<hex>, each verified as it is written), and its images into
@@ -53,7 +48,7 @@ func (m *Machine) Import(ctx context.Context, r contract.Release, fill Fill) (*s
 		case s.Staged != nil:
 			return fmt.Errorf("stage %s: %w: %s is staged; reboot to try it, or abandon it (kiln agent release abandon %s)", r.Version, ErrBusy, s.Staged.Version, s.Staged.Version)
 		}
-		if c, err := compare(r.Version, s.Current.Version); err != nil {
+		if c, err := contract.CompareVersions(r.Version, s.Current.Version); err != nil {
 			return fmt.Errorf("stage: %w", err)
 		} else if c <= 0 {
 			return fmt.Errorf("stage %s: %w (%s): rollback uses the node's own previous release, never an older one", r.Version, ErrNotNewer, s.Current.Version)
@@ -90,15 +85,15 @@ func (m *Machine) Begin(ctx context.Context) (*state.State, error) {
 			s.Last = m.result("begin", s.Trying.Version, true, "")
 		case s.Trying == nil || s.TryingBoot == boot:
 			return errUnchanged
-		case s.Attempts >= m.maxAttempts:
+		case s.Attempts >= maxAttempts:
 			v := s.Trying.Version
 			retire(s, *s.Trying)
 			s.Trying, s.Attempts, s.TryingBoot = nil, 0, ""
-			s.Last = m.result("rollback", v, false, fmt.Sprintf("not confirmed healthy after %d boots", m.maxAttempts))
+			s.Last = m.result("rollback", v, false, fmt.Sprintf("not confirmed healthy after %d boots", maxAttempts))
 		default:
 			s.Attempts++
 			s.TryingBoot = boot
-			s.Last = m.result("begin", s.Trying.Version, true, fmt.Sprintf("boot %d of %d", s.Attempts, m.maxAttempts))
+			s.Last = m.result("begin", s.Trying.Version, true, fmt.Sprintf("boot %d of %d", s.Attempts, maxAttempts))
 		}
 		return nil
 	})
@@ -191,27 +186,13 @@ func same(a, b contract.Release) bool {
 	return string(s1) == string(s2)
 }
 
-// compare returns -1, 0 or 1 as version a is older than, the same as or newer
-// than b, by semver precedence.
-func compare(a, b string) (int, error) {
-	va, err := semver.NewVersion(a)
-	if err != nil {
-		return 0, fmt.Errorf("version %q is not semver (MAJOR.MINOR.PATCH): %v", a, err)
-	}
-	vb, err := semver.NewVersion(b)
-	if err != nil {
-		return 0, fmt.Errorf("version %q is not semver (MAJOR.MINOR.PATCH): %v", b, err)
-	}
-	return va.Compare(*vb), nil
-}
-
 // checkRelease refuses a release record the machine could not keep safely.
 func checkRelease(r contract.Release) error {
-	if _, err := semver.NewVersion(r.Version); err != nil {
-		return fmt.Errorf("version %q is not semver (MAJOR.MINOR.PATCH): %v", r.Version, err)
+	if _, err := contract.ParseVersion(r.Version); err != nil {
+		return err
 	}
 	for _, im := range r.Images {
-		if _, err := pins.Refs(im); err != nil {
+		if _, err := contract.PinRefs(im); err != nil {
 			return err
 		}
 	}

@@ -27,44 +27,12 @@ import (
 // captureTrust records the keys in TrustDir (Ignition wrote them from the
 // recipe's trust) as the factory release's.
 func (m *Machine) captureTrust(r *contract.Release) error {
-	keys, err := m.trustInDir(m.path(contract.TrustDir))
+	keys, err := bundle.ReadTrustDir(m.path(contract.TrustDir))
 	if err != nil {
 		return fmt.Errorf("record the factory release's trusted keys: %w", err)
 	}
 	r.Trust = keys
 	return nil
-}
-
-// trustInDir reads every key file in dir (none when it does not exist).
-func (m *Machine) trustInDir(dir string) ([]contract.TrustKey, error) {
-	entries, err := os.ReadDir(dir)
-	if os.IsNotExist(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var keys []contract.TrustKey
-	for _, e := range entries {
-		if !strings.HasSuffix(e.Name(), ".pub") || !e.Type().IsRegular() {
-			continue
-		}
-		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			return nil, err
-		}
-		pub, err := bundle.ParsePublicKey(data)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, e.Name()), err)
-		}
-		k, err := bundle.TrustedKey(pub)
-		if err != nil {
-			return nil, err
-		}
-		k.PublicKey = string(data) // as written: its file name is its hash
-		keys = append(keys, k)
-	}
-	return keys, nil
 }
 
 // checkTrust refuses a trust set the node could not install.

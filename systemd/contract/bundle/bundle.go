@@ -37,16 +37,6 @@ const (
 	AgentBinary = "bin/kiln"
 )
 
-// TrustDir is where a node keeps the public keys it accepts bundles from
-// (contract.TrustDir). The factory build writes the recipe's trust there
-// through Ignition; the node's release state machine replaces the set with a
-// release's Trust once that release is confirmed.
-const TrustDir = contract.TrustDir
-
-// TrustFileName is the file name of a trusted key in TrustDir
-// (contract.TrustFileName).
-func TrustFileName(pemBytes []byte) string { return contract.TrustFileName(pemBytes) }
-
 // PartitionName is the GPT partition name of a bundle stick's partition.
 const PartitionName = "kiln-bundle"
 
@@ -89,7 +79,7 @@ type Manifest struct {
 	Kind string `json:"kind"` // KindFull or KindDelta
 	// AppliesTo lists the releases a delta applies to (its bases); empty
 	// for a full bundle, which applies to any earlier release.
-	AppliesTo []Release `json:"appliesTo,omitempty"`
+	AppliesTo []contract.ReleaseID `json:"appliesTo,omitempty"`
 
 	Images []Image `json:"images"` // every image of the release, sorted by name
 	Blobs  []Blob  `json:"blobs"`  // every blob the images name, sorted by digest
@@ -108,29 +98,18 @@ type Manifest struct {
 	AgentVersion version.Info `json:"agentVersion,omitzero"`
 	// Trust is the key set the node trusts once this release is confirmed
 	// (key rotation: the bundle itself is signed by a key the node trusts now).
-	Trust []Key `json:"trust"`
+	Trust []contract.TrustKey `json:"trust"`
 
 	Filesystem Filesystem `json:"filesystem"`
 	// Files lists every regular file in the filesystem, sorted by path.
 	Files []File `json:"files"`
 }
 
-// Release names one release of the recipe.
-type Release struct {
-	Version    string `json:"version"`
-	LockDigest string `json:"lockDigest"`
-}
-
-// Image is one container image of the release.
+// Image is one container image of the release: the node's record of it
+// (its fields are kiln.json's, the release state's) and its blobs.
 type Image struct {
-	Name      string   `json:"name"`      // the reference workloads use
-	Digest    string   `json:"digest"`    // manifest digest
-	MediaType string   `json:"mediaType"` // manifest media type
-	Size      int64    `json:"size"`      // manifest + config + layers, bytes
-	Served    bool     `json:"served"`
-	Preloaded bool     `json:"preloaded"`
-	ImageID   string   `json:"imageID"` // config digest (containers/storage image ID)
-	Blobs     []string `json:"blobs"`   // config then layers, digests (details in Manifest.Blobs)
+	contract.Image
+	Blobs []string `json:"blobs"` // config then layers, digests (details in Manifest.Blobs)
 }
 
 // Blob is one blob (manifest, config or layer) of the release.
@@ -177,7 +156,3 @@ type Filesystem struct {
 	// in order ("sha256:…").
 	Metadata string `json:"metadata"`
 }
-
-// Key is a trusted public key (the node records a release's set in its
-// state: contract.TrustKey).
-type Key = contract.TrustKey

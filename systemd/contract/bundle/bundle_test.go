@@ -44,8 +44,8 @@ func testManifest(t *testing.T, pub ed25519.PublicKey) *Manifest {
 	d := func(c string) string { return "sha256:" + strings.Repeat(c, 64) }
 	return &Manifest{
 		SchemaVersion: SchemaVersion, Recipe: "acme", Version: "1.1.0", Arch: "amd64", LockDigest: d("9"),
-		Kind: KindDelta, AppliesTo: []Release{{Version: "1.0.0", LockDigest: d("8")}},
-		Images: []Image{{Name: "quay.io/acme/app:1.1", Digest: d("a"), Blobs: []string{d("b"), d("c")}}},
+		Kind: KindDelta, AppliesTo: []contract.ReleaseID{{Version: "1.0.0", LockDigest: d("8")}},
+		Images: []Image{{Image: contract.Image{Name: "quay.io/acme/app:1.1", Digest: d("a")}, Blobs: []string{d("b"), d("c")}}},
 		Blobs: []Blob{
 			{Digest: d("a"), Size: 500, OnStick: true},
 			{Digest: d("b"), Size: 100, OnStick: true},
@@ -55,7 +55,7 @@ func testManifest(t *testing.T, pub ed25519.PublicKey) *Manifest {
 		ReleaseFiles: []contract.ReleaseFile{{Path: "/etc/containers/systemd/app.container", Mode: 0o644}},
 		Agent:        File{Path: AgentBinary, Size: 1, Digest: d("7")},
 		Filesystem:   Filesystem{Size: 4096, Metadata: d("6")},
-		Trust:        []Key{k},
+		Trust:        []contract.TrustKey{k},
 		Kiln:         version.Info{Version: "v1.4.0", Go: "go1.26.8", Edition: version.Factory},
 		AgentVersion: version.Info{Version: "v1.4.0", Go: "go1.26.8", Edition: version.Node},
 	}
@@ -65,15 +65,18 @@ func testManifest(t *testing.T, pub ed25519.PublicKey) *Manifest {
 // agents of that time decode it (strictly: an unknown field is an error),
 // frozen here down to its nested types.
 type schema1 struct {
-	SchemaVersion int       `json:"schemaVersion"`
-	Recipe        string    `json:"recipe"`
-	Version       string    `json:"version"`
-	Arch          string    `json:"arch"`
-	LockDigest    string    `json:"lockDigest"`
-	Created       int64     `json:"created"`
-	Kind          string    `json:"kind"`
-	AppliesTo     []Release `json:"appliesTo,omitempty"`
-	Images        []struct {
+	SchemaVersion int    `json:"schemaVersion"`
+	Recipe        string `json:"recipe"`
+	Version       string `json:"version"`
+	Arch          string `json:"arch"`
+	LockDigest    string `json:"lockDigest"`
+	Created       int64  `json:"created"`
+	Kind          string `json:"kind"`
+	AppliesTo     []struct {
+		Version    string `json:"version"`
+		LockDigest string `json:"lockDigest"`
+	} `json:"appliesTo,omitempty"`
+	Images []struct {
 		Name      string   `json:"name"`
 		Digest    string   `json:"digest"`
 		MediaType string   `json:"mediaType"`
@@ -345,16 +348,16 @@ func TestCheckNode(t *testing.T) {
 		want error
 	}{
 		{"delta on its base", m, Node{Recipe: "acme", Arch: "amd64", Current: base}, nil},
-		{"full on any older", &full, Node{Recipe: "acme", Arch: "amd64", Current: Release{Version: "0.9.0"}}, nil},
+		{"full on any older", &full, Node{Recipe: "acme", Arch: "amd64", Current: contract.ReleaseID{Version: "0.9.0"}}, nil},
 		{"other recipe", m, Node{Recipe: "other", Arch: "amd64", Current: base}, ErrOtherAppliance},
 		{"other arch", m, Node{Recipe: "acme", Arch: "arm64", Current: base}, ErrOtherAppliance},
-		{"replay", m, Node{Recipe: "acme", Arch: "amd64", Current: Release{Version: "1.1.0"}}, ErrNotNewer},
-		{"downgrade", &full, Node{Recipe: "acme", Arch: "amd64", Current: Release{Version: "1.10.0"}}, ErrNotNewer},
-		{"semver, not text", &full, Node{Recipe: "acme", Arch: "amd64", Current: Release{Version: "1.1.0-rc.1"}}, nil},
-		{"delta, other base", m, Node{Recipe: "acme", Arch: "amd64", Current: Release{Version: "1.0.0", LockDigest: "sha256:x"}}, ErrWrongBase},
-		{"staged", m, Node{Recipe: "acme", Arch: "amd64", Current: base, Staged: &Release{Version: "1.0.5", LockDigest: "sha256:" + strings.Repeat("5", 64)}}, ErrStaged},
-		{"trying", m, Node{Recipe: "acme", Arch: "amd64", Current: base, Trying: &Release{Version: "1.0.5", LockDigest: "sha256:" + strings.Repeat("5", 64)}}, ErrStaged},
-		{"this release staged", m, Node{Recipe: "acme", Arch: "amd64", Current: base, Staged: &Release{Version: m.Version, LockDigest: m.LockDigest}}, ErrAlreadyStaged},
+		{"replay", m, Node{Recipe: "acme", Arch: "amd64", Current: contract.ReleaseID{Version: "1.1.0"}}, ErrNotNewer},
+		{"downgrade", &full, Node{Recipe: "acme", Arch: "amd64", Current: contract.ReleaseID{Version: "1.10.0"}}, ErrNotNewer},
+		{"semver, not text", &full, Node{Recipe: "acme", Arch: "amd64", Current: contract.ReleaseID{Version: "1.1.0-rc.1"}}, nil},
+		{"delta, other base", m, Node{Recipe: "acme", Arch: "amd64", Current: contract.ReleaseID{Version: "1.0.0", LockDigest: "sha256:x"}}, ErrWrongBase},
+		{"staged", m, Node{Recipe: "acme", Arch: "amd64", Current: base, Staged: &contract.ReleaseID{Version: "1.0.5", LockDigest: "sha256:" + strings.Repeat("5", 64)}}, ErrStaged},
+		{"trying", m, Node{Recipe: "acme", Arch: "amd64", Current: base, Trying: &contract.ReleaseID{Version: "1.0.5", LockDigest: "sha256:" + strings.Repeat("5", 64)}}, ErrStaged},
+		{"this release staged", m, Node{Recipe: "acme", Arch: "amd64", Current: base, Staged: &contract.ReleaseID{Version: m.Version, LockDigest: m.LockDigest}}, ErrAlreadyStaged},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.m.CheckNode(tc.node)

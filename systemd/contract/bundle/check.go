@@ -10,8 +10,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/coreos/go-semver/semver"
-
 	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/systemd/contract"
@@ -30,38 +28,14 @@ var (
 	ErrDamaged       = errors.New("bundle is damaged")
 )
 
-// ParseVersion parses a release version as semver (MAJOR.MINOR.PATCH, with
-// optional -prerelease and +build).
-func ParseVersion(v string) (*semver.Version, error) {
-	sv, err := semver.NewVersion(v)
-	if err != nil {
-		return nil, fmt.Errorf("version %q is not semver (MAJOR.MINOR.PATCH, e.g. 1.4.0): %v", v, err)
-	}
-	return sv, nil
-}
-
-// CompareVersions returns -1, 0 or 1 as a is older than, the same as or
-// newer than b, by semver precedence.
-func CompareVersions(a, b string) (int, error) {
-	va, err := ParseVersion(a)
-	if err != nil {
-		return 0, err
-	}
-	vb, err := ParseVersion(b)
-	if err != nil {
-		return 0, err
-	}
-	return va.Compare(*vb), nil
-}
-
 // Node is what a node knows of itself when a bundle arrives.
 type Node struct {
 	Recipe  string
 	Arch    string
-	Current Release // the release it runs
+	Current contract.ReleaseID // the release it runs
 	// Staged is the release imported and waiting for its upgrade boot,
 	// Trying the one being tried; nil when none is.
-	Staged, Trying *Release
+	Staged, Trying *contract.ReleaseID
 }
 
 // CheckNode decides whether the (verified) bundle is meant for this node:
@@ -74,11 +48,11 @@ func (m *Manifest) CheckNode(n Node) error {
 		return fmt.Errorf("%w: it is %s for %s, this node runs %s for %s; use a bundle made from this appliance's recipe",
 			ErrOtherAppliance, m.Recipe, m.Arch, n.Recipe, n.Arch)
 	}
-	this := Release{Version: m.Version, LockDigest: m.LockDigest}
+	this := contract.ReleaseID{Version: m.Version, LockDigest: m.LockDigest}
 	if n.Staged != nil && *n.Staged == this {
 		return fmt.Errorf("%w: release %s was imported before and waits for its upgrade boot; reboot the appliance to try it", ErrAlreadyStaged, m.Version)
 	}
-	c, err := CompareVersions(m.Version, n.Current.Version)
+	c, err := contract.CompareVersions(m.Version, n.Current.Version)
 	if err != nil {
 		return err
 	}
@@ -124,7 +98,7 @@ func (m *Manifest) CheckSpace(free int64) error {
 func (m *Manifest) Validate() error {
 	var problems []string
 	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-	if _, err := ParseVersion(m.Version); err != nil {
+	if _, err := contract.ParseVersion(m.Version); err != nil {
 		bad("%v", err)
 	}
 	switch {
@@ -322,10 +296,7 @@ func (m *Manifest) Release(onPartition func(digest string) bool) contract.Releas
 		}
 	}
 	for _, img := range m.Images {
-		r.Images = append(r.Images, contract.Image{
-			Name: img.Name, Digest: img.Digest, MediaType: img.MediaType, Size: img.Size,
-			Served: img.Served, Preloaded: img.Preloaded, ImageID: img.ImageID,
-		})
+		r.Images = append(r.Images, img.Image)
 		for _, d := range append([]string{img.Digest}, img.Blobs...) {
 			if !onPartition(d) {
 				keep(d)

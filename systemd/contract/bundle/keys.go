@@ -8,8 +8,14 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/secure-systems-lab/go-securesystemslib/dsse"
+
+	"github.com/kiln-appliance/kiln/internal/inputfile"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // Key files are PEM: the private key PKCS#8 ("PRIVATE KEY"), the public key
@@ -104,14 +110,54 @@ func KeyID(pub ed25519.PublicKey) (string, error) {
 }
 
 // TrustedKey makes the manifest's entry for a public key.
-func TrustedKey(pub ed25519.PublicKey) (Key, error) {
+func TrustedKey(pub ed25519.PublicKey) (contract.TrustKey, error) {
 	id, err := KeyID(pub)
 	if err != nil {
-		return Key{}, err
+		return contract.TrustKey{}, err
 	}
 	p, err := EncodePublicKey(pub)
 	if err != nil {
-		return Key{}, err
+		return contract.TrustKey{}, err
 	}
-	return Key{KeyID: id, PublicKey: string(p)}, nil
+	return contract.TrustKey{KeyID: id, PublicKey: string(p)}, nil
+}
+
+// maxKeyFile bounds a key file: a PEM ed25519 key is about 100 bytes.
+const maxKeyFile = 64 << 10
+
+// ReadTrustDir reads the keys a node accepts bundles from: every regular
+// file named *.pub in dir (contract.TrustDir, written by the factory
+// through Ignition and by the node's release state machine, one key each,
+// named contract.TrustFileName), each as written. A symlink is not read (it
+// could name any key on the node). A dir that does not exist holds none.
+func ReadTrustDir(dir string) ([]contract.TrustKey, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read trusted keys: %w", err)
+	}
+	var keys []contract.TrustKey
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".pub") || !e.Type().IsRegular() {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		data, err := inputfile.ReadFile(p, maxKeyFile, inputfile.NoFollow())
+		if err != nil {
+			return nil, fmt.Errorf("read trusted key: %w", err)
+		}
+		pub, err := ParsePublicKey(data)
+		if err != nil {
+			return nil, fmt.Errorf("trusted key %s: %w", p, err)
+		}
+		k, err := TrustedKey(pub)
+		if err != nil {
+			return nil, err
+		}
+		k.PublicKey = string(data) // as written: its file name is its hash
+		keys = append(keys, k)
+	}
+	return keys, nil
 }
