@@ -90,8 +90,8 @@ bench: deps-bench build
 FUZZTIME ?=
 FUZZ_TARGETS := \
 	./builder/preload/internal/layerscan:FuzzTar:100000 \
-	./partitions:FuzzDiskReaders:500 \
-	./partitions:FuzzRawSquashfs:30000 \
+	./partitions/seal:FuzzDiskReaders:500 \
+	./partitions/squashfs:FuzzRawSquashfs:30000 \
 	./recipes:FuzzLoad:100000 \
 	./systemd/agent/registry:FuzzParseName:100000 \
 	./systemd/agent/registry:FuzzRoute:100000 \

@@ -19,7 +19,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
-	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -47,7 +47,7 @@ type Options struct {
 // Result describes what a build wrote.
 type Result struct {
 	Output   string
-	Layout   *partitions.Layout
+	Layout   *gpt.Layout
 	Contents *contract.Contents
 	Agent    *Agent // the node's kiln the disk carries
 }
@@ -74,7 +74,7 @@ type build struct {
 	inPlace  map[v1.Hash]inPlaceBlob // blobs packed from their source, not the cache
 	contents *contract.Contents
 	ignition []byte
-	layout   *partitions.Layout
+	layout   *gpt.Layout
 }
 
 // Build runs the whole pipeline for the recipe at recipePath. On any error,

@@ -14,6 +14,9 @@ import (
 	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/gpt"
+	"github.com/kiln-appliance/kiln/partitions/squashfs"
+	"github.com/kiln-appliance/kiln/partitions/verity"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/units"
@@ -24,7 +27,7 @@ import (
 // (ignitionFor) once the image partition's identity, which depends on its
 // content (GUID and dm-verity root hash), is known.
 func (b *build) renderIgnition(context.Context) error {
-	_, err := b.ignitionFor(partitions.ImageIdentity{PartitionGUID: partitions.DeriveGUID(b.seed(), contract.PartitionName)})
+	_, err := b.ignitionFor(partitions.ImageIdentity{PartitionGUID: gpt.DeriveGUID(b.seed(), contract.PartitionName)})
 	return err
 }
 
@@ -74,26 +77,24 @@ func (b *build) ignitionFor(id partitions.ImageIdentity) ([]byte, error) {
 
 // assembleDisk writes the disk into the temporary output file.
 func (b *build) assembleDisk(ctx context.Context) error {
-	opts := b.diskOptions()
-	opts.Output = b.out.File
-	opts.ImageTree = b.root
-	opts.SourceDateEpoch = b.epoch
-	opts.GUIDSeed = b.seed()
-	opts.Ignition = b.ignitionFor
-	opts.HashFiles = b.inPlacePaths()
-	opts.FilesHashed = b.checkInPlace
-	opts.HashFilesStep = "check blobs read in place"
-	// Temporary files in the work directory: a killed build's go with it.
-	opts.TempDir = b.work
-	opts.VerityTrees = &partitions.VerityTrees{Dir: filepath.Join(b.cache.Dir(), "verity"), StageDir: b.work}
-	opts.KnownFiles = b.servedBlobs()
-	opts.Progress = b.o.Progress
+	d := b.disk()
+	d.Image.Tree = b.root
+	d.SourceDateEpoch = b.epoch
+	d.GUIDSeed = b.seed()
 	var err error
-	if opts.Attrs, err = b.inPlaceAttrs(); err != nil {
+	if d.Image.Attrs, err = b.inPlaceAttrs(); err != nil {
 		return err
 	}
-	defer opts.VerityTrees.Discard() // unless committed below
-	if b.layout, err = partitions.Assemble(ctx, opts); err != nil {
+	kept := &verity.KeptTrees{Dir: filepath.Join(b.cache.Dir(), "verity"), StageDir: b.work}
+	defer kept.Discard() // unless committed below
+	b.layout, err = partitions.Assemble(ctx, b.out.File, d,
+		partitions.WithIgnition(b.ignitionFor),
+		partitions.WithFileHashes(b.inPlacePaths(), "check blobs read in place", b.checkInPlace),
+		partitions.WithKeptTrees(kept, b.servedBlobs()),
+		// Temporary files in the work directory: a killed build's go with it.
+		partitions.WithTempDir(b.work),
+		partitions.WithProgress(b.o.Progress))
+	if err != nil {
 		return b.sizeError(err)
 	}
 	if err := b.inPlaceUnchanged(); err != nil {
@@ -101,31 +102,31 @@ func (b *build) assembleDisk(ctx context.Context) error {
 	}
 	// Every blob's bytes now hold what its digest says (cached, hashed as
 	// written, or in place and unchanged): the tree may be kept by them.
-	if err := opts.VerityTrees.Commit(); err != nil {
+	if err := kept.Commit(); err != nil {
 		fmt.Fprintf(b.o.Log, "warning: %v; the next build hashes the image partition again\n", err)
 	}
 	return nil
 }
 
-// diskOptions are the recipe's choices for the disk: the base, the image
+// disk is the recipe's choices for the disk: the base, the image
 // partition's filesystem and place, and the fixed sizes.
-func (b *build) diskOptions() partitions.AssembleOptions {
+func (b *build) disk() partitions.Disk {
 	r := b.recipe
-	opts := partitions.AssembleOptions{
-		Base:        r.Resolve(r.Base.Path),
-		BaseDigest:  r.Base.Digest,
-		Headroom:    r.ImagePartition.HeadroomPercent(),
-		Compression: r.ImagePartition.Compression,
-		Placement:   r.ImagePartition.Placement,
-		NoVerity:    !r.ImagePartition.VerityOn(),
+	d := partitions.Disk{
+		Base: partitions.Base{Path: r.Resolve(r.Base.Path), Digest: r.Base.Digest},
+		Geometry: partitions.Geometry{
+			Headroom:  r.ImagePartition.HeadroomPercent(),
+			Placement: r.ImagePartition.Placement,
+		},
+		Image: partitions.Image{Compression: r.ImagePartition.Compression, NoVerity: !r.ImagePartition.VerityOn()},
 	}
 	if !r.Disk.Size.Auto {
-		opts.DiskSize = r.Disk.Size.Bytes
+		d.Geometry.DiskSize = r.Disk.Size.Bytes
 	}
 	if !r.ImagePartition.Size.Auto {
-		opts.PartitionSize = r.ImagePartition.Size.Bytes
+		d.Geometry.PartitionSize = r.ImagePartition.Size.Bytes
 	}
-	return opts
+	return d
 }
 
 // sizeError places a size the disk cannot be built with at the recipe line
@@ -167,19 +168,21 @@ func (b *build) checkSizes(lock *recipes.Lock) error {
 			known += fmt.Sprintf(" and the largest served image, %s (%s as locked),", largest.Name, human.Bytes(largest.Size))
 		}
 	}
-	return b.sizeError(partitions.CheckSizes(b.diskOptions(), least, known))
+	d := b.disk()
+	return b.sizeError(partitions.CheckSizes(d.Base.Path, d.Geometry, least, known))
 }
 
 // servedBlobs names every blob of the partition's OCI layout by its locked
-// size and digest (partitions.AssembleOptions.KnownFiles).
-func (b *build) servedBlobs() map[string]partitions.FileDigest {
-	known := map[string]partitions.FileDigest{}
+// size and digest (the files the kept verity trees know: see
+// partitions.WithKeptTrees).
+func (b *build) servedBlobs() map[string]squashfs.FileDigest {
+	known := map[string]squashfs.FileDigest{}
 	for _, fi := range b.images {
 		if !fi.recipe.Served() {
 			continue
 		}
 		for _, d := range append([]v1.Descriptor{fi.image.Descriptor}, fi.image.Blobs()...) {
-			known[blobName(d.Digest)] = partitions.FileDigest{Size: d.Size, Digest: d.Digest.String()}
+			known[blobName(d.Digest)] = squashfs.FileDigest{Size: d.Size, Digest: d.Digest.String()}
 		}
 	}
 	return known

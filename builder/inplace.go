@@ -10,7 +10,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/kiln-appliance/kiln/builder/fetch"
-	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/squashfs"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -63,7 +63,7 @@ func (b *build) isInPlace(h v1.Hash) bool { _, ok := b.inPlace[h]; return ok }
 // inPlaceAttrs gives every in-place blob on the partition the mode and owner
 // a cached copy has, so the disk is the same whichever way a blob came (and
 // the node's unprivileged registry can read it).
-func (b *build) inPlaceAttrs() ([]partitions.FileAttrs, error) {
+func (b *build) inPlaceAttrs() ([]squashfs.FileAttrs, error) {
 	if len(b.inPlace) == 0 {
 		return nil, nil
 	}
@@ -71,16 +71,16 @@ func (b *build) inPlaceAttrs() ([]partitions.FileAttrs, error) {
 	if err != nil {
 		return nil, fmt.Errorf("blob cache: %w", err)
 	}
-	var attrs []partitions.FileAttrs
+	var attrs []squashfs.FileAttrs
 	for h := range b.inPlace {
-		attrs = append(attrs, partitions.FileAttrs{Path: blobName(h), Mode: 0o644, UID: uid, GID: gid})
+		attrs = append(attrs, squashfs.FileAttrs{Path: blobName(h), Mode: 0o644, UID: uid, GID: gid})
 	}
 	sort.Slice(attrs, func(i, j int) bool { return attrs[i].Path < attrs[j].Path })
 	return attrs, nil
 }
 
 // inPlacePaths names every in-place blob in the image filesystem, for
-// partitions.Assemble to hash as written (AssembleOptions.HashFiles).
+// partitions.Assemble to hash as written (partitions.WithFileHashes).
 func (b *build) inPlacePaths() []string {
 	var paths []string
 	for h, ib := range b.inPlace {
@@ -98,7 +98,7 @@ func blobName(h v1.Hash) string { return path.Join(contract.OCIDir, "blobs", h.A
 // filesystem with its locked digest: a source changed or damaged after
 // locking (even while the squashfs writer read it) fails the build, as a bad download
 // fails the fetch.
-func (b *build) checkInPlace(sums map[string]partitions.FileDigest) error {
+func (b *build) checkInPlace(sums map[string]squashfs.FileDigest) error {
 	var blobs []inPlaceBlob
 	for _, ib := range b.inPlace {
 		blobs = append(blobs, ib)

@@ -13,21 +13,23 @@ import (
 	"strings"
 
 	"github.com/kiln-appliance/kiln/internal/progress"
-	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/gpt"
+	"github.com/kiln-appliance/kiln/partitions/seal"
+	"github.com/kiln-appliance/kiln/partitions/squashfs"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 // Report is what `kiln inspect` shows of a disk image.
 type Report struct {
 	Disk     string             `json:"disk"`
-	Layout   *partitions.Layout `json:"layout"`
+	Layout   *gpt.Layout        `json:"layout"`
 	Contents *contract.Contents `json:"contents,omitempty"`
 	// Sizes of the image partition's parts (oci, storage, bin), bytes,
 	// hard-linked files counted once per path as kiln.json lists them.
 	Sizes map[string]int64 `json:"sizes,omitempty"`
 	// Verified is what Verify checked against the build's seal, and what
 	// it could not check.
-	Verified *partitions.VerifyReport `json:"verified,omitempty"`
+	Verified *seal.Report `json:"verified,omitempty"`
 }
 
 // recoverAs turns a panic of a disk reader into an error naming the part.
@@ -43,7 +45,7 @@ func recoverAs(err *error, part string) {
 // flips, so its use is fenced here.
 func Inspect(disk string) (rep *Report, err error) {
 	defer recoverAs(&err, disk+": image partition")
-	layout, err := partitions.Inspect(disk)
+	layout, err := gpt.Inspect(disk)
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +53,7 @@ func Inspect(disk string) (rep *Report, err error) {
 	if _, ok := layout.Find(contract.PartitionName); !ok {
 		return rep, nil // a plain base image: nothing of kiln's on it
 	}
-	fsys, closer, err := partitions.OpenImagePartition(disk)
+	fsys, closer, err := squashfs.OpenImagePartition(disk)
 	if err != nil {
 		return nil, err
 	}
@@ -73,18 +75,18 @@ func Inspect(disk string) (rep *Report, err error) {
 	return rep, nil
 }
 
-// VerifyOptions: see partitions.VerifyOptions.
-type VerifyOptions = partitions.VerifyOptions
+// VerifyOptions: see seal.VerifyOptions.
+type VerifyOptions = seal.VerifyOptions
 
 // Verify checks a disk image end to end: first every byte kiln wrote against
-// the seal the build left in it (partitions.VerifyDisk: both GPT copies,
+// the seal the build left in it (seal.Verify: both GPT copies,
 // every partition, the image partition through its verity tree), then
 // every file of the image partition against kiln.json, re-hashing every
 // byte. The file check returns every problem found, not just the first.
 func Verify(ctx context.Context, disk string, o VerifyOptions, p progress.Reporter) (rep *Report, err error) {
 	defer recoverAs(&err, disk+": image partition")
-	sealed, err := partitions.VerifyDisk(ctx, disk, o)
-	var damaged *partitions.VerifyError
+	sealed, err := seal.Verify(ctx, disk, o)
+	var damaged *seal.VerifyError
 	if errors.As(err, &damaged) {
 		return nil, fmt.Errorf("%s failed verification; the disk is damaged or was modified: rebuild or reflash it:\n  %w", disk, err)
 	}
@@ -99,7 +101,7 @@ func Verify(ctx context.Context, disk string, o VerifyOptions, p progress.Report
 	if rep.Contents == nil {
 		return rep, fmt.Errorf("%s has no %s partition: nothing to verify", disk, contract.PartitionName)
 	}
-	fsys, closer, err := partitions.OpenImagePartition(disk)
+	fsys, closer, err := squashfs.OpenImagePartition(disk)
 	if err != nil {
 		return nil, err
 	}

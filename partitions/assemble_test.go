@@ -1,205 +1,107 @@
-package partitions
+package partitions_test
 
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	. "github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/bootconfig"
+	"github.com/kiln-appliance/kiln/partitions/gpt"
+	"github.com/kiln-appliance/kiln/partitions/internal/disktest"
+	"github.com/kiln-appliance/kiln/partitions/internal/fixtures"
+	"github.com/kiln-appliance/kiln/partitions/seal"
+	"github.com/kiln-appliance/kiln/partitions/squashfs"
+	"github.com/kiln-appliance/kiln/partitions/verity"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 	"github.com/kiln-appliance/kiln/test/loopmount"
 	"github.com/kiln-appliance/kiln/test/treecmp"
 )
 
-const epoch = 1700000000
+func TestMain(m *testing.M) { fixtures.Main(m) }
 
-var (
-	baseOnce sync.Once
-	baseDir  string
-	baseErr  error
-)
-
-// bases writes the fixture base disks once per test binary: raw, its
-// compressed forms, and one without a boot partition.
-func bases(t testing.TB) string {
-	t.Helper()
-	baseOnce.Do(func() {
-		baseDir, baseErr = os.MkdirTemp("", "kiln-partitions-test-")
-		if baseErr != nil {
-			return
-		}
-		raw := filepath.Join(baseDir, "base.raw")
-		if baseErr = basedisk.Write(raw); baseErr != nil {
-			return
-		}
-		for _, c := range []struct{ format, name string }{{"gzip", "base.raw.gz"}, {"xz", "base.raw.xz"}, {"zstd", "base.raw.zst"}} {
-			if baseErr = basedisk.Compress(raw, filepath.Join(baseDir, c.name), c.format); baseErr != nil {
-				return
-			}
-		}
-		baseErr = basedisk.Write(filepath.Join(baseDir, "noboot.raw"), basedisk.WithoutBoot())
-	})
-	if baseErr != nil {
-		t.Fatal(baseErr)
-	}
-	return baseDir
+// loopMount mounts partition p of the disk read-only with the kernel's
+// squashfs driver.
+func loopMount(t *testing.T, disk string, p gpt.Partition) string {
+	return loopmount.Squashfs(t, disk, p.Offset, p.Size)
 }
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if baseDir != "" {
-		os.RemoveAll(baseDir)
-	}
-	os.Exit(code)
-}
-
-// stageTree writes a tree with everything overlay layers need.
-func stageTree(t testing.TB) string {
-	t.Helper()
-	root := filepath.Join(t.TempDir(), "tree")
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	must(os.MkdirAll(filepath.Join(root, "oci/blobs/sha256"), 0o755))
-	must(os.MkdirAll(filepath.Join(root, "storage/overlay/l1/diff/etc"), 0o755))
-	must(os.WriteFile(filepath.Join(root, "kiln.json"), []byte(`{"schemaVersion":1}`+"\n"), 0o644))
-	for i := 0; i < 50; i++ {
-		must(os.WriteFile(filepath.Join(root, fmt.Sprintf("oci/blobs/sha256/%064x", i)), bytes.Repeat([]byte{byte(i)}, i*1000+1), 0o644))
-	}
-	big := make([]byte, 3*MiB+17) // more than one squashfs block
-	for i := range big {
-		big[i] = byte(i * 31)
-	}
-	must(os.WriteFile(filepath.Join(root, "oci/blobs/sha256/big"), big, 0o644))
-	diff := filepath.Join(root, "storage/overlay/l1/diff")
-	must(os.WriteFile(filepath.Join(diff, "etc/passwd"), []byte("root:x:0:0::/root:/bin/sh\n"), 0o600))
-	must(os.Link(filepath.Join(diff, "etc/passwd"), filepath.Join(diff, "etc/passwd-hardlink")))
-	must(os.Symlink("../etc/passwd", filepath.Join(diff, "etc/link")))
-	must(unix.Mknod(filepath.Join(diff, "whiteout"), unix.S_IFCHR|0o000, 0))
-	must(os.WriteFile(filepath.Join(diff, "ping"), []byte("#!/bin/sh\n"), 0o755))
-	// security.capability v2: cap_net_raw (bit 13) permitted+effective.
-	capv2 := []byte{0x01, 0x00, 0x00, 0x02, 0x00, 0x20, 0x00, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
-	must(unix.Setxattr(filepath.Join(diff, "etc"), "trusted.overlay.opaque", []byte("y"), 0))
-	must(unix.Setxattr(filepath.Join(diff, "etc/passwd"), "user.kiln", []byte("x"), 0))
-	must(os.Chown(filepath.Join(diff, "ping"), 1000, 1001))
-	// unix.Chmod: os.Chmod takes Go's mode bits, where 0o4000 is not
-	// setuid; and chown drops setuid and security.capability, so both last.
-	must(unix.Chmod(filepath.Join(diff, "ping"), 0o4755))
-	must(unix.Setxattr(filepath.Join(diff, "ping"), "security.capability", capv2, 0))
-	must(os.Mkdir(filepath.Join(diff, "tmp"), 0o1777))
-	must(unix.Chmod(filepath.Join(diff, "tmp"), 0o1777))
-	return root
-}
-
-func assemble(t testing.TB, opts AssembleOptions) (string, *Layout) {
-	t.Helper()
-	out, err := os.CreateTemp(t.TempDir(), "disk-*.raw")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
-	opts.Output = out
-	l, err := Assemble(context.Background(), opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out.Name(), l
-}
-
-func defaultOpts(t testing.TB, tree string) AssembleOptions {
-	return AssembleOptions{
-		Base: filepath.Join(bases(t), "base.raw"), ImageTree: tree, Headroom: 10,
-		SourceDateEpoch: epoch, GUIDSeed: []byte("acme-edge 1.4.0"), Placement: PlaceEnd,
-		Ignition: StaticIgnition(testIgnition),
-	}
-}
-
-var testIgnition = []byte(`{"ignition":{"version":"3.3.0"}}` + "\n")
 
 func TestAssemble(t *testing.T) {
-	tree := stageTree(t)
-	opts := defaultOpts(t, tree)
-	rec := &recorder{}
-	opts.Progress = rec
-	disk, l := assemble(t, opts)
-	rec.check(t, map[string]int64{"copy base partitions": 450 * MiB, "write image filesystem": -1})
+	tree := fixtures.StageTree(t)
+	d := disktest.Disk(t, tree)
+	rec := &fixtures.Recorder{}
+	disk, l := disktest.Assemble(t, d, WithProgress(rec))
+	rec.Check(t, map[string]int64{"copy base partitions": 450 * MiB, "write image filesystem": -1})
 
 	out, err := exec.Command("sgdisk", "-v", disk).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "No problems found") {
 		t.Fatalf("sgdisk -v: %v\n%s", err, out)
 	}
-	again, err := Inspect(disk)
+	again, err := gpt.Inspect(disk)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if fmt.Sprint(again) != fmt.Sprint(l) {
 		t.Errorf("Inspect differs from Assemble's layout:\n%+v\n%+v", again, l)
 	}
-	base, err := Inspect(opts.Base)
+	base, err := gpt.Inspect(d.Base.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(l.Partitions) != len(base.Partitions)+1 {
 		t.Fatalf("want %d partitions, got %+v", len(base.Partitions)+1, l.Partitions)
 	}
-	rep, err := VerifyDisk(context.Background(), disk, VerifyOptions{})
+	rep, err := seal.Verify(context.Background(), disk, seal.VerifyOptions{})
 	if err != nil {
 		t.Fatalf("verify the new disk: %v", err)
 	}
-	seal := rep.Seal
+	sealed := rep.Seal
 	for i, bp := range base.Partitions {
 		p := l.Partitions[i]
 		if p.Number != bp.Number || p.Name != bp.Name || p.Type != bp.Type || p.GUID != bp.GUID || p.FirstLBA != bp.FirstLBA || p.LastLBA != bp.LastLBA {
 			t.Errorf("base partition changed: %+v -> %+v", bp, p)
 		}
-		if p.Name == BootPartition {
+		if p.Name == bootconfig.Partition {
 			continue // holds the Ignition config now; TestReproducible checks it without
 		}
-		if a, b := hashRange(t, opts.Base, bp.Offset, bp.Size), hashRange(t, disk, p.Offset, p.Size); a != b {
+		if a, b := fixtures.HashRange(t, d.Base.Path, bp.Offset, bp.Size), fixtures.HashRange(t, disk, p.Offset, p.Size); a != b {
 			t.Errorf("partition %d %s: bytes differ from the base", p.Number, p.Name)
 		}
 	}
-	if hashRange(t, opts.Base, 0, 440) != hashRange(t, disk, 0, 440) {
+	if fixtures.HashRange(t, d.Base.Path, 0, 440) != fixtures.HashRange(t, disk, 0, 440) {
 		t.Error("MBR boot code area (bytes 0-439) differs from the base")
 	}
 	img := l.Partitions[len(l.Partitions)-1]
 	last := base.Partitions[len(base.Partitions)-1]
 	switch {
-	case img.Name != contract.PartitionName, img.Type != contract.PartitionType, img.Filesystem != FSSquashfs:
+	case img.Name != contract.PartitionName, img.Type != contract.PartitionType, img.Filesystem != gpt.FSSquashfs:
 		t.Errorf("image partition: %+v", img)
-	case seal.Image.Verity == nil || !strings.HasPrefix(seal.Image.Verity.RootHash, strings.ToLower(strings.ReplaceAll(img.GUID, "-", ""))):
-		t.Errorf("image partition GUID %s is not the start of the verity root hash (%+v)", img.GUID, seal.Image.Verity)
+	case sealed.Image.Verity == nil || !strings.HasPrefix(sealed.Image.Verity.RootHash, strings.ToLower(strings.ReplaceAll(img.GUID, "-", ""))):
+		t.Errorf("image partition GUID %s is not the start of the verity root hash (%+v)", img.GUID, sealed.Image.Verity)
 	case img.Offset%MiB != 0 || img.Size%MiB != 0 || img.Offset < last.Offset+last.Size || img.Offset >= last.Offset+last.Size+MiB:
 		t.Errorf("image partition not 1 MiB aligned right after the base: %+v", img)
 	}
-	fsSize, err := squashfsSize(disk, img.Offset)
+	fsSize, err := squashfs.Size(disk, img.Offset)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := alignUp(fsSize*110/100+verityTreeSize(fsSize/VerityBlock)+SealSize, MiB); img.Size != want {
+	if want := alignUp(fsSize*110/100+verity.TreeSize(fsSize/verity.Block)+seal.Size, MiB); img.Size != want {
 		t.Errorf("image partition size %d, want %d (fs %d + 10%% + verity tree + seal)", img.Size, want, fsSize)
 	}
-	if v := seal.Image.Verity; v == nil || v.HashOffset != fsSize {
+	if v := sealed.Image.Verity; v == nil || v.HashOffset != fsSize {
 		t.Errorf("verity tree not right after the %d-byte filesystem: %+v", fsSize, v)
 	} else {
 		// veritysetup (what the node runs) accepts the tree and root hash.
 		part := filepath.Join(t.TempDir(), "image-partition")
-		copyRange(t, disk, img.Offset, img.Size, part)
+		fixtures.CopyRange(t, disk, img.Offset, img.Size, part)
 		if out, err := exec.Command("veritysetup", "verify", part, part, v.RootHash, fmt.Sprintf("--hash-offset=%d", v.HashOffset)).CombinedOutput(); err != nil {
 			t.Errorf("veritysetup verify: %v\n%s", err, out)
 		}
@@ -212,28 +114,28 @@ func TestAssemble(t *testing.T) {
 	// Base filesystems still clean.
 	for _, p := range l.Partitions {
 		switch p.Filesystem {
-		case FSExt4:
-			if out, err := exec.Command("e2fsck", "-fn", fsSpec(disk, p.Offset)).CombinedOutput(); err != nil {
+		case gpt.FSExt4:
+			if out, err := exec.Command("e2fsck", "-fn", fixtures.Ext4(disk, p.Offset)).CombinedOutput(); err != nil {
 				t.Errorf("e2fsck %s: %v\n%s", p.Name, err, out)
 			}
-		case FSVfat:
+		case gpt.FSVfat:
 			part := filepath.Join(t.TempDir(), "vfat")
-			copyRange(t, disk, p.Offset, p.Size, part)
+			fixtures.CopyRange(t, disk, p.Offset, p.Size, part)
 			if out, err := exec.Command("fsck.vfat", "-n", part).CombinedOutput(); err != nil {
 				t.Errorf("fsck.vfat %s: %v\n%s", p.Name, err, out)
 			}
 		}
 	}
-	got, err := ReadIgnition(disk)
+	got, err := bootconfig.Read(disk)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(got, testIgnition) {
-		t.Errorf("Ignition read back %q, wrote %q", got, testIgnition)
+	if !bytes.Equal(got, fixtures.Ignition) {
+		t.Errorf("Ignition read back %q, wrote %q", got, fixtures.Ignition)
 	}
-	boot, _ := l.Find(BootPartition)
+	boot, _ := l.Find(bootconfig.Partition)
 	for path, mode := range map[string]string{"/ignition": "Mode:  0700", "/ignition/config.ign": "Mode:  0600"} {
-		out, _ := exec.Command("debugfs", "-R", "stat "+path, fsSpec(disk, boot.Offset)).Output()
+		out, _ := exec.Command("debugfs", "-R", "stat "+path, fixtures.Ext4(disk, boot.Offset)).Output()
 		if !strings.Contains(string(out), mode) || !strings.Contains(string(out), "User:     0   Group:     0") {
 			t.Errorf("%s: want %s, root-owned (as coreos-installer writes it):\n%s", path, mode, out)
 		}
@@ -241,152 +143,84 @@ func TestAssemble(t *testing.T) {
 
 	// The kernel mounts the image partition and sees the staged tree.
 	mnt := loopMount(t, disk, img)
-	compareTrees(t, tree, mnt)
+	fixtures.CompareTrees(t, tree, mnt)
 	treecmp.OverlayLayer(t, filepath.Join(mnt, "storage/overlay/l1/diff"))
-}
-
-// loopMount mounts partition p of the disk read-only with the kernel's
-// squashfs driver.
-func loopMount(t *testing.T, disk string, p Partition) string {
-	return loopmount.Squashfs(t, disk, p.Offset, p.Size)
-}
-
-// compareTrees checks type, mode, owner, size, content, link target,
-// device number, link count and xattrs of every entry.
-func compareTrees(t *testing.T, want, got string) {
-	t.Helper()
-	// Every time on disk is SOURCE_DATE_EPOCH (staged times are not).
-	filepath.Walk(got, func(p string, info os.FileInfo, err error) error {
-		if err == nil && info.ModTime().Unix() != epoch {
-			t.Errorf("%s: mtime %d, want SOURCE_DATE_EPOCH %d", p, info.ModTime().Unix(), epoch)
-		}
-		return err
-	})
-	treecmp.Compare(t, want, got)
-}
-
-func hashRange(t *testing.T, path string, off, size int64) string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, io.NewSectionReader(f, off, size)); err != nil {
-		t.Fatal(err)
-	}
-	return fmt.Sprintf("%x", h.Sum(nil))
-}
-
-func copyRange(t *testing.T, path string, off, size int64, dst string) {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	out, err := os.Create(dst)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
-	if _, err := io.Copy(out, io.NewSectionReader(f, off, size)); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TestReproducible: same inputs give the same bytes, whatever the base's
 // compression; without Ignition the boot partition is untouched too.
 func TestReproducible(t *testing.T) {
-	tree := stageTree(t)
-	dir := bases(t)
+	tree := fixtures.StageTree(t)
 	var first string
-	for _, name := range []string{"base.raw", "base.raw", "base.raw.gz", "base.raw.xz", "base.raw.zst"} {
-		opts := defaultOpts(t, tree)
-		opts.Base = filepath.Join(dir, name)
-		disk, _ := assemble(t, opts)
-		sum := hashRange(t, disk, 0, fileSize(t, disk))
+	for _, base := range []string{fixtures.Base(t), fixtures.Base(t), fixtures.Compressed(t, "gzip"), fixtures.Compressed(t, "xz"), fixtures.Compressed(t, "zstd")} {
+		d := disktest.Disk(t, tree)
+		d.Base.Path = base
+		disk, _ := disktest.Assemble(t, d)
+		sum := fixtures.HashFile(t, disk)
 		if first == "" {
 			first = sum
 		} else if sum != first {
-			t.Errorf("%s: disk sha256 %s, first build %s", name, sum, first)
+			t.Errorf("%s: disk sha256 %s, first build %s", filepath.Base(base), sum, first)
 		}
 		os.Remove(disk)
 	}
 
-	opts := defaultOpts(t, tree)
-	opts.Ignition = nil
-	disk, l := assemble(t, opts)
-	base, _ := Inspect(opts.Base)
+	d := disktest.Disk(t, tree)
+	disk, l := disktest.Assemble(t, d, WithIgnition(nil))
+	base, _ := gpt.Inspect(d.Base.Path)
 	for i, bp := range base.Partitions {
-		if hashRange(t, opts.Base, bp.Offset, bp.Size) != hashRange(t, disk, l.Partitions[i].Offset, l.Partitions[i].Size) {
+		if fixtures.HashRange(t, d.Base.Path, bp.Offset, bp.Size) != fixtures.HashRange(t, disk, l.Partitions[i].Offset, l.Partitions[i].Size) {
 			t.Errorf("partition %s changed without Ignition", bp.Name)
 		}
 	}
 }
 
-func fileSize(t *testing.T, p string) int64 {
-	st, err := os.Stat(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st.Size()
-}
-
 // TestErrors: bad input fails with a message that says what to do.
 func TestErrors(t *testing.T) {
-	tree := stageTree(t)
-	dir := bases(t)
+	tree := fixtures.StageTree(t)
 	tmp := t.TempDir()
 	corruptGz := filepath.Join(tmp, "corrupt.gz")
-	gz, _ := os.ReadFile(filepath.Join(dir, "base.raw.gz"))
+	gz, _ := os.ReadFile(fixtures.Compressed(t, "gzip"))
 	os.WriteFile(corruptGz, gz[:len(gz)/2], 0o644)
 	flipped := append([]byte(nil), gz...)
 	flipped[len(flipped)/2] ^= 0xff
 	flippedGz := filepath.Join(tmp, "flipped.gz")
 	os.WriteFile(flippedGz, flipped, 0o644)
-	xzb, _ := os.ReadFile(filepath.Join(dir, "base.raw.xz"))
+	xzb, _ := os.ReadFile(fixtures.Compressed(t, "xz"))
 	truncXz := filepath.Join(tmp, "truncated.xz")
 	os.WriteFile(truncXz, xzb[:len(xzb)-100], 0o644)
 	notGPT := filepath.Join(tmp, "notgpt.raw")
 	os.WriteFile(notGPT, make([]byte, 4*MiB), 0o644)
-	raw := filepath.Join(dir, "base.raw")
+	raw := fixtures.Base(t)
 
 	for _, tc := range []struct {
 		name string
-		edit func(*AssembleOptions)
+		edit func(*Disk)
 		want []string
 	}{
-		{"disk too small", func(o *AssembleOptions) { o.DiskSize = 452 * MiB },
+		{"disk too small", func(d *Disk) { d.Geometry.DiskSize = 452 * MiB },
 			[]string{"disk size 452 MiB is too small", "the base needs 450 MiB, the image partition 5 MiB, so at least 456 MiB", "set disk.size to at least 456 MiB"}},
-		{"disk smaller than base", func(o *AssembleOptions) { o.DiskSize = 100 * MiB },
+		{"disk smaller than base", func(d *Disk) { d.Geometry.DiskSize = 100 * MiB },
 			[]string{"disk size 100 MiB is too small: the base alone needs 450 MiB"}},
-		{"partition too small", func(o *AssembleOptions) { o.PartitionSize = 1 * MiB },
+		{"partition too small", func(d *Disk) { d.Geometry.PartitionSize = 1 * MiB },
 			[]string{"image partition size 1 MiB is too small", "set imagePartition.size to at least"}},
-		{"no boot partition", func(o *AssembleOptions) { o.Base = filepath.Join(dir, "noboot.raw") },
+		{"no boot partition", func(d *Disk) { d.Base.Path = fixtures.NoBoot(t) },
 			[]string{`no partition named or labelled "boot"`, `1 "BIOS-BOOT", 2 "EFI-SYSTEM"`, `3 "root"`}},
-		{"truncated gzip", func(o *AssembleOptions) { o.Base = corruptGz }, []string{"corrupt or truncated"}},
-		{"corrupt gzip", func(o *AssembleOptions) { o.Base = flippedGz }, []string{"corrupt or truncated"}},
-		{"truncated xz", func(o *AssembleOptions) { o.Base = truncXz }, []string{"corrupt or truncated", "xz"}},
-		{"not GPT", func(o *AssembleOptions) { o.Base = notGPT }, []string{"no GPT partition table"}},
-		{"wrong digest", func(o *AssembleOptions) { o.Base, o.BaseDigest = raw, "sha256:"+strings.Repeat("0", 64) },
+		{"truncated gzip", func(d *Disk) { d.Base.Path = corruptGz }, []string{"corrupt or truncated"}},
+		{"corrupt gzip", func(d *Disk) { d.Base.Path = flippedGz }, []string{"corrupt or truncated"}},
+		{"truncated xz", func(d *Disk) { d.Base.Path = truncXz }, []string{"corrupt or truncated", "xz"}},
+		{"not GPT", func(d *Disk) { d.Base.Path = notGPT }, []string{"no GPT partition table"}},
+		{"wrong digest", func(d *Disk) { d.Base = Base{Path: raw, Digest: "sha256:" + strings.Repeat("0", 64)} },
 			[]string{"but the recipe expects sha256:0000", "fix base.digest"}},
-		{"bad digest", func(o *AssembleOptions) { o.BaseDigest = "md5:abc" }, []string{"sha256:<64 hex digits>"}},
-		{"bad compression", func(o *AssembleOptions) { o.Compression = "brotli" }, []string{`compression "brotli" is not supported`}},
-		{"missing tree", func(o *AssembleOptions) { o.ImageTree = filepath.Join(tmp, "nope") }, []string{"image partition tree"}},
-		{"no seed", func(o *AssembleOptions) { o.GUIDSeed = nil }, []string{"GUID seed"}},
+		{"bad digest", func(d *Disk) { d.Base.Digest = "md5:abc" }, []string{"sha256:<64 hex digits>"}},
+		{"bad compression", func(d *Disk) { d.Image.Compression = "brotli" }, []string{`compression "brotli" is not supported`}},
+		{"missing tree", func(d *Disk) { d.Image.Tree = filepath.Join(tmp, "nope") }, []string{"image partition tree"}},
+		{"no seed", func(d *Disk) { d.GUIDSeed = nil }, []string{"GUID seed"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			opts := defaultOpts(t, tree)
-			tc.edit(&opts)
-			out, err := os.CreateTemp(t.TempDir(), "disk-")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer out.Close()
-			opts.Output = out
-			_, err = Assemble(context.Background(), opts)
+			d := disktest.Disk(t, tree)
+			tc.edit(&d)
+			err := disktest.Try(t, d)
 			if err == nil {
 				t.Fatal("no error")
 			}
@@ -409,7 +243,7 @@ func TestCancel(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	opts := defaultOpts(t, tree)
+	d := disktest.Disk(t, tree)
 	// A private TMPDIR (after the shared fixtures exist): other packages'
 	// tests, running at the same time, come and go in the shared one.
 	tmp := t.TempDir()
@@ -419,11 +253,10 @@ func TestCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer out.Close()
-	opts.Output = out
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err = Assemble(ctx, opts)
+	_, err = Assemble(ctx, out, d, disktest.Ignition)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("got %v, want context.DeadlineExceeded", err)
 	}
@@ -441,178 +274,12 @@ func TestCancel(t *testing.T) {
 	}
 }
 
-// recorder is a Reporter that remembers what was reported.
-type recorder struct {
-	mu    sync.Mutex
-	tasks []*recTask
-}
-
-type recTask struct {
-	name  string
-	total int64
-	done  int64
-	ended bool
-	err   error
-}
-
-func (r *recorder) Task(name string, total int64) Task {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	task := &recTask{name: name, total: total}
-	r.tasks = append(r.tasks, task)
-	return &recWriter{r, task}
-}
-
-type recWriter struct {
-	r *recorder
-	t *recTask
-}
-
-func (w *recWriter) Write(p []byte) (int, error) {
-	w.r.mu.Lock()
-	defer w.r.mu.Unlock()
-	w.t.done += int64(len(p))
-	return len(p), nil
-}
-
-func (w *recWriter) Done(err error) {
-	w.r.mu.Lock()
-	defer w.r.mu.Unlock()
-	w.t.ended, w.t.err = true, err
-}
-
-// check wants each named task ended without error, with done bytes equal
-// to want (-1: more than zero).
-func (r *recorder) check(t *testing.T, want map[string]int64) {
-	t.Helper()
-	seen := map[string]bool{}
-	for _, task := range r.tasks {
-		seen[task.name] = true
-		if !task.ended || task.err != nil {
-			t.Errorf("progress task %q: ended %v, err %v", task.name, task.ended, task.err)
-		}
-		if w, ok := want[task.name]; ok && (w == -1 && task.done <= 0 || w >= 0 && task.done != w) {
-			t.Errorf("progress task %q: %d bytes done (total %d), want %d", task.name, task.done, task.total, w)
-		}
-	}
-	for name := range want {
-		if !seen[name] {
-			t.Errorf("no progress task %q", name)
-		}
-	}
-}
-
-// TestWriteIgnitionReplaces: a second config replaces the first; /ignition
-// that is not a directory is an error, not a silent no-op.
-// baseCopy copies the generated base and finds its boot partition.
-func baseCopy(t *testing.T) (string, *Partition) {
-	t.Helper()
-	disk := filepath.Join(t.TempDir(), "base.raw")
-	copyRange(t, filepath.Join(bases(t), "base.raw"), 0, fileSize(t, filepath.Join(bases(t), "base.raw")), disk)
-	l, err := Inspect(disk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	boot, err := bootPartition(l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return disk, boot
-}
-
-func TestWriteIgnitionReplaces(t *testing.T) {
-	disk, boot := baseCopy(t)
-	for _, cfg := range []string{`{"ignition":{"version":"3.3.0"},"first":true}`, `{"ignition":{"version":"3.4.0"}}`} {
-		if err := writeIgnition(disk, boot.Offset, []byte(cfg), epoch, ""); err != nil {
-			t.Fatal(err)
-		}
-		got, err := ReadIgnition(disk)
-		if err != nil || string(got) != cfg {
-			t.Fatalf("read back %q, %v; want %q", got, err, cfg)
-		}
-	}
-	if out, err := exec.Command("e2fsck", "-fn", fsSpec(disk, boot.Offset)).CombinedOutput(); err != nil {
-		t.Errorf("e2fsck: %v\n%s", err, out)
-	}
-	// debugfs quirk check: a file where the directory should be.
-	cmd := exec.Command("debugfs", "-w", "-R", "rm /ignition/config.ign", fsSpec(disk, boot.Offset))
-	cmd.Run()
-	exec.Command("debugfs", "-w", "-R", "rmdir /ignition", fsSpec(disk, boot.Offset)).Run()
-	src := filepath.Join(t.TempDir(), "f")
-	os.WriteFile(src, []byte("x"), 0o644)
-	exec.Command("debugfs", "-w", "-R", "write "+src+" ignition", fsSpec(disk, boot.Offset)).Run()
-	if err := writeIgnition(disk, boot.Offset, []byte("{}"), epoch, ""); err == nil || !strings.Contains(err.Error(), "/ignition, but it is a regular file, not a directory") {
-		t.Errorf("want an error about /ignition, got %v", err)
-	}
-}
-
-// Every time the Ignition write stamps is the build's, SOURCE_DATE_EPOCH=0
-// too (which e2fsprogs would take for "use the clock"): two writes a clock
-// second apart give the same bytes.
-func TestWriteIgnitionIsReproducible(t *testing.T) {
-	for _, at := range []int64{0, epoch} {
-		var sums []string
-		for i := 0; i < 2; i++ {
-			disk, boot := baseCopy(t)
-			if i > 0 {
-				time.Sleep(1100 * time.Millisecond) // the clock's second moves on
-			}
-			if err := writeIgnition(disk, boot.Offset, testIgnition, at, ""); err != nil {
-				t.Fatal(err)
-			}
-			sums = append(sums, hashRange(t, disk, boot.Offset, boot.Size))
-		}
-		if sums[0] != sums[1] {
-			t.Errorf("epoch %d: two writes of the same config differ", at)
-		}
-	}
-}
-
 func TestKilnDiskAsBase(t *testing.T) {
-	opts := defaultOpts(t, stageTree(t))
-	disk, _ := assemble(t, opts)
-	opts.Base = disk
-	out, err := os.CreateTemp(t.TempDir(), "disk-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
-	opts.Output = out
-	if _, err := Assemble(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "it is a kiln disk, not a base") {
+	d := disktest.Disk(t, fixtures.StageTree(t))
+	disk, _ := disktest.Assemble(t, d)
+	d.Base.Path = disk
+	if err := disktest.Try(t, d); err == nil || !strings.Contains(err.Error(), "it is a kiln disk, not a base") {
 		t.Errorf("got %v", err)
-	}
-}
-
-// TestInspectDamaged: Inspect notices a truncated disk and a broken backup
-// GPT, and reads a disk through a block device (size from seeking).
-func TestInspectDamaged(t *testing.T) {
-	disk, l := assemble(t, defaultOpts(t, stageTree(t)))
-	dev, err := exec.Command("losetup", "-r", "-f", "--show", disk).Output()
-	if err != nil {
-		t.Fatalf("losetup: %v", err)
-	}
-	loop := strings.TrimSpace(string(dev))
-	defer exec.Command("losetup", "-d", loop).Run()
-	if got, err := Inspect(loop); err != nil || got.Size != l.Size || len(got.Partitions) != len(l.Partitions) {
-		t.Errorf("Inspect(%s) = %+v, %v", loop, got, err)
-	}
-
-	truncated := filepath.Join(t.TempDir(), "truncated.raw")
-	copyRange(t, disk, 0, l.Size-MiB, truncated)
-	if _, err := Inspect(truncated); err == nil || !strings.Contains(err.Error(), "truncated") {
-		t.Errorf("truncated disk: %v", err)
-	}
-
-	broken := filepath.Join(t.TempDir(), "broken.raw")
-	copyRange(t, disk, 0, l.Size, broken)
-	f, err := os.OpenFile(broken, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.WriteAt([]byte("XXX"), l.Size-512)
-	f.Close()
-	if _, err := Inspect(broken); err == nil || !strings.Contains(err.Error(), "no valid backup GPT header") {
-		t.Errorf("broken backup: %v", err)
 	}
 }
 
@@ -625,15 +292,15 @@ func TestRootLast(t *testing.T) {
 }
 
 func testRootLast(t *testing.T, placement string) {
-	tree := stageTree(t)
-	opts := defaultOpts(t, tree)
-	opts.Base = filepath.Join(bases(t), "base.raw.zst") // the move works on a stream too
-	opts.Placement = placement
-	disk, l := assemble(t, opts)
+	tree := fixtures.StageTree(t)
+	d := disktest.Disk(t, tree)
+	d.Base.Path = fixtures.Compressed(t, "zstd") // the move works on a stream too
+	d.Geometry.Placement = placement
+	disk, l := disktest.Assemble(t, d)
 	if out, err := exec.Command("sgdisk", "-v", disk).CombinedOutput(); err != nil || !strings.Contains(string(out), "No problems found") {
 		t.Fatalf("sgdisk -v: %v\n%s", err, out)
 	}
-	base, err := Inspect(filepath.Join(bases(t), "base.raw"))
+	base, err := gpt.Inspect(fixtures.Base(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -651,16 +318,16 @@ func testRootLast(t *testing.T, placement string) {
 			t.Errorf("partition %s after root", p.Name)
 		}
 	}
-	if hashRange(t, filepath.Join(bases(t), "base.raw"), broot.Offset, broot.Size) != hashRange(t, disk, root.Offset, root.Size) {
+	if fixtures.HashRange(t, fixtures.Base(t), broot.Offset, broot.Size) != fixtures.HashRange(t, disk, root.Offset, root.Size) {
 		t.Error("root bytes changed in the move")
 	}
-	if out, err := exec.Command("e2fsck", "-fn", fsSpec(disk, root.Offset)).CombinedOutput(); err != nil {
+	if out, err := exec.Command("e2fsck", "-fn", fixtures.Ext4(disk, root.Offset)).CombinedOutput(); err != nil {
 		t.Errorf("e2fsck root: %v\n%s", err, out)
 	}
 	if l.Size != alignUp(root.Offset+root.Size+33*512, MiB) {
 		t.Errorf("disk size %d not fit", l.Size)
 	}
-	compareTrees(t, tree, loopMount(t, disk, *img))
+	fixtures.CompareTrees(t, tree, loopMount(t, disk, *img))
 }
 
 // TestAssemble4Kn: a base with 4096-byte sectors (RHCOS metal4k) keeps its
@@ -671,30 +338,30 @@ func TestAssemble4Kn(t *testing.T) {
 	if err := basedisk.Write(base, basedisk.WithSectorSize(4096)); err != nil {
 		t.Fatal(err)
 	}
-	tree := stageTree(t)
-	opts := defaultOpts(t, tree)
-	opts.Base = base
-	disk, l := assemble(t, opts)
+	tree := fixtures.StageTree(t)
+	d := disktest.Disk(t, tree)
+	d.Base.Path = base
+	disk, l := disktest.Assemble(t, d)
 	if l.SectorSize != 4096 {
 		t.Fatalf("sector size %d", l.SectorSize)
 	}
-	if _, err := VerifyDisk(context.Background(), disk, VerifyOptions{}); err != nil {
+	if _, err := seal.Verify(context.Background(), disk, seal.VerifyOptions{}); err != nil {
 		t.Errorf("verify a 4Kn disk: %v", err)
 	}
-	b, err := Inspect(base)
+	b, err := gpt.Inspect(base)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, bp := range b.Partitions {
 		p := l.Partitions[i]
-		if p.FirstLBA != bp.FirstLBA || p.GUID != bp.GUID || (p.Name != BootPartition && hashRange(t, base, bp.Offset, bp.Size) != hashRange(t, disk, p.Offset, p.Size)) {
+		if p.FirstLBA != bp.FirstLBA || p.GUID != bp.GUID || (p.Name != bootconfig.Partition && fixtures.HashRange(t, base, bp.Offset, bp.Size) != fixtures.HashRange(t, disk, p.Offset, p.Size)) {
 			t.Errorf("partition %s changed", p.Name)
 		}
 	}
 	if l.Size != alignUp(l.Partitions[len(l.Partitions)-1].Offset+l.Partitions[len(l.Partitions)-1].Size+5*4096, MiB) {
 		t.Errorf("disk size %d not fit", l.Size)
 	}
-	if got, err := ReadIgnition(disk); err != nil || !bytes.Equal(got, testIgnition) {
+	if got, err := bootconfig.Read(disk); err != nil || !bytes.Equal(got, fixtures.Ignition) {
 		t.Errorf("Ignition: %q, %v", got, err)
 	}
 	// Inspect reads it through a 4096-byte-sector block device too. (The
@@ -706,9 +373,11 @@ func TestAssemble4Kn(t *testing.T) {
 	}
 	dev := strings.TrimSpace(string(out))
 	defer exec.Command("losetup", "-d", dev).Run()
-	if got, err := Inspect(dev); err != nil || got.SectorSize != 4096 || len(got.Partitions) != len(l.Partitions) {
+	if got, err := gpt.Inspect(dev); err != nil || got.SectorSize != 4096 || len(got.Partitions) != len(l.Partitions) {
 		t.Errorf("Inspect(%s): %+v, %v", dev, got, err)
 	}
 	img, _ := l.Find(contract.PartitionName)
-	compareTrees(t, tree, loopMount(t, disk, *img))
+	fixtures.CompareTrees(t, tree, loopMount(t, disk, *img))
 }
+
+func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }

@@ -3,6 +3,10 @@ package partitions
 import (
 	"errors"
 	"fmt"
+
+	"github.com/kiln-appliance/kiln/partitions/base"
+	"github.com/kiln-appliance/kiln/partitions/gpt"
+	"github.com/kiln-appliance/kiln/partitions/seal"
 )
 
 // Where everything goes on the disk, computed from the base's layout and the
@@ -12,10 +16,10 @@ import (
 // filesystem is written: where the image partition starts.
 type placement struct {
 	sector   int64
-	root     *Partition // the base's root when it moves after the image partition, else nil
-	keepEnd  int64      // base bytes [0, keepEnd) stay where they are
-	start    int64      // the image partition's offset
-	baseNeed int64      // bytes the base's partitions take on the disk
+	root     *gpt.Partition // the base's root when it moves after the image partition, else nil
+	keepEnd  int64          // base bytes [0, keepEnd) stay where they are
+	start    int64          // the image partition's offset
+	baseNeed int64          // bytes the base's partitions take on the disk
 }
 
 // geometry is the whole plan, once the image filesystem's size is known.
@@ -27,12 +31,12 @@ type geometry struct {
 }
 
 // placeImagePartition decides where the image partition goes (see
-// AssembleOptions.Placement) and refuses a fixed disk size that cannot even
-// hold the base. baseName names the base in messages.
-func placeImagePartition(base *Layout, baseName, place string, diskSize int64) (placement, error) {
+// Geometry.Placement) and refuses a fixed disk size that cannot even hold
+// the base. baseName names the base in messages.
+func placeImagePartition(base *gpt.Layout, baseName string, g Geometry) (placement, error) {
 	p := placement{sector: int64(base.SectorSize)}
 	var err error
-	switch place {
+	switch place := g.Placement; place {
 	case PlaceBeforeRoot:
 		if p.root, err = lastRoot(base); err != nil {
 			return p, fmt.Errorf("base image %s: %w (set imagePartition.placement: end)", baseName, err)
@@ -53,8 +57,8 @@ func placeImagePartition(base *Layout, baseName, place string, diskSize int64) (
 	if p.root != nil {
 		p.baseNeed += alignUp(p.root.Size, MiB)
 	}
-	if diskSize > 0 && diskSize < p.baseNeed+MiB {
-		return p, &SizeError{Field: DiskSizeField, Size: diskSize, Base: p.baseNeed}
+	if g.DiskSize > 0 && g.DiskSize < p.baseNeed+MiB {
+		return p, &SizeError{Field: DiskSizeField, Size: g.DiskSize, Base: p.baseNeed}
 	}
 	return p, nil
 }
@@ -106,12 +110,13 @@ func (e *SizeError) Error() string {
 
 // size completes the plan for an image filesystem of fsSize bytes followed
 // by extra bytes (its verity tree and kiln's seal): the partition is both
-// plus headroom percent of the filesystem (or partitionSize when fixed),
-// root follows it when it moves, and the disk fits it all plus the backup
-// GPT (or is diskSize when fixed).
-func (p placement) size(fsSize, extra int64, headroom int, partitionSize, diskSize int64) (geometry, error) {
+// plus o.Headroom percent of the filesystem (or o.PartitionSize when
+// fixed), root follows it when it moves, and the disk fits it all plus the
+// backup GPT (or is o.DiskSize when fixed).
+func (p placement) size(fsSize, extra int64, o Geometry) (geometry, error) {
+	partitionSize, diskSize := o.PartitionSize, o.DiskSize
 	g := geometry{placement: p}
-	g.partSize = alignUp(fsSize+extra+fsSize*int64(headroom)/100, MiB)
+	g.partSize = alignUp(fsSize+extra+fsSize*int64(o.Headroom)/100, MiB)
 	if partitionSize > 0 {
 		if need := fsSize + extra; partitionSize < need {
 			return g, &SizeError{Field: PartitionSizeField, Size: partitionSize, Need: need}
@@ -150,26 +155,65 @@ func (g geometry) segments() []segment {
 	return segs
 }
 
-// CheckSizes refuses, before any long work, a fixed opts.DiskSize or
-// opts.PartitionSize that cannot hold the base and an image filesystem of
-// least bytes: a lower bound of the content, which known says (the node's
-// kiln binary, the largest served image).
-func CheckSizes(opts AssembleOptions, least int64, known string) error {
-	if opts.DiskSize == 0 && opts.PartitionSize == 0 {
+// CheckSizes refuses, before any long work, a fixed g.DiskSize or
+// g.PartitionSize that cannot hold the base at basePath and an image
+// filesystem of least bytes: a lower bound of the content, which known says
+// (the node's kiln binary, the largest served image).
+func CheckSizes(basePath string, g Geometry, least int64, known string) error {
+	if g.DiskSize == 0 && g.PartitionSize == 0 {
 		return nil
 	}
-	base, err := readBaseLayout(opts.Base)
+	l, _, err := base.ReadLayout(basePath)
 	if err != nil {
 		return err
 	}
-	place, err := placeImagePartition(base, opts.Base, opts.Placement, opts.DiskSize)
+	place, err := placeImagePartition(l, basePath, g)
 	if err != nil {
 		return err
 	}
-	_, err = place.size(least, SealSize, opts.Headroom, opts.PartitionSize, opts.DiskSize)
+	_, err = place.size(least, seal.Size, g)
 	var se *SizeError
 	if errors.As(err, &se) && se.Sector == 0 {
 		se.Known = known
 	}
 	return err
+}
+
+// lastRoot finds the partition named root and checks it is physically last.
+func lastRoot(l *gpt.Layout) (*gpt.Partition, error) {
+	var root *gpt.Partition
+	for i := range l.Partitions {
+		if l.Partitions[i].Name == "root" {
+			root = &l.Partitions[i]
+		}
+	}
+	if root == nil {
+		return nil, fmt.Errorf("no partition named \"root\" to move after the image partition (partitions: %s)", l.Names())
+	}
+	for _, p := range l.Partitions {
+		if p.Offset > root.Offset {
+			return nil, fmt.Errorf("partition %d %q lies after root; kiln moves root only when it is the last partition", p.Number, p.Name)
+		}
+	}
+	return root, nil
+}
+
+func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }
+
+// MiB is the alignment of partitions kiln adds.
+const MiB = 1 << 20
+
+// human prints a byte count the way sizes are written in recipes.
+func human(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= MiB && n%MiB == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= MiB:
+		return fmt.Sprintf("%.2f MiB", float64(n)/MiB)
+	}
+	return fmt.Sprintf("%d bytes", n)
 }

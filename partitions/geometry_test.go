@@ -3,11 +3,13 @@ package partitions
 import (
 	"strings"
 	"testing"
+
+	"github.com/kiln-appliance/kiln/partitions/gpt"
 )
 
 // coreOS is a CoreOS-shaped base: ESP, boot, then root last.
-func coreOS(sector int) *Layout {
-	return &Layout{SectorSize: sector, Partitions: []Partition{
+func coreOS(sector int) *gpt.Layout {
+	return &gpt.Layout{SectorSize: sector, Partitions: []gpt.Partition{
 		{Number: 1, Name: "EFI-SYSTEM", Offset: 1 * MiB, Size: 127 * MiB},
 		{Number: 2, Name: "boot", Offset: 128 * MiB, Size: 384 * MiB},
 		{Number: 3, Name: "root", Offset: 512 * MiB, Size: 1024 * MiB},
@@ -15,8 +17,8 @@ func coreOS(sector int) *Layout {
 }
 
 // rootFirst has root before boot: root cannot move.
-func rootFirst() *Layout {
-	return &Layout{SectorSize: 512, Partitions: []Partition{
+func rootFirst() *gpt.Layout {
+	return &gpt.Layout{SectorSize: 512, Partitions: []gpt.Partition{
 		{Number: 1, Name: "root", Offset: 1 * MiB, Size: 100 * MiB},
 		{Number: 2, Name: "boot", Offset: 101 * MiB, Size: 10*MiB + 512},
 	}}
@@ -26,7 +28,7 @@ func TestGeometry(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name                    string
-		base                    *Layout
+		base                    *gpt.Layout
 		place                   string
 		fs                      int64
 		headroom                int
@@ -65,10 +67,11 @@ func TestGeometry(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			p, err := placeImagePartition(tt.base, "base.raw", tt.place, tt.diskSize)
+			o := Geometry{DiskSize: tt.diskSize, PartitionSize: tt.partSize, Headroom: tt.headroom, Placement: tt.place}
+			p, err := placeImagePartition(tt.base, "base.raw", o)
 			var g geometry
 			if err == nil {
-				g, err = p.size(tt.fs, 0, tt.headroom, tt.partSize, tt.diskSize)
+				g, err = p.size(tt.fs, 0, o)
 			}
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) {

@@ -1,4 +1,4 @@
-package partitions
+package partitions_test
 
 import (
 	"context"
@@ -13,8 +13,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/diskfs/go-diskfs/filesystem/squashfs"
+	diskfs "github.com/diskfs/go-diskfs/filesystem/squashfs"
 
+	. "github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/internal/disktest"
+	"github.com/kiln-appliance/kiln/partitions/internal/fixtures"
+	"github.com/kiln-appliance/kiln/partitions/squashfs"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -22,7 +26,7 @@ import (
 // owner Attrs give it, the original keeps its own; CheckFilesystem sees the
 // bytes as written.
 func TestAttrsAndCheckFilesystem(t *testing.T) {
-	tree := stageTree(t)
+	tree := fixtures.StageTree(t)
 	big := filepath.Join(tree, "oci/blobs/sha256/big")
 	if err := os.Chmod(big, 0o600); err != nil {
 		t.Fatal(err)
@@ -31,11 +35,11 @@ func TestAttrsAndCheckFilesystem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := defaultOpts(t, tree)
-	opts.Attrs = []FileAttrs{{Path: "oci/blobs/sha256/big", Mode: 0o644, UID: 4321, GID: 8765}}
+	d := disktest.Disk(t, tree)
+	d.Image.Attrs = []squashfs.FileAttrs{{Path: "oci/blobs/sha256/big", Mode: 0o644, UID: 4321, GID: 8765}}
 	var seen [sha256.Size]byte
 	calls := 0
-	opts.CheckFilesystem = func(ctx context.Context, open func() (fs.FS, error)) error {
+	check := WithFilesystemCheck(func(ctx context.Context, open func() (fs.FS, error)) error {
 		calls++
 		fsys, err := open()
 		if err != nil {
@@ -52,15 +56,15 @@ func TestAttrsAndCheckFilesystem(t *testing.T) {
 		}
 		copy(seen[:], h.Sum(nil))
 		return nil
-	}
-	disk, _ := assemble(t, opts)
+	})
+	disk, _ := disktest.Assemble(t, d, check)
 	if calls != 1 || seen != sha256.Sum256(want) {
 		t.Fatalf("CheckFilesystem: %d calls, saw %x, want one call seeing %x", calls, seen, sha256.Sum256(want))
 	}
 	if fi, _ := os.Stat(big); fi.Mode().Perm() != 0o600 {
 		t.Errorf("the staged file's mode changed to %v", fi.Mode())
 	}
-	fsys, c, err := OpenImagePartition(disk)
+	fsys, c, err := squashfs.OpenImagePartition(disk)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +73,7 @@ func TestAttrsAndCheckFilesystem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, _ := fi.Sys().(*squashfs.StatT)
+	st, _ := fi.Sys().(*diskfs.StatT)
 	if fi.Mode().Perm() != 0o644 || st == nil || st.UID != 4321 || st.GID != 8765 {
 		t.Errorf("packed file: mode %v, owner %+v; want 0644 owned by 4321:8765", fi.Mode(), st)
 	}
@@ -78,33 +82,18 @@ func TestAttrsAndCheckFilesystem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st, _ := fi.Sys().(*squashfs.StatT); st == nil || st.UID != 1000 || st.GID != 1001 {
+	if st, _ := fi.Sys().(*diskfs.StatT); st == nil || st.UID != 1000 || st.GID != 1001 {
 		t.Errorf("ping: owner %+v, want 1000:1001 as staged", st)
 	}
 }
 
 // A failing check fails the assembly, whatever else went well.
 func TestCheckFilesystemFails(t *testing.T) {
-	opts := defaultOpts(t, stageTree(t))
+	d := disktest.Disk(t, fixtures.StageTree(t))
 	bad := errors.New("blob changed")
-	opts.CheckFilesystem = func(context.Context, func() (fs.FS, error)) error { return fmt.Errorf("check: %w", bad) }
-	out, err := os.CreateTemp(t.TempDir(), "disk-*.raw")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
-	opts.Output = out
-	if _, err := Assemble(context.Background(), opts); !errors.Is(err, bad) {
+	check := WithFilesystemCheck(func(context.Context, func() (fs.FS, error)) error { return fmt.Errorf("check: %w", bad) })
+	if err := disktest.Try(t, d, check); !errors.Is(err, bad) {
 		t.Fatalf("Assemble with a failing check: %v, want it", err)
-	}
-}
-
-// A path mksquashfs's pseudo file cannot carry is refused, not mangled.
-func TestAttrsBadPath(t *testing.T) {
-	for _, p := range []string{"", "/abs", "a b", "a\nb"} {
-		if _, err := writeAttrs("", []FileAttrs{{Path: p, Mode: 0o644}}); err == nil {
-			t.Errorf("writeAttrs(%q): no error", p)
-		}
 	}
 }
 
@@ -113,7 +102,7 @@ func TestAttrsBadPath(t *testing.T) {
 // the filesystem (no verity; compressed); sparse blocks, empty files,
 // multi-block files and both names of a hard link included.
 func TestHashFiles(t *testing.T) {
-	tree := stageTree(t)
+	tree := fixtures.StageTree(t)
 	rnd := make([]byte, 2*MiB)
 	rand.Read(rnd)
 	extra := map[string][]byte{
@@ -132,13 +121,13 @@ func TestHashFiles(t *testing.T) {
 	for name := range extra {
 		paths = append(paths, name)
 	}
-	want := map[string]FileDigest{}
+	want := map[string]squashfs.FileDigest{}
 	for _, p := range paths {
 		data, err := os.ReadFile(filepath.Join(tree, p))
 		if err != nil {
 			t.Fatal(err)
 		}
-		want[p] = FileDigest{Size: int64(len(data)), Digest: fmt.Sprintf("sha256:%x", sha256.Sum256(data))}
+		want[p] = squashfs.FileDigest{Size: int64(len(data)), Digest: fmt.Sprintf("sha256:%x", sha256.Sum256(data))}
 	}
 	for _, tc := range []struct {
 		name        string
@@ -150,20 +139,18 @@ func TestHashFiles(t *testing.T) {
 		{"compressed", false, "zstd"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			opts := defaultOpts(t, tree)
-			opts.NoVerity, opts.Compression = tc.noVerity, tc.compression
-			opts.HashFiles, opts.HashFilesStep = paths, "check the blobs"
-			rec := &recorder{}
-			opts.Progress = rec
-			var got map[string]FileDigest
-			opts.FilesHashed = func(sums map[string]FileDigest) error {
+			d := disktest.Disk(t, tree)
+			d.Image.NoVerity, d.Image.Compression = tc.noVerity, tc.compression
+			rec := &fixtures.Recorder{}
+			var got map[string]squashfs.FileDigest
+			hashes := WithFileHashes(paths, "check the blobs", func(sums map[string]squashfs.FileDigest) error {
 				if got != nil {
-					t.Error("FilesHashed called twice")
+					t.Error("the digests were handed over twice")
 				}
 				got = sums
 				return nil
-			}
-			disk, l := assemble(t, opts)
+			})
+			disk, l := disktest.Assemble(t, d, hashes, WithProgress(rec))
 			if tc.name == "verity pass" { // kiln's writer stores zero blocks (mksquashfs made them sparse): one extent
 				f, err := os.Open(disk)
 				if err != nil {
@@ -171,36 +158,28 @@ func TestHashFiles(t *testing.T) {
 				}
 				defer f.Close()
 				img, _ := l.Find(contract.PartitionName)
-				raw, err := openRawSquashfs(io.NewSectionReader(f, img.Offset, img.Size))
+				raw, err := squashfs.OpenRaw(io.NewSectionReader(f, img.Offset, img.Size))
 				if err != nil {
 					t.Fatal(err)
 				}
-				files, err := planFileHashes(raw, []string{"oci/blobs/sha256/holey"})
+				files, err := raw.Files([]string{"oci/blobs/sha256/holey"})
 				if err != nil {
 					t.Fatal(err)
 				}
-				if e := files[0].extents; len(e) != 1 || e[0].sparse || e[0].n != files[0].size {
-					t.Errorf("extents of a file with a 2 MiB zero run: %+v, want one stored run of %d bytes", e, files[0].size)
+				if e := files[0].Extents; len(e) != 1 || e[0].Sparse || e[0].N != files[0].Size {
+					t.Errorf("extents of a file with a 2 MiB zero run: %+v, want one stored run of %d bytes", e, files[0].Size)
 				}
 			}
 			if fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Errorf("digests:\n got %v\nwant %v", got, want)
 			}
-			rec.check(t, map[string]int64{"check the blobs": -1})
+			rec.Check(t, map[string]int64{"check the blobs": -1})
 		})
 	}
 
 	// A path the filesystem lacks fails the assembly, naming it.
-	opts := defaultOpts(t, tree)
-	opts.HashFiles = []string{"oci/blobs/sha256/missing"}
-	opts.FilesHashed = func(map[string]FileDigest) error { return nil }
-	out, err := os.CreateTemp(t.TempDir(), "disk-*.raw")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
-	opts.Output = out
-	if _, err := Assemble(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "oci/blobs/sha256/missing") {
+	missing := WithFileHashes([]string{"oci/blobs/sha256/missing"}, "check the blobs", func(map[string]squashfs.FileDigest) error { return nil })
+	if err := disktest.Try(t, disktest.Disk(t, tree), missing); err == nil || !strings.Contains(err.Error(), "oci/blobs/sha256/missing") {
 		t.Fatalf("Assemble hashing a missing file: %v", err)
 	}
 }

@@ -19,7 +19,9 @@ import (
 	"github.com/kiln-appliance/kiln/builder/fetch"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/version"
-	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/bootconfig"
+	"github.com/kiln-appliance/kiln/partitions/gpt"
+	"github.com/kiln-appliance/kiln/partitions/squashfs"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
@@ -59,7 +61,7 @@ func loadBase(ctx context.Context, p string, cache *fetch.Cache, o Options) (*ba
 	case bytes.HasPrefix(bytes.TrimSpace(head), []byte("{")):
 		b, err = baseFromContents(p)
 	default:
-		if l, lerr := partitions.Inspect(p); lerr == nil {
+		if l, lerr := gpt.Inspect(p); lerr == nil {
 			b, err = baseFromDisk(p, l)
 		} else if isLock(p) {
 			b, err = baseFromLock(ctx, p, cache, o)
@@ -74,7 +76,7 @@ func loadBase(ctx context.Context, p string, cache *fetch.Cache, o Options) (*ba
 	return b, nil
 }
 
-func baseFromDisk(p string, l *partitions.Layout) (*base, error) {
+func baseFromDisk(p string, l *gpt.Layout) (*base, error) {
 	for _, part := range l.Partitions {
 		if strings.EqualFold(part.Type, bundle.PartitionType) {
 			return baseFromBundle(p, part.Offset)
@@ -83,7 +85,7 @@ func baseFromDisk(p string, l *partitions.Layout) (*base, error) {
 	if _, ok := l.Find(contract.PartitionName); !ok {
 		return nil, fmt.Errorf("a disk with no %s partition: give a disk kiln built, its kiln.json, a bundle or a lock file", contract.PartitionName)
 	}
-	fsys, closer, err := partitions.OpenImagePartition(p)
+	fsys, closer, err := squashfs.OpenImagePartition(p)
 	if err != nil {
 		return nil, err
 	}
@@ -106,7 +108,7 @@ func baseFromDisk(p string, l *partitions.Layout) (*base, error) {
 // (the files under contract.TrustDir, as the factory build writes them); nil
 // when it trusts none (built before trust existed, or without it).
 func diskTrust(disk string) ([]ed25519.PublicKey, error) {
-	raw, err := partitions.ReadIgnition(disk)
+	raw, err := bootconfig.Read(disk)
 	if err != nil {
 		return nil, err
 	}

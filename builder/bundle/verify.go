@@ -15,20 +15,21 @@ import (
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
-	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/gpt"
+	"github.com/kiln-appliance/kiln/partitions/squashfs"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
 
 // Report is what `kiln inspect` and `kiln verify` show of a bundle.
 type Report struct {
-	Path     string             `json:"path"`
-	Format   string             `json:"format"`           // FormatImage or FormatFile
-	Size     int64              `json:"size"`             // bytes of the stick image or file
-	Layout   *partitions.Layout `json:"layout,omitempty"` // stick images only
-	Offset   int64              `json:"offset"`           // where the bundle's bytes start
-	Header   int64              `json:"headerSize"`       // the filesystem starts at Offset+Header
-	Manifest *bundle.Manifest   `json:"manifest"`
+	Path     string           `json:"path"`
+	Format   string           `json:"format"`           // FormatImage or FormatFile
+	Size     int64            `json:"size"`             // bytes of the stick image or file
+	Layout   *gpt.Layout      `json:"layout,omitempty"` // stick images only
+	Offset   int64            `json:"offset"`           // where the bundle's bytes start
+	Header   int64            `json:"headerSize"`       // the filesystem starts at Offset+Header
+	Manifest *bundle.Manifest `json:"manifest"`
 	// SignedBy lists the key IDs the envelope names (inspect: claimed, not
 	// checked); Verified is the key whose signature verify checked.
 	SignedBy []string `json:"signedBy"`
@@ -38,7 +39,7 @@ type Report struct {
 }
 
 // locate finds where a bundle's bytes start in p.
-func locate(p string) (format string, l *partitions.Layout, err error) {
+func locate(p string) (format string, l *gpt.Layout, err error) {
 	f, err := inputfile.Open(p)
 	if err != nil {
 		return "", nil, err
@@ -49,7 +50,7 @@ func locate(p string) (format string, l *partitions.Layout, err error) {
 	if err == nil && string(head) == bundle.Magic {
 		return FormatFile, nil, nil
 	}
-	l, err = partitions.Inspect(p)
+	l, err = gpt.Inspect(p)
 	if err != nil {
 		return "", nil, err
 	}
@@ -59,7 +60,7 @@ func locate(p string) (format string, l *partitions.Layout, err error) {
 	return FormatImage, l, nil
 }
 
-func bundlePartition(l *partitions.Layout) *partitions.Partition {
+func bundlePartition(l *gpt.Layout) *gpt.Partition {
 	for i := range l.Partitions {
 		if strings.EqualFold(l.Partitions[i].Type, bundle.PartitionType) {
 			return &l.Partitions[i]
@@ -146,7 +147,7 @@ func Verify(ctx context.Context, p string, keys []ed25519.PublicKey, rp progress
 	fsErr := m.CheckFilesystem(f, rep.Offset+rep.Header, task)
 	// Name the damaged files, not just "the filesystem": re-hash each one.
 	var problems []error
-	fsys, closer, err := partitions.OpenSquashfs(p, rep.Offset+rep.Header, m.Filesystem.Size)
+	fsys, closer, err := squashfs.Open(p, rep.Offset+rep.Header, m.Filesystem.Size)
 	if err != nil {
 		problems = append(problems, fmt.Errorf("filesystem unreadable: %w", err))
 	} else {
@@ -212,12 +213,12 @@ func checkFrame(f *os.File, rep *Report) error {
 		}
 		return nil
 	}
-	want := partitions.StickSize(content)
+	want := gpt.StickSize(content)
 	if size < want {
 		return fmt.Errorf("stick image is %d bytes, its bundle needs %d: truncated", size, want)
 	}
 	// A stick may be larger than the image written to it: the backup GPT is
-	// then not at its end, which partitions.Inspect already accepted.
+	// then not at its end, which gpt.Inspect already accepted.
 	if size != want {
 		return fmt.Errorf("stick image is %d bytes, kiln wrote %d (to check a stick itself, read back the first %d bytes)", size, want, want)
 	}
@@ -227,11 +228,11 @@ func checkFrame(f *os.File, rep *Report) error {
 	}
 	defer os.Remove(exp.Name())
 	defer exp.Close()
-	if err := partitions.WriteStickTable(exp, content, bundle.PartitionType, bundle.PartitionName, guidSeed(rep.envelope)); err != nil {
+	if err := gpt.WriteStick(exp, content, bundle.PartitionType, bundle.PartitionName, guidSeed(rep.envelope)); err != nil {
 		return err
 	}
 	start := rep.Offset
-	partEnd := partitions.StickPartitionEnd(content)
+	partEnd := gpt.StickPartitionEnd(content)
 	for _, region := range []struct {
 		name     string
 		from, to int64

@@ -28,7 +28,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/internal/version"
-	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/sqfswrite"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
@@ -420,7 +420,7 @@ func writeBundle(ctx context.Context, out *os.File, tree string, m *bundle.Manif
 	hdrSize := bundle.HeaderSize(len(placeholder))
 	start := int64(0)
 	if o.Format == FormatImage {
-		start = partitions.StickStart
+		start = gpt.StickStart
 	}
 	task := o.Progress.Task("write bundle filesystem", plan.DataBytes())
 	err = plan.Write(ctx, out, start+hdrSize, task)
@@ -455,10 +455,10 @@ func writeBundle(ctx context.Context, out *os.File, tree string, m *bundle.Manif
 	if o.Format == FormatFile {
 		return content, nil
 	}
-	if err := partitions.WriteStickTable(out, content, bundle.PartitionType, bundle.PartitionName, guidSeed(env)); err != nil {
+	if err := gpt.WriteStick(out, content, bundle.PartitionType, bundle.PartitionName, guidSeed(env)); err != nil {
 		return 0, err
 	}
-	return partitions.StickSize(content), nil
+	return gpt.StickSize(content), nil
 }
 
 // placeFiles sets each manifest file's offset from the filesystem's layout;

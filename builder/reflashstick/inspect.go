@@ -11,7 +11,8 @@ import (
 	"strings"
 
 	"github.com/kiln-appliance/kiln/internal/version"
-	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/gpt"
+	"github.com/kiln-appliance/kiln/partitions/squashfs"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 )
@@ -20,8 +21,8 @@ import (
 // and how it picks the disk it writes. It is read, not verified (kiln
 // verify checks every byte against the stick's seal).
 type Report struct {
-	Path   string             `json:"path"`
-	Layout *partitions.Layout `json:"layout"`
+	Path   string      `json:"path"`
+	Layout *gpt.Layout `json:"layout"`
 	// Disk is the appliance disk on the stick: its record (size, sha256,
 	// disk GUID) and, when the stick says, its kiln.json.
 	Disk Disk `json:"disk"`
@@ -49,7 +50,7 @@ type Agent struct {
 	Version *version.Info `json:"version,omitempty"` // when recorded
 }
 
-func payload(l *partitions.Layout) (*partitions.Partition, bool) {
+func payload(l *gpt.Layout) (*gpt.Partition, bool) {
 	p, ok := l.Find(recovery.PartitionName)
 	return p, ok && strings.EqualFold(p.Type, recovery.PartitionType)
 }
@@ -63,7 +64,7 @@ func Inspect(p string) (rep *Report, err error) {
 			err = fmt.Errorf("%s: the stick's payload is unreadable (%v): it is damaged or not made by kiln; make or write it again", p, r)
 		}
 	}()
-	l, err := partitions.Inspect(p)
+	l, err := gpt.Inspect(p)
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +72,7 @@ func Inspect(p string) (rep *Report, err error) {
 	if !ok {
 		return nil, fmt.Errorf("%s has no %s partition: not a reflash stick", p, recovery.PartitionName)
 	}
-	fsys, closer, err := partitions.OpenSquashfs(p, part.Offset, part.Size)
+	fsys, closer, err := squashfs.Open(p, part.Offset, part.Size)
 	if err != nil {
 		return nil, err
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 	"github.com/kiln-appliance/kiln/systemd/units"
@@ -61,7 +62,7 @@ type Result struct {
 	// AgentSize is the size of the agent on the stick (About.Agent says
 	// which kiln it is).
 	AgentSize int64
-	Layout    *partitions.Layout
+	Layout    *gpt.Layout
 }
 
 // Write makes the stick image for the recipe at recipePath. Like a build,
@@ -140,30 +141,29 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 		return nil, err
 	}
 	seed := sha256.Sum256([]byte("kiln reflash stick\x00" + rec.SHA256))
-	layout, err := partitions.Assemble(ctx, partitions.AssembleOptions{
-		Output:     out.File,
-		Base:       r.Resolve(r.Base.Path),
-		BaseDigest: r.Base.Digest,
-		ImageTree:  tree,
-		TempDir:    work, // swept with it if this run is killed
-		// The disk inside is mostly the image partition, already
-		// compressed; uncompressed, the stick reads at the medium's speed.
-		Compression:     "none",
-		Placement:       partitions.PlaceEnd,
+	layout, err := partitions.Assemble(ctx, out.File, partitions.Disk{
+		Base:     partitions.Base{Path: r.Resolve(r.Base.Path), Digest: r.Base.Digest},
+		Geometry: partitions.Geometry{Placement: partitions.PlaceEnd},
+		Image: partitions.Image{
+			Tree: tree,
+			// The disk inside is mostly the image partition, already
+			// compressed; uncompressed, the stick reads at the medium's speed.
+			Compression: "none",
+			NoVerity:    true, // the record's digests check every byte the agent writes
+		},
 		SourceDateEpoch: epoch,
 		GUIDSeed:        seed[:],
-		NoVerity:        true, // the record's digests check every byte the agent writes
-		PartitionName:   recovery.PartitionName,
-		PartitionType:   recovery.PartitionType,
-		Ignition: func(id partitions.ImageIdentity) ([]byte, error) {
+	},
+		partitions.WithPartition(recovery.PartitionName, recovery.PartitionType),
+		partitions.WithIgnition(func(id partitions.ImageIdentity) ([]byte, error) {
 			us, err := units.RenderReflash(units.ReflashParams{PartitionGUID: id.PartitionGUID, Unattended: rec.Unattended})
 			if err != nil {
 				return nil, err
 			}
 			return ignition.Render(ignition.Config{Version: r.Ignition.Version, User: r.Ignition.User, SSHKeys: r.Ignition.SSHKeys, Units: us})
-		},
-		Progress: o.Progress,
-	})
+		}),
+		partitions.WithTempDir(work), // swept with it if this run is killed
+		partitions.WithProgress(o.Progress))
 	if err != nil {
 		return nil, err
 	}

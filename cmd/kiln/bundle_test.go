@@ -19,7 +19,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder/bundle"
 	"github.com/kiln-appliance/kiln/internal/version"
-	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/bootconfig"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	bundlefmt "github.com/kiln-appliance/kiln/systemd/contract/bundle"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
@@ -185,7 +185,7 @@ func TestBundles(t *testing.T) {
 	rs.mustKiln(t, "bundle", r12, "-o", b12file, "--key", rs.key, "--format", "file")
 
 	t.Run("factory disk carries trust and release files", func(t *testing.T) {
-		ign, err := partitions.ReadIgnition(disk10)
+		ign, err := bootconfig.Read(disk10)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -22,7 +22,8 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/internal/human"
-	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/bootconfig"
+	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 	"github.com/kiln-appliance/kiln/test/fixtures/images"
@@ -199,7 +200,7 @@ func mountImagePartition(t testing.TB, disk string) string {
 // mountPartition loop-mounts the disk's squashfs partition of that name.
 func mountPartition(t testing.TB, disk, name string) string {
 	t.Helper()
-	layout, err := partitions.Inspect(disk)
+	layout, err := gpt.Inspect(disk)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +277,7 @@ func TestBuildDiskIsRealAndReadable(t *testing.T) {
 	}
 
 	// The Ignition config in the boot partition is valid for the real validator.
-	ign, err := partitions.ReadIgnition(disk)
+	ign, err := bootconfig.Read(disk)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -321,7 +322,7 @@ func TestVerifyFindsTampering(t *testing.T) {
 	f := newFixture(t, "base.raw", "fit", "false")
 	disk := filepath.Join(f.dir, "out.raw")
 	mustKiln(t, f, "build", f.recipe, "-o", disk)
-	layout, err := partitions.Inspect(disk)
+	layout, err := gpt.Inspect(disk)
 	if err != nil {
 		t.Fatal(err)
 	}

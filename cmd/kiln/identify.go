@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/kiln-appliance/kiln/internal/inputfile"
-	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	bundlefmt "github.com/kiln-appliance/kiln/systemd/contract/bundle"
 	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
@@ -63,9 +63,9 @@ func identify(path string) (identity, error) {
 	if strings.HasPrefix(string(head), bundlefmt.Magic) {
 		return identity{kind: bundleImage}, nil
 	}
-	l, err := partitions.ReadTable(path)
+	l, err := gpt.ReadTable(path)
 	switch {
-	case errors.Is(err, partitions.ErrNoPartitionTable):
+	case errors.Is(err, gpt.ErrNoPartitionTable):
 		return identity{kind: notKiln, what: describeHead(head)}, nil
 	case err != nil:
 		return identity{kind: kilnDisk}, nil // a GPT header with a damaged table: the disk checks name the damage

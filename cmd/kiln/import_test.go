@@ -26,7 +26,8 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/bootconfig"
+	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/systemd/agent/bundleimport"
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
 	"github.com/kiln-appliance/kiln/systemd/agent/state"
@@ -145,7 +146,7 @@ func (n *importNode) checkBlobDir(t *testing.T, dir string) map[string]bool {
 // (this machine's loop driver does not scan partition tables).
 func attachStick(t *testing.T, img string) string {
 	t.Helper()
-	layout, err := partitions.Inspect(img)
+	layout, err := gpt.Inspect(img)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +190,7 @@ func TestImport(t *testing.T) {
 	rs.mustKiln(t, "bundle", other, "-o", bOther, "--key", rs.key, "--format", "file")
 	// The factory disk carries the import's udev rule and units, with the
 	// default reboot policy (a one-minute countdown).
-	ign, err := partitions.ReadIgnition(disk10)
+	ign, err := bootconfig.Read(disk10)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/squashfs"
 	"github.com/kiln-appliance/kiln/test/fixtures/images"
 )
 
@@ -36,7 +36,7 @@ func TestInPlaceBuildMatchesCachedBuild(t *testing.T) {
 	if fi, err := os.Stat(layer); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("source layer changed: %v, %v", fi.Mode(), err)
 	}
-	fsys, c, err := partitions.OpenImagePartition(a)
+	fsys, c, err := squashfs.OpenImagePartition(a)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/kiln-appliance/kiln/builder/bundle"
 	"github.com/kiln-appliance/kiln/builder/reflashstick"
 	"github.com/kiln-appliance/kiln/internal/version"
-	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	bundlefmt "github.com/kiln-appliance/kiln/systemd/contract/bundle"
 	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
@@ -56,7 +56,7 @@ func TestInspectGolden(t *testing.T) {
 
 	stick := &reflashstick.Report{
 		Path: "reflash.img",
-		Layout: &partitions.Layout{Size: 1 << 30, SectorSize: 512, GUID: "0A1B2C3D-0000-4000-8000-000000000001", Partitions: []partitions.Partition{
+		Layout: &gpt.Layout{Size: 1 << 30, SectorSize: 512, GUID: "0A1B2C3D-0000-4000-8000-000000000001", Partitions: []gpt.Partition{
 			{Number: 1, Name: "root", Type: "0FC63DAF-8483-4772-8E79-3D69D8477DE4", GUID: "0A1B2C3D-0001-4000-8000-000000000001", FirstLBA: 2048, LastLBA: 526335, Offset: 1 << 20, Size: 256 << 20, Filesystem: "ext4", Label: "root"},
 			{Number: 2, Name: recovery.PartitionName, Type: recovery.PartitionType, GUID: "0A1B2C3D-0002-4000-8000-000000000001", FirstLBA: 526336, LastLBA: 1574911, Offset: 257 << 20, Size: 512 << 20, Filesystem: "squashfs"},
 		}},

@@ -10,7 +10,8 @@ import (
 	"testing"
 
 	"github.com/kiln-appliance/kiln/builder/reflashstick"
-	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/bootconfig"
+	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 )
 
@@ -42,7 +43,7 @@ func TestReflashStick(t *testing.T) {
 	if v := run(t, "sgdisk", "-v", stick); !strings.Contains(v, "No problems found") {
 		t.Errorf("sgdisk -v %s:\n%s", stick, v)
 	}
-	layout, err := partitions.Inspect(stick)
+	layout, err := gpt.Inspect(stick)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +51,7 @@ func TestReflashStick(t *testing.T) {
 	if !ok || !strings.EqualFold(p.Type, recovery.PartitionType) {
 		t.Fatalf("no %s partition of type %s: %+v", recovery.PartitionName, recovery.PartitionType, layout.Partitions)
 	}
-	ign, err := partitions.ReadIgnition(stick)
+	ign, err := bootconfig.Read(stick)
 	if err != nil {
 		t.Fatal(err)
 	}

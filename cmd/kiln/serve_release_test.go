@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/bootconfig"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -26,7 +26,7 @@ func TestServeRelease(t *testing.T) {
 	r11, disk10 := rs.disk10Lock11(t)
 	b11 := filepath.Join(rs.dir, "upgrade-1.1.kbundle")
 	rs.mustKiln(t, "bundle", r11, "-o", b11, "--key", rs.key, "--from", disk10, "--format", "file")
-	ign, err := partitions.ReadIgnition(disk10)
+	ign, err := bootconfig.Read(disk10)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -59,7 +59,7 @@ func TestWrite(t *testing.T) {
 		// Now mount a partition of it: the whole device is refused, and so
 		// is the partition itself (not a whole disk).
 		run(t, "partx", "--update", dev)
-		layout, err := partitions.Inspect(disk)
+		layout, err := gpt.Inspect(disk)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -85,7 +85,7 @@ func TestWrite(t *testing.T) {
 	// Each refusal: exit 1, the message, and the target's bytes unchanged.
 	damaged := filepath.Join(f.dir, "damaged.raw")
 	run(t, "cp", "--sparse=always", disk, damaged)
-	layout, err := partitions.Inspect(damaged)
+	layout, err := gpt.Inspect(damaged)
 	if err != nil {
 		t.Fatal(err)
 	}
