@@ -100,14 +100,15 @@ func (p *Plan) buildTables() error {
 			c.ref = ref(inodes.pos())
 			inodes.data = p.inode(inodes.data, c, ids)
 		}
-		start := dirs.pos()
+		l := listed{start: dirs.pos()}
 		listing, index := dirListing(d)
 		if len(listing)+3 > math.MaxUint32 || len(index) > math.MaxUint16 {
 			return fmt.Errorf("squashfs tree: directory %q has too many entries (%d) for one squashfs directory", d.rel, len(d.children))
 		}
+		l.size, l.index = len(listing), index
 		dirs.data = append(dirs.data, listing...)
 		d.ref = ref(inodes.pos())
-		inodes.data = p.dirInode(inodes.data, d, parent, start, len(listing), index, ids)
+		inodes.data = p.dirInode(inodes.data, d, parent, l, ids)
 		return nil
 	}
 	if err := visit(p.root, p.count+1); err != nil { // the root's parent: one past the last inode, as mksquashfs writes
@@ -246,11 +247,20 @@ type dirIndex struct {
 	name string
 }
 
+// listed is where a directory's listing went in the directory table: from
+// start, size bytes, and its index (see dirListing).
+type listed struct {
+	start int64
+	size  int
+	index []dirIndex
+}
+
 // dirInode appends a directory's inode: basic, or extended when the listing
 // is too long for one or carries an index.
-func (p *Plan) dirInode(b []byte, d *node, parent uint32, start int64, listing int, index []dirIndex, ids *ids) []byte {
+func (p *Plan) dirInode(b []byte, d *node, parent uint32, l listed, ids *ids) []byte {
 	le := binary.LittleEndian
-	size := listing + 3 // squashfs counts "." and ".." as 3 bytes
+	start, index := l.start, l.index
+	size := l.size + 3 // squashfs counts "." and ".." as 3 bytes
 	if len(index) == 0 && size <= math.MaxUint16 && d.xattr == noXattr {
 		b = p.inodeHeader(b, typeDir, d, ids)
 		b = le.AppendUint32(b, block(start))
