@@ -24,10 +24,6 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
-// DefaultSourceDateEpoch is the timestamp of every file kiln writes when
-// SOURCE_DATE_EPOCH is not set: 1980-01-01, the oldest date FAT can hold.
-const DefaultSourceDateEpoch = 315532800
-
 // Options configure a build.
 type Options struct {
 	Output      string // the disk image to write
@@ -56,12 +52,8 @@ type Result struct {
 // the steps before it left on the struct and adds its own result, so the
 // order of the pipeline is the order of the calls in Build.
 type build struct {
-	o      Options
-	epoch  int64
-	recipe *recipes.Recipe
-	agent  string // the kiln binary that goes onto the image partition
-	// agentInfo says which kiln that is, for the build's summary.
-	agentInfo *Agent
+	*Run // the recipe, the timestamp, the kiln binary that goes onto the image partition
+	o    Options
 
 	out       *output.File // the temporary disk file, renamed to o.Output at the end
 	lock      *recipes.Lock
@@ -108,7 +100,7 @@ func Build(ctx context.Context, recipePath string, o Options) (*Result, error) {
 			return nil, err
 		}
 	}
-	return &Result{Output: o.Output, Layout: b.layout, Contents: b.contents, Agent: b.agentInfo}, nil
+	return &Result{Output: o.Output, Layout: b.layout, Contents: b.contents, Agent: b.Agent}, nil
 }
 
 // startCPUProfile writes a Go CPU profile of the build to
@@ -130,8 +122,8 @@ func startCPUProfile() (stop func(), err error) {
 	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
-// newBuild reads and checks everything that needs no long work: the recipe,
-// the files it names, the agent binary, the timestamp.
+// newBuild reads and checks everything that needs no long work (StartRun)
+// and the fixed sizes.
 func newBuild(ctx context.Context, recipePath string, o Options) (*build, error) {
 	if o.Log == nil {
 		o.Log = io.Discard
@@ -142,22 +134,11 @@ func newBuild(ctx context.Context, recipePath string, o Options) (*build, error)
 	if o.CacheDir == "" {
 		o.CacheDir = fetch.DefaultDir()
 	}
-	epoch, err := SourceDateEpoch(o.SourceDateEpoch)
+	run, err := StartRun(ctx, recipePath, RunOptions{Agent: o.Agent, SourceDateEpoch: o.SourceDateEpoch})
 	if err != nil {
 		return nil, err
 	}
-	r, err := recipes.Load(recipePath)
-	if err != nil {
-		return nil, err
-	}
-	if err := r.CheckFiles(); err != nil {
-		return nil, err
-	}
-	agent, err := FindAgent(ctx, o.Agent, r.Arch)
-	if err != nil {
-		return nil, err
-	}
-	b := &build{o: o, epoch: epoch, recipe: r, agent: agent.Path, agentInfo: agent}
+	b := &build{Run: run, o: o}
 	if err := b.checkSizes(nil); err != nil {
 		return nil, err
 	}
@@ -167,8 +148,7 @@ func newBuild(ctx context.Context, recipePath string, o Options) (*build, error)
 // createOutput creates the temporary file the disk is written to, beside
 // the output.
 func (b *build) createOutput(context.Context) error {
-	inputs := append(output.RecipeInputs(b.recipe), output.Input{What: "the agent binary that goes on the disk", Path: b.agent})
-	if err := output.Check(b.o.Output, "appliance.raw", inputs); err != nil {
+	if err := output.Check(b.o.Output, "appliance.raw", b.Inputs("the agent binary that goes on the disk")); err != nil {
 		return err
 	}
 	f, err := output.Create(b.o.Output)
@@ -195,7 +175,7 @@ func (b *build) sweepLeftovers(context.Context) error {
 
 // lockImages reads the lock, or resolves and writes one (EnsureLock).
 func (b *build) lockImages(ctx context.Context) error {
-	lock, err := EnsureLock(ctx, b.recipe, LockOptions{Refresh: b.o.RefreshLock, Fetch: b.o.Fetch, Check: b.checkSizes}, b.o.Log)
+	lock, err := EnsureLock(ctx, b.Recipe, LockOptions{Refresh: b.o.RefreshLock, Fetch: b.o.Fetch, Check: b.checkSizes}, b.o.Log)
 	if err != nil {
 		return err
 	}
@@ -221,7 +201,7 @@ func (b *build) cleanup() {
 // lock and content give the same disk, and different ones differ.
 func (b *build) seed() []byte {
 	h := sha256.New()
-	recipeBytes, _ := os.ReadFile(b.recipe.Path)
+	recipeBytes, _ := os.ReadFile(b.Recipe.Path)
 	contents, _ := os.ReadFile(filepath.Join(b.root, contract.ContentsFile))
 	for _, data := range [][]byte{recipeBytes, b.lockBytes, contents} {
 		fmt.Fprintf(h, "%d:", len(data))
@@ -231,23 +211,6 @@ func (b *build) seed() []byte {
 }
 
 func digestOf(b []byte) string { return fmt.Sprintf("sha256:%x", sha256.Sum256(b)) }
-
-// SourceDateEpoch picks the timestamp of everything a run writes (the
-// build, a bundle, a stick): v, then $SOURCE_DATE_EPOCH, then
-// DefaultSourceDateEpoch.
-func SourceDateEpoch(v int64) (int64, error) {
-	if v != 0 {
-		return v, nil
-	}
-	if s := os.Getenv("SOURCE_DATE_EPOCH"); s != "" {
-		var n int64
-		if _, err := fmt.Sscan(s, &n); err != nil || n < 0 {
-			return 0, fmt.Errorf("SOURCE_DATE_EPOCH=%q is not a non-negative number of seconds", s)
-		}
-		return n, nil
-	}
-	return DefaultSourceDateEpoch, nil
-}
 
 // NodeBinaryName is the node's edition of kiln (built with -tags nodeonly:
 // serve and agent only), looked for beside the kiln executable.

@@ -34,7 +34,7 @@ func (b *build) renderIgnition(context.Context) error {
 // ignitionFor renders kiln's units and files for this partition, plus the
 // recipe's own SSH keys and fragments.
 func (b *build) ignitionFor(id partitions.ImageIdentity) ([]byte, error) {
-	r := b.recipe
+	r := b.Recipe
 	params := units.ParamsFrom(b.contents, id.PartitionGUID)
 	if id.Verity != nil {
 		params.RootHash, params.HashOffset = id.Verity.RootHash, id.Verity.HashOffset
@@ -79,7 +79,7 @@ func (b *build) ignitionFor(id partitions.ImageIdentity) ([]byte, error) {
 func (b *build) assembleDisk(ctx context.Context) error {
 	d := b.disk()
 	d.Image.Tree = b.root
-	d.SourceDateEpoch = b.epoch
+	d.SourceDateEpoch = b.Epoch
 	d.GUIDSeed = b.seed()
 	var err error
 	if d.Image.Attrs, err = b.inPlaceAttrs(); err != nil {
@@ -111,7 +111,7 @@ func (b *build) assembleDisk(ctx context.Context) error {
 // disk is the recipe's choices for the disk: the base, the image
 // partition's filesystem and place, and the fixed sizes.
 func (b *build) disk() partitions.Disk {
-	r := b.recipe
+	r := b.Recipe
 	d := partitions.Disk{
 		Base: partitions.Base{Path: r.Resolve(r.Base.Path), Digest: r.Base.Digest},
 		Geometry: partitions.Geometry{
@@ -134,7 +134,7 @@ func (b *build) disk() partitions.Disk {
 func (b *build) sizeError(err error) error {
 	var se *partitions.SizeError
 	if errors.As(err, &se) {
-		return b.recipe.Errorf(se.Field, "%v", se)
+		return b.Recipe.Errorf(se.Field, "%v", se)
 	}
 	return err
 }
@@ -146,11 +146,11 @@ func (b *build) sizeError(err error) error {
 // it holds at least that many bytes. It runs before the lock is written
 // and before anything is fetched.
 func (b *build) checkSizes(lock *recipes.Lock) error {
-	r := b.recipe
+	r := b.Recipe
 	if r.Disk.Size.Auto && r.ImagePartition.Size.Auto {
 		return nil
 	}
-	fi, err := os.Stat(b.agent)
+	fi, err := os.Stat(b.Agent.Path)
 	if err != nil {
 		return fmt.Errorf("agent binary: %w", err)
 	}

@@ -25,6 +25,27 @@ func platform(r *recipes.Recipe) v1.Platform {
 	return v1.Platform{OS: "linux", Architecture: r.Arch}
 }
 
+// LockedImages are the lock's entries for r's images, in the recipe's
+// order (the order of everything a run derives from them).
+func LockedImages(r *recipes.Recipe, lock *recipes.Lock) ([]recipes.LockedImage, error) {
+	var locked []recipes.LockedImage
+	for _, img := range r.Images {
+		li, ok := lock.Image(img.Name)
+		if !ok { // lock.Check already refused this; keep the error precise anyway
+			return nil, fmt.Errorf("image %s is not in the lock file: run `kiln lock %s`", img.Name, r.Path)
+		}
+		locked = append(locked, li)
+	}
+	return locked, nil
+}
+
+// FetchRequest is what fetching the image li of r's lock asks the cache
+// for: its locked source, digests and platform (the build's, a bundle's and
+// a --from lock's fetch alike; the build adds InPlace).
+func FetchRequest(r *recipes.Recipe, li recipes.LockedImage) fetch.Request {
+	return fetch.Request{Name: li.Name, Source: li.Source, BaseDir: r.Dir, Digest: li.Digest, IndexDigest: li.IndexDigest, Platform: platform(r)}
+}
+
 // Resolve resolves every image of the recipe to a digest for its platform.
 func Resolve(ctx context.Context, r *recipes.Recipe, log io.Writer, opts ...fetch.Option) (*recipes.Lock, error) {
 	var images []recipes.LockedImage

@@ -33,19 +33,17 @@ func (b *build) fetchImages(ctx context.Context) error {
 		return err
 	}
 	b.cache = cache
-	var reqs []fetch.Request
-	var locked []recipes.LockedImage
-	for _, img := range b.recipe.Images {
-		li, ok := b.lock.Image(img.Name)
-		if !ok { // lock.Check already refused this; keep the error precise anyway
-			return fmt.Errorf("image %s is not in the lock file: run `kiln lock %s`", img.Name, b.recipe.Path)
-		}
-		locked = append(locked, li)
-		reqs = append(reqs, fetch.Request{Name: img.Name, Source: li.Source, BaseDir: b.recipe.Dir, Digest: li.Digest, IndexDigest: li.IndexDigest, Platform: platform(b.recipe),
-			// A served image's blobs go onto the partition as they are, so a
-			// local layout's may be packed from where they lie and checked
-			// there (checkInPlace); preloading reads them from the cache.
-			InPlace: img.Served() && !img.Preloaded()})
+	locked, err := LockedImages(b.Recipe, b.lock)
+	if err != nil {
+		return err
+	}
+	reqs := make([]fetch.Request, len(locked))
+	for i, img := range b.Recipe.Images {
+		reqs[i] = FetchRequest(b.Recipe, locked[i])
+		// A served image's blobs go onto the partition as they are, so a
+		// local layout's may be packed from where they lie and checked
+		// there (checkInPlace); preloading reads them from the cache.
+		reqs[i].InPlace = img.Served() && !img.Preloaded()
 	}
 	fetched, err := cache.FetchAll(ctx, reqs, b.o.Progress, b.o.Fetch...)
 	if err != nil {
@@ -56,7 +54,7 @@ func (b *build) fetchImages(ctx context.Context) error {
 		if err := checkLockedSize(b.lock, locked[i], fi); err != nil {
 			return err
 		}
-		b.images[i] = fetchedImage{recipe: b.recipe.Images[i], locked: locked[i], image: fi}
+		b.images[i] = fetchedImage{recipe: b.Recipe.Images[i], locked: locked[i], image: fi}
 	}
 	b.collectInPlace()
 	return nil
@@ -95,14 +93,14 @@ func (b *build) stagePartition(ctx context.Context) error {
 
 // describe is kiln.json but for the list of files, which writeTree adds.
 func (b *build) describe() (*contract.Contents, error) {
-	r := b.recipe
+	r := b.Recipe
 	c := &contract.Contents{
 		SchemaVersion: contract.ContentsVersion,
 		Recipe:        r.Name,
 		Version:       r.Version,
 		Arch:          r.Arch,
 		LockDigest:    digestOf(b.lockBytes),
-		Created:       b.epoch,
+		Created:       b.Epoch,
 		Kiln:          version.Current(),
 		Registry: contract.Registry{
 			Listen:     r.Registry.Listen,
@@ -171,8 +169,8 @@ func (b *build) writeTree(ctx context.Context, c *contract.Contents, served, pre
 			return err
 		}
 	}
-	if err := stage.CopyFile(b.agent, filepath.Join(b.root, contract.AgentBinary), 0o755); err != nil {
-		return fmt.Errorf("copy agent binary %s: %w", b.agent, err)
+	if err := stage.CopyFile(b.Agent.Path, filepath.Join(b.root, contract.AgentBinary), 0o755); err != nil {
+		return fmt.Errorf("copy agent binary %s: %w", b.Agent.Path, err)
 	}
 	files, err := stage.ListFiles(b.root)
 	c.Files = files
@@ -192,8 +190,8 @@ func (b *build) preload(ctx context.Context, images []stage.Image) error {
 		pi = append(pi, preload.Image{Name: img.Ref, LayoutDir: src, Digest: img.Manifest.Digest.String()})
 	}
 	_, err := preload.Build(ctx, filepath.Join(b.root, contract.StorageDir), pi,
-		preload.WithPlatform("linux", b.recipe.Arch, ""),
-		preload.WithTime(time.Unix(b.epoch, 0)),
+		preload.WithPlatform("linux", b.Recipe.Arch, ""),
+		preload.WithTime(time.Unix(b.Epoch, 0)),
 		preload.WithProgress(b.o.Progress))
 	return err
 }

@@ -12,11 +12,9 @@ import (
 	"path"
 	"strings"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/vincent-petithory/dataurl"
 
 	"github.com/kiln-appliance/kiln/builder"
-	"github.com/kiln-appliance/kiln/builder/fetch"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/partitions/bootconfig"
@@ -45,7 +43,7 @@ type base struct {
 
 // loadBase reads a --from argument: a kiln disk, its kiln.json, a bundle
 // (stick image or file), or a lock file with its recipe beside it.
-func loadBase(ctx context.Context, p string, cache *fetch.Cache, o Options) (*base, error) {
+func (b *bundler) loadBase(ctx context.Context, p string) (*base, error) {
 	head := make([]byte, 8)
 	f, err := inputfile.Open(p)
 	if err != nil {
@@ -54,17 +52,17 @@ func loadBase(ctx context.Context, p string, cache *fetch.Cache, o Options) (*ba
 	n, _ := f.Read(head)
 	f.Close()
 	head = head[:n]
-	var b *base
+	var rel *base
 	switch {
 	case string(head) == bundle.Magic:
-		b, err = baseFromBundle(p, 0)
+		rel, err = baseFromBundle(p, 0)
 	case bytes.HasPrefix(bytes.TrimSpace(head), []byte("{")):
-		b, err = baseFromContents(p)
+		rel, err = baseFromContents(p)
 	default:
 		if l, lerr := gpt.Inspect(p); lerr == nil {
-			b, err = baseFromDisk(p, l)
+			rel, err = baseFromDisk(p, l)
 		} else if isLock(p) {
-			b, err = baseFromLock(ctx, p, cache, o)
+			rel, err = b.baseFromLock(ctx, p)
 		} else {
 			err = errors.New("not a kiln disk, kiln.json, bundle or lock file")
 		}
@@ -72,8 +70,8 @@ func loadBase(ctx context.Context, p string, cache *fetch.Cache, o Options) (*ba
 	if err != nil {
 		return nil, fmt.Errorf("--from %s: %w", p, err)
 	}
-	b.from = p
-	return b, nil
+	rel.from = p
+	return rel, nil
 }
 
 func baseFromDisk(p string, l *gpt.Layout) (*base, error) {
@@ -217,7 +215,7 @@ func isLock(p string) bool {
 // baseFromLock reads a lock and the recipe beside it (for the recipe's name,
 // version and trust); the blobs come from the images' manifests, fetched
 // into the cache if they are not there yet.
-func baseFromLock(ctx context.Context, p string, cache *fetch.Cache, o Options) (*base, error) {
+func (b *bundler) baseFromLock(ctx context.Context, p string) (*base, error) {
 	lock, err := recipes.ReadLock(p)
 	if err != nil {
 		return nil, err
@@ -233,23 +231,19 @@ func baseFromLock(ctx context.Context, p string, cache *fetch.Cache, o Options) 
 	if err != nil {
 		return nil, err
 	}
-	var reqs []fetch.Request
-	for _, li := range lock.Images {
-		reqs = append(reqs, fetch.Request{Source: li.Source, BaseDir: r.Dir, Digest: li.Digest, Platform: v1.Platform{OS: "linux", Architecture: r.Arch}})
-	}
-	imgs, err := cache.FetchAll(ctx, reqs, o.Progress, o.Fetch...)
+	imgs, err := b.fetch(ctx, r, lock.Images)
 	if err != nil {
 		return nil, err
 	}
-	b := &base{recipe: r.Name, arch: r.Arch, release: contract.ReleaseID{Version: r.Version, LockDigest: digestOf(lockBytes)}, blobs: map[string]bool{}, schema: bundle.SchemaVersion}
+	rel := &base{recipe: r.Name, arch: r.Arch, release: contract.ReleaseID{Version: r.Version, LockDigest: digestOf(lockBytes)}, blobs: map[string]bool{}, schema: bundle.SchemaVersion}
 	for _, img := range imgs {
-		b.blobs[img.Descriptor.Digest.String()] = true
+		rel.blobs[img.Descriptor.Digest.String()] = true
 		for _, d := range img.Blobs() {
-			b.blobs[d.Digest.String()] = true
+			rel.blobs[d.Digest.String()] = true
 		}
 	}
-	b.trust, err = builder.TrustKeys(r)
-	return b, err
+	rel.trust, err = builder.TrustKeys(r)
+	return rel, err
 }
 
 // recipeBeside finds the recipe a lock file belongs to (NAME.lock beside

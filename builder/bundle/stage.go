@@ -15,38 +15,54 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/kiln-appliance/kiln/builder/fetch"
+	"github.com/kiln-appliance/kiln/builder/output"
 	"github.com/kiln-appliance/kiln/builder/stage"
-	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
 
-// stageTree lays out the bundle's filesystem under tree and completes the
-// manifest: unpacked layer sizes, release files, agent, file list.
-func stageTree(ctx context.Context, tree string, cache *fetch.Cache, r *recipes.Recipe, images []*fetch.Image, agent string, m *bundle.Manifest, layers map[string]bool, o Options) error {
+// makeWorkDir removes what killed runs left and makes this run's staging
+// directory, in the cache directory so blobs are hard links.
+func (b *bundler) makeWorkDir(context.Context) error {
+	workDir := output.Work{Dir: b.o.CacheDir, Prefix: workDirPrefix}
+	output.Sweep(b.o.Output, "bundle run", b.o.Log, workDir)
+	work, err := output.MkdirWork(workDir)
+	if err != nil {
+		return fmt.Errorf("staging directory: %w", err)
+	}
+	b.work, b.tree = work, filepath.Join(work, "tree")
+	return nil
+}
+
+// stageImages lays out the blobs on the stick as an OCI layout and records
+// their layers' unpacked sizes in the manifest.
+func (b *bundler) stageImages(ctx context.Context) error {
 	onStick := map[string]bool{}
-	for _, b := range m.Blobs {
-		onStick[b.Digest] = b.OnStick
+	for _, blob := range b.m.Blobs {
+		onStick[blob.Digest] = blob.OnStick
 	}
 	var si []stage.Image
-	for i, img := range images {
+	for i, img := range b.images {
 		var blobs []v1.Hash
 		for _, d := range img.Blobs() {
 			blobs = append(blobs, d.Digest)
 		}
-		si = append(si, stage.Image{Ref: r.Images[i].Name, Manifest: img.Descriptor, Blobs: blobs})
+		si = append(si, stage.Image{Ref: b.Recipe.Images[i].Name, Manifest: img.Descriptor, Blobs: blobs})
 	}
-	task := o.Progress.Task("stage bundle", 0)
-	err := stage.WriteLayout(filepath.Join(tree, bundle.OCIDir), cache.Path, si,
+	task := b.o.Progress.Task("stage bundle", 0)
+	err := stage.WriteLayout(filepath.Join(b.tree, bundle.OCIDir), b.cache.Path, si,
 		stage.OnlyBlobs(func(h v1.Hash) bool { return onStick[h.String()] }))
 	task.Done(err)
 	if err != nil {
 		return err
 	}
-	if err := unpackedSizes(ctx, cache, m, layers, o); err != nil {
-		return err
-	}
+	return b.unpackedSizes(ctx)
+}
+
+// stageFiles copies the release files and, when the stick carries it, the
+// agent into the tree, and lists every file of the tree in the manifest.
+func (b *bundler) stageFiles(context.Context) error {
+	r, m, tree := b.Recipe, b.m, b.tree
 	for _, f := range r.Release.Files {
 		dst := filepath.Join(tree, bundle.ReleaseDir, filepath.FromSlash(f.Path))
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
@@ -66,8 +82,8 @@ func stageTree(ctx context.Context, tree string, cache *fetch.Cache, r *recipes.
 		if err := os.MkdirAll(filepath.Join(tree, path.Dir(bundle.AgentBinary)), 0o755); err != nil {
 			return err
 		}
-		if err := stage.CopyFile(agent, filepath.Join(tree, bundle.AgentBinary), 0o755); err != nil {
-			return fmt.Errorf("copy agent binary %s: %w", agent, err)
+		if err := stage.CopyFile(b.Agent.Path, filepath.Join(tree, bundle.AgentBinary), 0o755); err != nil {
+			return fmt.Errorf("copy agent binary %s: %w", b.Agent.Path, err)
 		}
 	}
 	files, err := stage.ListFiles(tree)
@@ -82,31 +98,32 @@ func stageTree(ctx context.Context, tree string, cache *fetch.Cache, r *recipes.
 
 // unpackedSizes measures each layer on the stick uncompressed (gzip, zstd or
 // plain tar, told by its first bytes), for the node's space check.
-func unpackedSizes(ctx context.Context, cache *fetch.Cache, m *bundle.Manifest, layers map[string]bool, o Options) error {
+func (b *bundler) unpackedSizes(ctx context.Context) error {
+	m, layers := b.m, b.layers
 	var total int64
 	for i := range m.Blobs {
 		if layers[m.Blobs[i].Digest] {
 			total += m.Blobs[i].Size
 		}
 	}
-	task := o.Progress.Task("measure unpacked layers", total)
+	task := b.o.Progress.Task("measure unpacked layers", total)
 	g, ctx := errgroup.WithContext(ctx)
 	g.SetLimit(4)
 	for i := range m.Blobs {
-		b := &m.Blobs[i]
-		if !layers[b.Digest] {
+		blob := &m.Blobs[i]
+		if !layers[blob.Digest] {
 			continue
 		}
 		g.Go(func() error {
-			h, err := v1.NewHash(b.Digest)
+			h, err := v1.NewHash(blob.Digest)
 			if err != nil {
 				return err
 			}
-			n, err := unpackedSize(ctx, cache.Path(h), task)
+			n, err := unpackedSize(ctx, b.cache.Path(h), task)
 			if err != nil {
-				return fmt.Errorf("layer %s: %w", b.Digest, err)
+				return fmt.Errorf("layer %s: %w", blob.Digest, err)
 			}
-			b.Unpacked = n
+			blob.Unpacked = n
 			return nil
 		})
 	}
@@ -115,8 +132,8 @@ func unpackedSizes(ctx context.Context, cache *fetch.Cache, m *bundle.Manifest, 
 	if err != nil {
 		return err
 	}
-	for _, b := range m.Blobs {
-		m.Space.UnpackedBytes += b.Unpacked
+	for _, blob := range m.Blobs {
+		m.Space.UnpackedBytes += blob.Unpacked
 	}
 	return nil
 }

@@ -14,7 +14,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -73,9 +72,61 @@ type Result struct {
 
 // Write builds the bundle for the recipe at recipePath from it and its lock.
 // Like a build, it writes a temporary file beside the output and renames it
-// only once complete; on any error nothing is left and an existing output
-// is untouched.
-func Write(ctx context.Context, recipePath string, o Options) (res *Result, err error) {
+// only once complete (builder/output); on any error nothing is left and an
+// existing output is untouched.
+func Write(ctx context.Context, recipePath string, o Options) (*Result, error) {
+	b, err := newBundler(ctx, recipePath, o)
+	if err != nil {
+		return nil, err
+	}
+	defer b.cleanup()
+	for _, step := range []func(context.Context) error{
+		b.loadBases,
+		b.fetchImages,
+		b.describeRelease,
+		b.describeImages,
+		b.describeAgent,
+		b.makeWorkDir,
+		b.stageImages,
+		b.stageFiles,
+		b.writeBundle,
+		b.commit,
+	} {
+		if err := step(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return &Result{Output: o.Output, Size: b.size, Manifest: b.m, KeyID: b.keyID, Agent: b.Agent.Version}, nil
+}
+
+// bundler is one run of Write. Each step is a method that reads what the
+// steps before it left on the struct and adds its own result, in the order
+// Write calls them (as builder's build).
+type bundler struct {
+	*builder.Run // the recipe, the timestamp, the agent the release carries
+	o            Options
+	priv         ed25519.PrivateKey
+	lock         *recipes.Lock
+	lockBytes    []byte
+	trust        []ed25519.PublicKey // the keys the release's nodes will trust
+	cache        *fetch.Cache
+
+	bases  []*base // the releases given with --from
+	keyID  string
+	images []*fetch.Image // the release's, in recipe order
+	m      *bundle.Manifest
+	layers map[string]bool // the layers on the stick, by digest
+	work   string          // the staging directory, in the cache directory
+	tree   string          // the bundle's filesystem, under work
+	out    *output.File
+	size   int64
+}
+
+// newBundler reads and checks everything that needs no long work: the
+// signing key, the recipe and the files it names (not the base image: a
+// bundle carries none), the agent, the lock, and the output against all of
+// them.
+func newBundler(ctx context.Context, recipePath string, o Options) (*bundler, error) {
 	if o.Log == nil {
 		o.Log = io.Discard
 	}
@@ -85,167 +136,172 @@ func Write(ctx context.Context, recipePath string, o Options) (res *Result, err 
 	if o.Format == "" {
 		o.Format = FormatImage
 	}
+	if o.CacheDir == "" {
+		o.CacheDir = fetch.DefaultDir()
+	}
 	if o.Format != FormatImage && o.Format != FormatFile {
 		return nil, fmt.Errorf("format %q: want %s or %s", o.Format, FormatImage, FormatFile)
-	}
-	epoch, err := builder.SourceDateEpoch(o.SourceDateEpoch)
-	if err != nil {
-		return nil, err
 	}
 	priv, err := readPrivateKey(o.Key)
 	if err != nil {
 		return nil, err
 	}
-	r, err := recipes.Load(recipePath)
+	run, err := builder.StartRun(ctx, recipePath, builder.RunOptions{Agent: o.Agent, SourceDateEpoch: o.SourceDateEpoch, NoBase: true})
 	if err != nil {
 		return nil, err
 	}
+	b := &bundler{Run: run, o: o, priv: priv}
+	r := b.Recipe
 	if len(r.Trust) == 0 {
 		return nil, fmt.Errorf("%s: the recipe has no trust keys, so its appliances would accept no bundle: add \"trust: [NAME.pub]\" (kiln key generate) and build the appliance with it", r.Path)
 	}
-	if err := checkReleaseInputs(r); err != nil {
+	if b.lock, err = readFreshLock(r); err != nil {
 		return nil, err
 	}
-	lock, err := readFreshLock(r)
-	if err != nil {
+	if b.lockBytes, err = b.lock.Encode(); err != nil {
 		return nil, err
 	}
-	lockBytes, err := lock.Encode()
-	if err != nil {
-		return nil, err
-	}
-	agent, err := builder.FindAgent(ctx, o.Agent, r.Arch)
-	if err != nil {
-		return nil, err
-	}
-	inputs := append(output.RecipeInputs(r), output.Input{What: "the signing key (--key)", Path: o.Key},
-		output.Input{What: "the agent binary the bundle carries", Path: agent.Path})
+	inputs := b.Inputs("the agent binary the bundle carries", output.Input{What: "the signing key (--key)", Path: o.Key})
 	for _, f := range o.From {
 		inputs = append(inputs, output.Input{What: "a release given with --from", Path: f})
 	}
 	if err := output.Check(o.Output, "upgrade.img", inputs); err != nil {
 		return nil, err
 	}
-	trust, err := builder.TrustKeys(r)
-	if err != nil {
+	if b.trust, err = builder.TrustKeys(r); err != nil {
 		return nil, err
 	}
+	if b.cache, err = fetch.Open(o.CacheDir); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
 
-	cacheDir := o.CacheDir
-	if cacheDir == "" {
-		cacheDir = fetch.DefaultDir()
+// cleanup removes the staging tree and, unless commit ran, the temporary
+// output.
+func (b *bundler) cleanup() {
+	if b.work != "" {
+		os.RemoveAll(b.work)
 	}
-	cache, err := fetch.Open(cacheDir)
-	if err != nil {
-		return nil, err
-	}
-	var bases []*base
-	for _, f := range o.From {
-		b, err := loadBase(ctx, f, cache, o)
+	b.out.Discard()
+}
+
+// loadBases reads the releases given with --from, and checks that the new
+// release can follow each and that their nodes trust the signing key.
+func (b *bundler) loadBases(ctx context.Context) error {
+	for _, f := range b.o.From {
+		rel, err := b.loadBase(ctx, f)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		if err := checkBase(r, b); err != nil {
-			return nil, err
+		if err := checkBase(b.Recipe, rel); err != nil {
+			return err
 		}
-		bases = append(bases, b)
+		b.bases = append(b.bases, rel)
 	}
-	keyID, err := checkSigner(priv, trust, bases)
-	if err != nil {
-		return nil, err
-	}
+	var err error
+	b.keyID, err = checkSigner(b.priv, b.trust, b.bases)
+	return err
+}
 
-	images, err := fetchRelease(ctx, cache, r, lock, o)
+// fetchImages brings every locked image of the release into the cache,
+// verified, in the recipe's order.
+func (b *bundler) fetchImages(ctx context.Context) error {
+	locked, err := builder.LockedImages(b.Recipe, b.lock)
 	if err != nil {
-		return nil, err
+		return err
 	}
+	b.images, err = b.fetch(ctx, b.Recipe, locked)
+	return err
+}
+
+// fetch brings the locked images of r into the cache, verified.
+func (b *bundler) fetch(ctx context.Context, r *recipes.Recipe, images []recipes.LockedImage) ([]*fetch.Image, error) {
+	var reqs []fetch.Request
+	for _, li := range images {
+		reqs = append(reqs, builder.FetchRequest(r, li))
+	}
+	return b.cache.FetchAll(ctx, reqs, b.o.Progress, b.o.Fetch...)
+}
+
+// describeRelease starts the manifest: which release this is and, for a
+// delta, which it applies to, in the newest schema every base's nodes read.
+func (b *bundler) describeRelease(context.Context) error {
+	r := b.Recipe
 	m := &bundle.Manifest{
 		SchemaVersion: bundle.SchemaVersion,
 		Recipe:        r.Name,
 		Version:       r.Version,
 		Arch:          r.Arch,
-		LockDigest:    digestOf(lockBytes),
-		Created:       epoch,
+		LockDigest:    digestOf(b.lockBytes),
+		Created:       b.Epoch,
 		Kiln:          version.Current(),
 		Kind:          bundle.KindFull,
-		AgentVersion:  agent.Version,
+		AgentVersion:  b.Agent.Version,
 	}
-	for _, b := range bases {
+	for _, rel := range b.bases {
 		m.Kind = bundle.KindDelta
-		if !slices.Contains(m.AppliesTo, b.release) {
-			m.AppliesTo = append(m.AppliesTo, b.release)
+		if !slices.Contains(m.AppliesTo, rel.release) {
+			m.AppliesTo = append(m.AppliesTo, rel.release)
 		}
 		// Written for nodes whose agent reads no newer schema: schema 1
 		// lacks only the records of which kiln made it and which agent
 		// it carries.
-		m.SchemaVersion = min(m.SchemaVersion, b.schema)
+		m.SchemaVersion = min(m.SchemaVersion, rel.schema)
 	}
 	if m.SchemaVersion == 1 {
 		m.Kiln, m.AgentVersion = version.Info{}, version.Info{}
 	}
 	sort.Slice(m.AppliesTo, func(i, j int) bool { return m.AppliesTo[i].Version < m.AppliesTo[j].Version })
-	// The delta applies to every base, so it leaves out only what every
-	// base holds: a node of any of them lacks nothing.
-	held := func(d string) bool {
-		for _, b := range bases {
-			if !b.blobs[d] {
-				return false
-			}
+	b.m = m
+	return nil
+}
+
+// held says whether every base holds blob d: the delta applies to every
+// base, so it leaves out only what every base holds (a node of any of
+// them lacks nothing).
+func (b *bundler) held(d string) bool {
+	for _, rel := range b.bases {
+		if !rel.blobs[d] {
+			return false
 		}
-		return len(bases) > 0
 	}
-	layers := describeImages(m, r, images, held)
-	agentDigest, agentSize, err := stage.HashFile(agent.Path)
+	return len(b.bases) > 0
+}
+
+// describeAgent records the agent the release runs (on the stick unless
+// every base runs this very one) and the keys its nodes will trust, and
+// refuses a bundle that would carry nothing to upgrade.
+func (b *bundler) describeAgent(context.Context) error {
+	m, r := b.m, b.Recipe
+	agentDigest, agentSize, err := stage.HashFile(b.Agent.Path)
 	if err != nil {
-		return nil, fmt.Errorf("agent binary: %w", err)
+		return fmt.Errorf("agent binary: %w", err)
 	}
 	m.Agent = bundle.File{Path: bundle.AgentBinary, Size: agentSize, Digest: agentDigest}
-	m.AgentOnStick = len(bases) == 0
-	for _, b := range bases {
-		m.AgentOnStick = m.AgentOnStick || b.agent != agentDigest
+	m.AgentOnStick = len(b.bases) == 0
+	for _, rel := range b.bases {
+		m.AgentOnStick = m.AgentOnStick || rel.agent != agentDigest
 	}
-	for _, k := range trust {
+	for _, k := range b.trust {
 		tk, err := bundle.TrustedKey(k)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		m.Trust = append(m.Trust, tk)
 	}
 	if m.Space.CopyBytes == 0 && len(r.Release.Files) == 0 {
 		var from []string
-		for _, b := range bases {
-			from = append(from, b.release.Version)
+		for _, rel := range b.bases {
+			from = append(from, rel.release.Version)
 		}
-		return nil, fmt.Errorf("the bundle would be empty: %s %s has no blob that %s lacks and no release files; nothing to upgrade", r.Name, r.Version, strings.Join(from, ", "))
+		return fmt.Errorf("the bundle would be empty: %s %s has no blob that %s lacks and no release files; nothing to upgrade", r.Name, r.Version, strings.Join(from, ", "))
 	}
-
-	// The staging tree lives in the cache directory so blobs are hard links.
-	workDir := output.Work{Dir: cacheDir, Prefix: workDirPrefix}
-	output.Sweep(o.Output, "bundle run", o.Log, workDir)
-	work, err := output.MkdirWork(workDir)
-	if err != nil {
-		return nil, fmt.Errorf("staging directory: %w", err)
-	}
-	defer os.RemoveAll(work)
-	tree := filepath.Join(work, "tree")
-	if err := stageTree(ctx, tree, cache, r, images, agent.Path, m, layers, o); err != nil {
-		return nil, err
-	}
-
-	out, err := output.Create(o.Output)
-	if err != nil {
-		return nil, err
-	}
-	defer out.Discard()
-	size, err := writeBundle(ctx, out.File, tree, m, priv, epoch, o)
-	if err != nil {
-		return nil, err
-	}
-	if err := out.Commit(ctx); err != nil {
-		return nil, err
-	}
-	return &Result{Output: o.Output, Size: size, Manifest: m, KeyID: keyID, Agent: agent.Version}, nil
+	return nil
 }
+
+// commit makes the finished bundle the output (output.File.Commit).
+func (b *bundler) commit(ctx context.Context) error { return b.out.Commit(ctx) }
 
 // checkBase refuses a --from the new release cannot follow.
 func checkBase(r *recipes.Recipe, b *base) error {
@@ -311,26 +367,6 @@ func readPrivateKey(p string) (ed25519.PrivateKey, error) {
 	return k, nil
 }
 
-// checkReleaseInputs checks the files a bundle reads from the recipe: trust
-// keys and release files (the base image is not needed).
-func checkReleaseInputs(r *recipes.Recipe) error {
-	err := r.CheckFiles()
-	var list recipes.ErrorList
-	if !errors.As(err, &list) {
-		return err
-	}
-	var keep recipes.ErrorList
-	for _, e := range list {
-		if e.Field != "base.path" {
-			keep = append(keep, e)
-		}
-	}
-	if len(keep) > 0 {
-		return keep
-	}
-	return nil
-}
-
 // readFreshLock reads the recipe's lock and refuses a missing or stale one:
 // a bundle ships exactly what was locked (and, usually, built and tested).
 func readFreshLock(r *recipes.Recipe) (*recipes.Lock, error) {
@@ -348,28 +384,20 @@ func readFreshLock(r *recipes.Recipe) (*recipes.Lock, error) {
 	return lock, nil
 }
 
-func fetchRelease(ctx context.Context, cache *fetch.Cache, r *recipes.Recipe, lock *recipes.Lock, o Options) ([]*fetch.Image, error) {
-	var reqs []fetch.Request
-	for _, img := range r.Images {
-		li, _ := lock.Image(img.Name) // lock.Check made sure every image is there
-		reqs = append(reqs, fetch.Request{Source: li.Source, BaseDir: r.Dir, Digest: li.Digest, Platform: v1.Platform{OS: "linux", Architecture: r.Arch}})
-	}
-	return cache.FetchAll(ctx, reqs, o.Progress, o.Fetch...)
-}
-
 // describeImages fills the manifest's images, blobs and space (all but the
-// unpacked sizes, filled by stageTree) and returns the layers on the stick.
-func describeImages(m *bundle.Manifest, r *recipes.Recipe, images []*fetch.Image, held func(string) bool) map[string]bool {
+// unpacked sizes, filled by stageImages) and finds the layers on the stick.
+func (b *bundler) describeImages(context.Context) error {
+	m := b.m
 	blobs := map[string]bundle.Blob{}
 	layers := map[string]bool{}
 	add := func(d v1.Descriptor) {
 		k := d.Digest.String()
 		if _, ok := blobs[k]; !ok {
-			blobs[k] = bundle.Blob{Digest: k, Size: d.Size, MediaType: string(d.MediaType), OnStick: !held(k)}
+			blobs[k] = bundle.Blob{Digest: k, Size: d.Size, MediaType: string(d.MediaType), OnStick: !b.held(k)}
 		}
 	}
-	for i, img := range images {
-		ri := r.Images[i]
+	for i, img := range b.images {
+		ri := b.Recipe.Images[i]
 		add(img.Descriptor)
 		mi := bundle.Image{Image: contract.Image{
 			Name: ri.Name, Digest: img.Descriptor.Digest.String(), MediaType: string(img.Descriptor.MediaType),
@@ -395,70 +423,78 @@ func describeImages(m *bundle.Manifest, r *recipes.Recipe, images []*fetch.Image
 		}
 	}
 	sort.Slice(m.Blobs, func(i, j int) bool { return m.Blobs[i].Digest < m.Blobs[j].Digest })
-	return layers
+	b.layers = layers
+	return nil
 }
 
 // writeBundle writes header and filesystem (and, for an image, the GPT) into
-// out and returns its size. kiln lays the squashfs out itself (sqfswrite),
-// so its size and every file's offset are known before a byte is written:
-// the header is sized from the manifest with only the metadata digest a
+// the temporary output. kiln lays the squashfs out itself (sqfswrite), so
+// its size and every file's offset are known before a byte is written: the
+// header is sized from the manifest with only the metadata digest a
 // placeholder of the same length, and the filesystem is written once, in
 // place, each file's contents copied by the kernel.
-func writeBundle(ctx context.Context, out *os.File, tree string, m *bundle.Manifest, priv ed25519.PrivateKey, epoch int64, o Options) (int64, error) {
-	plan, err := sqfswrite.Scan(tree, sqfswrite.WithModTime(epoch))
+func (b *bundler) writeBundle(ctx context.Context) error {
+	m, priv := b.m, b.priv
+	plan, err := sqfswrite.Scan(b.tree, sqfswrite.WithModTime(b.Epoch))
 	if err != nil {
-		return 0, fmt.Errorf("bundle filesystem: %w", err)
+		return fmt.Errorf("bundle filesystem: %w", err)
 	}
 	if err := placeFiles(m, plan.Files()); err != nil {
-		return 0, err
+		return err
 	}
+	if b.out, err = output.Create(b.o.Output); err != nil {
+		return err
+	}
+	out := b.out.File
 	m.Filesystem = bundle.Filesystem{Size: plan.Size(), Metadata: "sha256:" + strings.Repeat("0", 64)}
 	placeholder, err := bundle.Sign(m, priv)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	hdrSize := bundle.HeaderSize(len(placeholder))
 	start := int64(0)
-	if o.Format == FormatImage {
+	if b.o.Format == FormatImage {
 		start = gpt.StickStart
 	}
-	task := o.Progress.Task("write bundle filesystem", plan.DataBytes())
+	task := b.o.Progress.Task("write bundle filesystem", plan.DataBytes())
 	err = plan.Write(ctx, out, start+hdrSize, task)
 	task.Done(err)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	// The files' contents are pinned by the digests the manifest has
 	// already (the blobs are named by theirs): only the bytes around them
 	// are read back and hashed, a few MiB of squashfs tables.
-	task = o.Progress.Task("hash bundle filesystem metadata", 0)
+	task = b.o.Progress.Task("hash bundle filesystem metadata", 0)
 	m.Filesystem.Metadata, err = m.HashMetadata(out, start+hdrSize, task)
 	task.Done(err)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	if err := m.Validate(); err != nil {
-		return 0, fmt.Errorf("kiln bug: %w", err)
+		return fmt.Errorf("kiln bug: %w", err)
 	}
 	env, err := bundle.Sign(m, priv)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	hdr, err := bundle.EncodeHeader(env, hdrSize)
 	if err != nil {
-		return 0, fmt.Errorf("kiln bug: %w", err)
+		return fmt.Errorf("kiln bug: %w", err)
 	}
 	if _, err := out.WriteAt(hdr, start); err != nil {
-		return 0, fmt.Errorf("write bundle header: %w", err)
+		return fmt.Errorf("write bundle header: %w", err)
 	}
 	content := hdrSize + plan.Size()
-	if o.Format == FormatFile {
-		return content, nil
+	if b.o.Format == FormatFile {
+		b.size = content
+		return nil
 	}
 	if err := gpt.WriteStick(out, content, bundle.PartitionType, bundle.PartitionName, guidSeed(env)); err != nil {
-		return 0, err
+		return err
 	}
-	return gpt.StickSize(content), nil
+	b.size = gpt.StickSize(content)
+	return nil
 }
 
 // placeFiles sets each manifest file's offset from the filesystem's layout;

@@ -67,131 +67,188 @@ type Result struct {
 
 // Write makes the stick image for the recipe at recipePath. Like a build,
 // it writes a temporary file beside the output and renames it only once
-// complete: on any error nothing is left and an existing output is
-// untouched.
-func Write(ctx context.Context, recipePath string, o Options) (res *Result, err error) {
-	if o.Progress == nil {
-		o.Progress = progress.Discard()
-	}
-	epoch, err := builder.SourceDateEpoch(o.SourceDateEpoch)
+// complete (builder/output): on any error nothing is left and an existing
+// output is untouched.
+func Write(ctx context.Context, recipePath string, o Options) (*Result, error) {
+	s, err := newStick(ctx, recipePath, o)
 	if err != nil {
 		return nil, err
 	}
-	r, err := recipes.Load(recipePath)
-	if err != nil {
-		return nil, err
-	}
-	if err := r.CheckFiles(); err != nil {
-		return nil, err
-	}
-	agent, err := builder.FindAgent(ctx, o.Agent, r.Arch)
-	if err != nil {
-		return nil, err
-	}
-	inputs := append(output.RecipeInputs(r), output.Input{What: "the agent binary the stick carries", Path: agent.Path})
-	if o.Disk != "" {
-		inputs = append(inputs, output.Input{What: "the appliance disk (--disk)", Path: o.Disk})
-	}
-	if err := output.Check(o.Output, "reflash.img", inputs); err != nil {
-		return nil, err
-	}
-
-	log := o.Build.Log
-	if log == nil {
-		log = io.Discard
-	}
-	dir := filepath.Dir(o.Output)
-	workDir := output.Work{Dir: dir, Prefix: workDirPrefix}
-	output.Sweep(o.Output, "reflash-stick run", log, workDir)
-	work, err := output.MkdirWork(workDir)
-	if err != nil {
-		return nil, fmt.Errorf("work directory beside %s: %w", o.Output, err)
-	}
-	defer os.RemoveAll(work)
-	tree := filepath.Join(work, "payload")
-	built := o.Disk == ""
-	if built {
-		// Built in the work directory, so it goes with it, and on the
-		// same filesystem as the payload tree, which hard-links it.
-		if o.Disk, err = buildDisk(ctx, recipePath, filepath.Join(work, recovery.DiskFile), epoch, o); err != nil {
+	defer s.cleanup()
+	for _, step := range []func(context.Context) error{
+		s.makeWorkDir,
+		s.buildDisk,
+		s.verifyDisk,
+		s.stagePayload,
+		s.assemble,
+		s.commit,
+	} {
+		if err := step(ctx); err != nil {
 			return nil, err
 		}
 	}
-	rep, err := builder.Verify(ctx, o.Disk, builder.VerifyOptions{}, o.Progress)
-	if err != nil {
-		return nil, fmt.Errorf("not putting %s on a reflash stick: %w", o.Disk, err)
-	}
-	if c := rep.Contents; c.Recipe != r.Name || c.Version != r.Version {
-		return nil, fmt.Errorf("%s is appliance %s %s, the recipe %s is %s %s: give the disk built from this recipe",
-			o.Disk, c.Recipe, c.Version, r.Path, r.Name, r.Version)
-	}
+	return &Result{Output: o.Output, Built: s.built, Size: s.layout.Size, Record: s.rec, About: s.about, AgentSize: s.Agent.Size, Layout: s.layout}, nil
+}
 
-	out, err := output.Create(o.Output)
-	if err != nil {
-		return nil, err
-	}
-	defer out.Discard()
+// stick is one run of Write. Each step is a method that reads what the
+// steps before it left on the struct and adds its own result, in the order
+// Write calls them (as builder's build).
+type stick struct {
+	*builder.Run // the recipe, the timestamp, the agent the stick runs
+	o            Options
+	recipePath   string
+	log          io.Writer
 
-	rec := &recovery.Record{DiskGUID: rep.Layout.GUID, Unattended: r.Reflash.Unattended || o.Unattended, Target: target(r.Reflash.Target)}
-	if err := stagePayload(ctx, tree, o.Disk, agent.Path, rec, o.Progress); err != nil {
-		return nil, err
+	work   string // beside the output: the payload tree, the disk when built
+	tree   string // the payload partition's tree, under work
+	built  bool   // the disk was built from the recipe, not given
+	disk   *builder.Report
+	rec    *recovery.Record
+	about  *recovery.About
+	out    *output.File
+	layout *gpt.Layout
+}
+
+// newStick reads and checks everything that needs no long work: the
+// recipe and the files it names, the agent, and the output against them.
+func newStick(ctx context.Context, recipePath string, o Options) (*stick, error) {
+	if o.Progress == nil {
+		o.Progress = progress.Discard()
 	}
-	about := &recovery.About{Disk: *rep.Contents, Agent: agent.Version, Kiln: version.Current()}
-	if err := writeJSON(filepath.Join(tree, recovery.AboutFile), about); err != nil {
-		return nil, err
-	}
-	seed := sha256.Sum256([]byte("kiln reflash stick\x00" + rec.SHA256))
-	layout, err := partitions.Assemble(ctx, out.File, partitions.Disk{
-		Base:     partitions.Base{Path: r.Resolve(r.Base.Path), Digest: r.Base.Digest},
-		Geometry: partitions.Geometry{Placement: partitions.PlaceEnd},
-		Image: partitions.Image{
-			Tree: tree,
-			// The disk inside is mostly the image partition, already
-			// compressed; uncompressed, the stick reads at the medium's speed.
-			Compression: "none",
-			NoVerity:    true, // the record's digests check every byte the agent writes
-		},
-		SourceDateEpoch: epoch,
-		GUIDSeed:        seed[:],
-	},
-		partitions.WithPartition(recovery.PartitionName, recovery.PartitionType),
-		partitions.WithIgnition(func(id partitions.ImageIdentity) ([]byte, error) {
-			us, err := units.RenderReflash(units.ReflashParams{PartitionGUID: id.PartitionGUID, Unattended: rec.Unattended})
-			if err != nil {
-				return nil, err
-			}
-			return ignition.Render(ignition.Config{Version: r.Ignition.Version, User: r.Ignition.User, SSHKeys: r.Ignition.SSHKeys, Units: us})
-		}),
-		partitions.WithTempDir(work), // swept with it if this run is killed
-		partitions.WithProgress(o.Progress))
+	run, err := builder.StartRun(ctx, recipePath, builder.RunOptions{Agent: o.Agent, SourceDateEpoch: o.SourceDateEpoch})
 	if err != nil {
 		return nil, err
 	}
-	if err := out.Commit(ctx); err != nil {
+	s := &stick{Run: run, o: o, recipePath: recipePath, log: o.Build.Log}
+	if s.log == nil {
+		s.log = io.Discard
+	}
+	var disk []output.Input
+	if o.Disk != "" {
+		disk = append(disk, output.Input{What: "the appliance disk (--disk)", Path: o.Disk})
+	}
+	if err := output.Check(o.Output, "reflash.img", s.Inputs("the agent binary the stick carries", disk...)); err != nil {
 		return nil, err
 	}
-	return &Result{Output: o.Output, Built: built, Size: layout.Size, Record: rec, About: about, AgentSize: agent.Size, Layout: layout}, nil
+	return s, nil
 }
 
 // workDirPrefix names the work directory beside the output (the payload
 // tree, and the disk when the stick builds it).
 const workDirPrefix = ".kiln-reflash-"
 
-// buildDisk builds the recipe's appliance disk to path with kiln build's
-// pipeline and the stick's agent, timestamp and progress: the same bytes
-// kiln build writes.
-func buildDisk(ctx context.Context, recipePath, path string, epoch int64, o Options) (string, error) {
-	bo := o.Build
-	bo.Output, bo.Agent, bo.SourceDateEpoch, bo.Progress = path, o.Agent, epoch, o.Progress
-	res, err := builder.Build(ctx, recipePath, bo)
+// makeWorkDir removes what killed runs left and makes this run's work
+// directory beside the output.
+func (s *stick) makeWorkDir(context.Context) error {
+	workDir := output.Work{Dir: filepath.Dir(s.o.Output), Prefix: workDirPrefix}
+	output.Sweep(s.o.Output, "reflash-stick run", s.log, workDir)
+	work, err := output.MkdirWork(workDir)
 	if err != nil {
-		return "", err
+		return fmt.Errorf("work directory beside %s: %w", s.o.Output, err)
 	}
-	if bo.Log != nil {
-		fmt.Fprintf(bo.Log, "built the appliance disk (%s, %d images, disk GUID %s)\n", human.Bytes(res.Layout.Size), len(res.Contents.Images), res.Layout.GUID)
-	}
-	return path, nil
+	s.work, s.tree = work, filepath.Join(work, "payload")
+	return nil
 }
+
+// cleanup removes the work directory and, unless commit ran, the
+// temporary output.
+func (s *stick) cleanup() {
+	if s.work != "" {
+		os.RemoveAll(s.work)
+	}
+	s.out.Discard()
+}
+
+// buildDisk, when no disk is given, builds the recipe's appliance disk with
+// kiln build's pipeline and the stick's agent, timestamp and progress (the
+// same bytes kiln build writes), in the work directory: so it goes with
+// it, and on the same filesystem as the payload tree, which hard-links it.
+func (s *stick) buildDisk(ctx context.Context) error {
+	if s.o.Disk != "" {
+		return nil
+	}
+	s.built = true
+	bo := s.o.Build
+	bo.Output, bo.Agent, bo.SourceDateEpoch, bo.Progress = filepath.Join(s.work, recovery.DiskFile), s.o.Agent, s.Epoch, s.o.Progress
+	res, err := builder.Build(ctx, s.recipePath, bo)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(s.log, "built the appliance disk (%s, %d images, disk GUID %s)\n", human.Bytes(res.Layout.Size), len(res.Contents.Images), res.Layout.GUID)
+	s.o.Disk = bo.Output
+	return nil
+}
+
+// verifyDisk checks the disk end to end, as kiln verify does, and that it
+// is this recipe's appliance.
+func (s *stick) verifyDisk(ctx context.Context) error {
+	rep, err := builder.Verify(ctx, s.o.Disk, builder.VerifyOptions{}, s.o.Progress)
+	if err != nil {
+		return fmt.Errorf("not putting %s on a reflash stick: %w", s.o.Disk, err)
+	}
+	r := s.Recipe
+	if c := rep.Contents; c.Recipe != r.Name || c.Version != r.Version {
+		return fmt.Errorf("%s is appliance %s %s, the recipe %s is %s %s: give the disk built from this recipe",
+			s.o.Disk, c.Recipe, c.Version, r.Path, r.Name, r.Version)
+	}
+	s.disk = rep
+	return nil
+}
+
+// stagePayload lays out the payload tree: the disk, its record, the agent,
+// about.json.
+func (s *stick) stagePayload(ctx context.Context) error {
+	r := s.Recipe
+	s.rec = &recovery.Record{DiskGUID: s.disk.Layout.GUID, Unattended: r.Reflash.Unattended || s.o.Unattended, Target: target(r.Reflash.Target)}
+	if err := stagePayload(ctx, s.tree, s.o.Disk, s.Agent.Path, s.rec, s.o.Progress); err != nil {
+		return err
+	}
+	s.about = &recovery.About{Disk: *s.disk.Contents, Agent: s.Agent.Version, Kiln: version.Current()}
+	return writeJSON(filepath.Join(s.tree, recovery.AboutFile), s.about)
+}
+
+// assemble writes the stick image: the recipe's base OS, booting into
+// kiln agent reflash, with the payload partition after it.
+func (s *stick) assemble(ctx context.Context) error {
+	var err error
+	if s.out, err = output.Create(s.o.Output); err != nil {
+		return err
+	}
+	r := s.Recipe
+	seed := sha256.Sum256([]byte("kiln reflash stick\x00" + s.rec.SHA256))
+	s.layout, err = partitions.Assemble(ctx, s.out.File, partitions.Disk{
+		Base:     partitions.Base{Path: r.Resolve(r.Base.Path), Digest: r.Base.Digest},
+		Geometry: partitions.Geometry{Placement: partitions.PlaceEnd},
+		Image: partitions.Image{
+			Tree: s.tree,
+			// The disk inside is mostly the image partition, already
+			// compressed; uncompressed, the stick reads at the medium's speed.
+			Compression: "none",
+			NoVerity:    true, // the record's digests check every byte the agent writes
+		},
+		SourceDateEpoch: s.Epoch,
+		GUIDSeed:        seed[:],
+	},
+		partitions.WithPartition(recovery.PartitionName, recovery.PartitionType),
+		partitions.WithIgnition(s.ignition),
+		partitions.WithTempDir(s.work), // swept with it if this run is killed
+		partitions.WithProgress(s.o.Progress))
+	return err
+}
+
+// ignition is the stick's config: the units that run kiln agent reflash
+// from the payload partition, and the recipe's user and SSH keys.
+func (s *stick) ignition(id partitions.ImageIdentity) ([]byte, error) {
+	r := s.Recipe
+	us, err := units.RenderReflash(units.ReflashParams{PartitionGUID: id.PartitionGUID, Unattended: s.rec.Unattended})
+	if err != nil {
+		return nil, err
+	}
+	return ignition.Render(ignition.Config{Version: r.Ignition.Version, User: r.Ignition.User, SSHKeys: r.Ignition.SSHKeys, Units: us})
+}
+
+// commit makes the finished stick image the output (output.File.Commit).
+func (s *stick) commit(ctx context.Context) error { return s.out.Commit(ctx) }
 
 func target(t recipes.ReflashTarget) recovery.Target {
 	return recovery.Target{Path: t.Path, Model: t.Model, MinSize: t.MinSize.Bytes, MaxSize: t.MaxSize.Bytes}
