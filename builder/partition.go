@@ -22,7 +22,6 @@ import (
 // fetchedImage is a locked image whose blobs are all in the cache.
 type fetchedImage struct {
 	recipe recipes.Image
-	locked recipes.LockedImage
 	image  *fetch.Image
 }
 
@@ -54,7 +53,7 @@ func (b *build) fetchImages(ctx context.Context) error {
 		if err := checkLockedSize(b.lock, locked[i], fi); err != nil {
 			return err
 		}
-		b.images[i] = fetchedImage{recipe: b.Recipe.Images[i], locked: locked[i], image: fi}
+		b.images[i] = fetchedImage{recipe: b.Recipe.Images[i], image: fi}
 	}
 	b.collectInPlace()
 	return nil
@@ -120,21 +119,32 @@ func (b *build) describe() (*contract.Contents, error) {
 		if fi.recipe.Preloaded() {
 			c.Registry.PreloadMode = r.Preload.Mode
 		}
-		c.Images = append(c.Images, contract.Image{
-			Name:      fi.recipe.Name,
-			Digest:    fi.locked.Digest,
-			MediaType: fi.locked.MediaType,
-			Size:      fi.locked.Size,
-			Served:    fi.recipe.Served(),
-			Preloaded: fi.recipe.Preloaded(),
-			ImageID:   fi.image.Config.Digest.String(),
-		})
+		c.Images = append(c.Images, DescribeImage(fi.recipe, fi.image))
 	}
 	for h := range hosts {
 		c.Registry.Upstreams = append(c.Registry.Upstreams, h)
 	}
 	sort.Strings(c.Registry.Upstreams)
 	return c, nil
+}
+
+// DescribeImage is how kiln.json and a bundle's manifest describe a fetched
+// image of the recipe (fetched by its locked digest, and checked against
+// the lock's size, so it is the lock's).
+func DescribeImage(ri recipes.Image, img *fetch.Image) contract.Image {
+	size := img.Descriptor.Size
+	for _, d := range img.Blobs() {
+		size += d.Size
+	}
+	return contract.Image{
+		Name:      ri.Name,
+		Digest:    img.Descriptor.Digest.String(),
+		MediaType: string(img.Descriptor.MediaType),
+		Size:      size,
+		Served:    ri.Served(),
+		Preloaded: ri.Preloaded(),
+		ImageID:   img.Config.Digest.String(),
+	}
 }
 
 // split sorts the images into the served and the preloaded ones.

@@ -399,13 +399,9 @@ func (b *bundler) describeImages(context.Context) error {
 	for i, img := range b.images {
 		ri := b.Recipe.Images[i]
 		add(img.Descriptor)
-		mi := bundle.Image{Image: contract.Image{
-			Name: ri.Name, Digest: img.Descriptor.Digest.String(), MediaType: string(img.Descriptor.MediaType),
-			Size: img.Descriptor.Size, Served: ri.Served(), Preloaded: ri.Preloaded(), ImageID: img.Config.Digest.String(),
-		}}
+		mi := bundle.Image{Image: builder.DescribeImage(ri, img)}
 		for _, d := range img.Blobs() {
 			add(d)
-			mi.Size += d.Size
 			mi.Blobs = append(mi.Blobs, d.Digest.String())
 		}
 		for _, l := range img.Layers {
