@@ -96,7 +96,8 @@ FUZZ_TARGETS := \
 	./systemd/agent/registry:FuzzParseName:100000 \
 	./systemd/agent/registry:FuzzRoute:100000 \
 	./systemd/agent/registry:FuzzValidDigest:100000 \
-	./systemd/contract:FuzzRegistryIndex:300000
+	./systemd/contract:FuzzRegistryIndex:300000 \
+	./systemd/contract/slot:FuzzDecode:200000
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; rest=$${t#*:}; fn=$${rest%%:*}; budget=$${rest#*:}x; \

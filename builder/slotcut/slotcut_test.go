@@ -64,8 +64,8 @@ func TestCutIsStableAndBounded(t *testing.T) {
 		t.Fatalf("index of %d bytes for %d", x.Size, len(img))
 	}
 	avg := x.Size / int64(len(x.Chunks))
-	if avg < 32<<10 || avg > 128<<10 {
-		t.Errorf("average chunk %d bytes, want about 64 KiB", avg)
+	if avg < 8<<10 || avg > 32<<10 {
+		t.Errorf("average chunk %d bytes, want about 16 KiB", avg)
 	}
 	if _, err := CutWith(bytes.NewReader(img), slot.Params{Polynomial: 4, MinSize: 16 << 10, MaxSize: 64 << 10, AverageBits: 15}); err == nil || !strings.Contains(err.Error(), "irreducible") {
 		t.Errorf("a reducible polynomial: %v", err)

@@ -7,6 +7,7 @@ package paired
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"sort"
 	"strings"
 	"testing"
@@ -89,4 +90,35 @@ func LoadAverage() string {
 		return "unknown"
 	}
 	return strings.Join(f[:3], " ")
+}
+
+// Throughput turns time ratios (candidate / baseline) into throughput ratios
+// (baseline time over candidate time: above 1, the candidate is faster),
+// still sorted.
+func (r Result) Throughput() Result {
+	t := Result{Baseline: r.Baseline, Candidate: r.Candidate, Ratios: make([]float64, len(r.Ratios))}
+	for i, x := range r.Ratios {
+		t.Ratios[len(r.Ratios)-1-i] = 1 / x
+	}
+	return t
+}
+
+// BlankLoop attaches a fresh, blank loop device of size bytes backed by file
+// (replaced if it exists) and returns it with its detach: a write target
+// that starts empty in every run.
+func BlankLoop(tb testing.TB, file string, size int64) (dev string, detach func()) {
+	tb.Helper()
+	os.Remove(file)
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.Truncate(file, size); err != nil {
+		tb.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", file).Output()
+	if err != nil {
+		tb.Fatalf("losetup %s: %v", file, err)
+	}
+	dev = strings.TrimSpace(string(out))
+	return dev, func() { exec.Command("losetup", "--detach", dev).Run() }
 }

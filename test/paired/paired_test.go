@@ -1,6 +1,7 @@
 package paired
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -31,5 +32,12 @@ func TestLoadAverage(t *testing.T) {
 	t.Parallel()
 	if f := strings.Fields(LoadAverage()); len(f) != 3 {
 		t.Fatalf("LoadAverage() = %q, want three figures", LoadAverage())
+	}
+}
+
+func TestThroughput(t *testing.T) {
+	r := Result{Ratios: []float64{0.5, 1, 4}}.Throughput()
+	if want := []float64{0.25, 1, 2}; !slices.Equal(r.Ratios, want) || r.Median() != 1 {
+		t.Fatalf("Throughput of time ratios 0.5, 1, 4 = %v, want %v sorted", r.Ratios, want)
 	}
 }

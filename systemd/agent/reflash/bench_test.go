@@ -56,34 +56,23 @@ func BenchmarkReflashVsDD(b *testing.B) {
 	if os.Getenv("KILN_BENCH_VERBOSE") != "" {
 		console = os.Stderr
 	}
-	target := func() string {
-		file := filepath.Join(dir, "target.raw")
-		os.Remove(file)
-		if err := os.WriteFile(file, nil, 0o644); err != nil {
-			b.Fatal(err)
-		}
-		os.Truncate(file, size)
-		out, err := exec.Command("losetup", "--find", "--show", file).Output()
-		if err != nil {
-			b.Fatal(err)
-		}
-		return string(out[:len(out)-1])
+	target := func() (string, func()) {
+		return paired.BlankLoop(b, filepath.Join(dir, "target.raw"), int64(size))
 	}
-	detach := func(dev string) { exec.Command("losetup", "--detach", dev).Run() }
 
 	b.ResetTimer()
 	for range b.N {
 		r := paired.Compare(b, paired.Runs, func() time.Duration {
-			dev := target()
-			defer detach(dev)
+			dev, detach := target()
+			defer detach()
 			t := time.Now()
 			if out, err := exec.Command("dd", "if="+img, "of="+dev, "bs=4M", "conv=fsync", "status=none").CombinedOutput(); err != nil {
 				b.Fatalf("dd: %v\n%s", err, out)
 			}
 			return time.Since(t)
 		}, func() time.Duration {
-			dev := target()
-			defer detach(dev)
+			dev, detach := target()
+			defer detach()
 			t := time.Now()
 			if err := Run(context.Background(), payloadDir, WithCandidates(dev), WithUnattended(), WithPowerOff(nil),
 				WithConsole(nil, console)); err != nil {
@@ -91,13 +80,7 @@ func BenchmarkReflashVsDD(b *testing.B) {
 			}
 			return time.Since(t)
 		})
-		// Time ratios reflash/dd; report throughput: dd time over reflash time.
-		for i := range r.Ratios {
-			r.Ratios[i] = 1 / r.Ratios[i]
-		}
-		for i, j := 0, len(r.Ratios)-1; i < j; i, j = i+1, j-1 {
-			r.Ratios[i], r.Ratios[j] = r.Ratios[j], r.Ratios[i]
-		}
+		r = r.Throughput()
 		b.Logf("%d MiB: dd median %s, reflash median %s; reflash/dd throughput %s; load %s", mibs,
 			paired.MedianDuration(r.Baseline), paired.MedianDuration(r.Candidate), r, paired.LoadAverage())
 		paired.Report(b, "throughput-vs-dd", r)

@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,7 +16,7 @@ import (
 // BenchmarkSlotWriteVsDD: a slot image written by Write from a stick's pack
 // with no active slot to seed from (the worst case: every chunk read from the
 // stick, checked and written) against `dd bs=4M conv=fsync` of the image
-// itself (64 KiB chunks, the factory's average), each onto a fresh blank loop device backed by a file on the same
+// itself (16 KiB chunks, the factory's average), each onto a fresh blank loop device backed by a file on the same
 // filesystem, in pairs. The image is half random data, half zeros in 16 MiB
 // runs, like a filesystem with free space (its zeros are one chunk in the
 // pack, written many times). Reported: dd's time over Write's (throughput
@@ -38,7 +37,7 @@ func BenchmarkSlotWriteVsDD(b *testing.B) {
 	}
 	imgFile := filepath.Join(dir, "slot.img")
 	packFile := filepath.Join(dir, "slot.pack")
-	x := fixedIndexOf(img, 64<<10) // the factory's average chunk
+	x := fixedIndexOf(img, 16<<10) // the factory's average chunk
 	if err := os.WriteFile(imgFile, img, 0o644); err != nil {
 		b.Fatal(err)
 	}
@@ -46,34 +45,23 @@ func BenchmarkSlotWriteVsDD(b *testing.B) {
 		b.Fatal(err)
 	}
 	img = nil
-	target := func() string {
-		file := filepath.Join(dir, "target.raw")
-		os.Remove(file)
-		if err := os.WriteFile(file, nil, 0o644); err != nil {
-			b.Fatal(err)
-		}
-		os.Truncate(file, int64(size))
-		out, err := exec.Command("losetup", "--find", "--show", file).Output()
-		if err != nil {
-			b.Fatal(err)
-		}
-		return strings.TrimSpace(string(out))
+	target := func() (string, func()) {
+		return paired.BlankLoop(b, filepath.Join(dir, "target.raw"), int64(size))
 	}
-	detach := func(dev string) { exec.Command("losetup", "--detach", dev).Run() }
 
 	b.ResetTimer()
 	for range b.N {
 		r := paired.Compare(b, paired.Runs, func() time.Duration {
-			dev := target()
-			defer detach(dev)
+			dev, detach := target()
+			defer detach()
 			t := time.Now()
 			if out, err := exec.Command("dd", "if="+imgFile, "of="+dev, "bs=4M", "conv=fsync", "status=none").CombinedOutput(); err != nil {
 				b.Fatalf("dd: %v\n%s", err, out)
 			}
 			return time.Since(t)
 		}, func() time.Duration {
-			dev := target()
-			defer detach(dev)
+			dev, detach := target()
+			defer detach()
 			t := time.Now()
 			out, err := os.OpenFile(dev, os.O_RDWR, 0)
 			if err != nil {
@@ -90,13 +78,7 @@ func BenchmarkSlotWriteVsDD(b *testing.B) {
 			}
 			return time.Since(t)
 		})
-		// Time ratios Write/dd; report throughput: dd time over Write time.
-		for i := range r.Ratios {
-			r.Ratios[i] = 1 / r.Ratios[i]
-		}
-		for i, j := 0, len(r.Ratios)-1; i < j; i, j = i+1, j-1 {
-			r.Ratios[i], r.Ratios[j] = r.Ratios[j], r.Ratios[i]
-		}
+		r = r.Throughput()
 		b.Logf("%d MiB: dd median %s, slot write median %s; slot write/dd throughput %s; load %s", mibs,
 			paired.MedianDuration(r.Baseline), paired.MedianDuration(r.Candidate), r, paired.LoadAverage())
 		paired.Report(b, "throughput-vs-dd", r)
