@@ -7,27 +7,26 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/kiln-appliance/kiln/systemd/agent/registry"
-	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/regindex"
 )
 
-// WriteRegistryIndex indexes the OCI layout dir with the node registry's own
-// indexing code and writes the result into dir as
-// contract.RegistryIndexFile, so `kiln serve` starts by reading that one
-// file instead of every manifest. Call it once the layout is complete.
+// WriteRegistryIndex indexes the OCI layout dir by the rules the node's
+// registry serves it by (regindex.Build) and writes the result into dir as
+// regindex.FileName, so `kiln serve` starts by reading that one file
+// instead of every manifest. Call it once the layout is complete.
 // The file appears whole or not at all (temp file + rename).
 func WriteRegistryIndex(dir string) error {
 	// The indexing's warnings (an unnamed image, a bare tag) concern the
 	// layout, which the builder wrote from a checked recipe: not repeated.
-	ix, err := registry.BuildIndex(dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ix, err := regindex.Build(dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		return fmt.Errorf("index the staged layout for the node's registry: %w", err)
 	}
-	b, err := contract.EncodeRegistryIndex(ix)
+	b, err := regindex.Encode(ix)
 	if err != nil {
 		return err
 	}
-	dst := filepath.Join(dir, contract.RegistryIndexFile)
+	dst := filepath.Join(dir, regindex.FileName)
 	tmp, err := os.CreateTemp(dir, ".registry-index-*")
 	if err != nil {
 		return err

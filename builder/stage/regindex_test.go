@@ -9,7 +9,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 
-	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/regindex"
 )
 
 // TestWriteRegistryIndex: the staged layout gets the node registry's index,
@@ -33,12 +33,12 @@ func TestWriteRegistryIndex(t *testing.T) {
 	if err := WriteRegistryIndex(dir); err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(dir, contract.RegistryIndexFile)
+	path := filepath.Join(dir, regindex.FileName)
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ix, err := contract.DecodeRegistryIndex(b)
+	ix, err := regindex.Decode(b)
 	if err != nil {
 		t.Fatal(err)
 	}

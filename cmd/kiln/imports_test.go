@@ -14,11 +14,16 @@ func TestImportRules(t *testing.T) {
 	t.Parallel()
 	const mod = "github.com/kiln-appliance/kiln/"
 	factory := []string{"builder", "partitions", "recipes", "ignition", "systemd/units"}
+	var factoryPatterns []string
+	for _, f := range factory {
+		factoryPatterns = append(factoryPatterns, f+"/...")
+	}
 	for _, tc := range []struct {
 		name      string
 		packages  []string // go list patterns, below the module
 		forbidden []string // packages (and those below them) none of them may import
 	}{
+		{"the factory imports nothing of the node", factoryPatterns, []string{"systemd/agent"}},
 		{"the contract imports neither side", []string{"systemd/contract/..."}, append([]string{"systemd/agent"}, factory...)},
 		{"internal imports no side and no contract", []string{"internal/..."}, append([]string{"systemd", "cmd"}, factory...)},
 	} {

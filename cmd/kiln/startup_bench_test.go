@@ -17,7 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/kiln-appliance/kiln/builder/stage"
-	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/regindex"
 	"github.com/kiln-appliance/kiln/test/fixtures/images"
 	"github.com/kiln-appliance/kiln/test/paired"
 )
@@ -57,7 +57,7 @@ func BenchmarkServeStartup(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.Logf("%d images: registry index written in %v", n, time.Since(t2).Round(time.Millisecond))
-			index := filepath.Join(oci, contract.RegistryIndexFile)
+			index := filepath.Join(oci, regindex.FileName)
 			servesFromIndex(b, agent, oci, imgs)
 			kiln := func() time.Duration {
 				addr := freePort(b)

@@ -28,6 +28,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/regindex"
 )
 
 // The benchmarks compare kiln serve with go-containerregistry's
@@ -343,7 +344,7 @@ func BenchmarkBlobChecks(b *testing.B) {
 func BenchmarkPrebuiltIndexRead(b *testing.B) {
 	dir := manyImages(b, 2000)
 	writePrebuilt(b, dir)
-	path := filepath.Join(dir, contract.RegistryIndexFile)
+	path := filepath.Join(dir, regindex.FileName)
 	data := must(os.ReadFile(path))
 	b.Run("read", func(b *testing.B) {
 		b.SetBytes(int64(len(data)))

@@ -7,6 +7,8 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"testing"
+
+	"github.com/kiln-appliance/kiln/systemd/contract/regindex"
 )
 
 // FuzzRoute feeds arbitrary request paths to the router and the server:
@@ -30,16 +32,16 @@ func FuzzRoute(f *testing.F) {
 	f.Fuzz(func(t *testing.T, path string, head bool) {
 		rt, aerr := parseRoute(path)
 		if aerr == nil && rt.name != "" {
-			if validName(rt.name) != nil || !staysInside(rt.name) {
+			if regindex.ValidName(rt.name) != nil || !staysInside(rt.name) {
 				t.Fatalf("parseRoute(%q) accepted name %q", path, rt.name)
 			}
 			switch rt.kind {
 			case routeBlob, routeReferrers:
-				if !validDigest(rt.ref) {
+				if !regindex.ValidDigest(rt.ref) {
 					t.Fatalf("parseRoute(%q) accepted digest %q", path, rt.ref)
 				}
 			case routeManifest:
-				if !validDigest(rt.ref) && !validTag(rt.ref) {
+				if !regindex.ValidDigest(rt.ref) && !regindex.ValidTag(rt.ref) {
 					t.Fatalf("parseRoute(%q) accepted reference %q", path, rt.ref)
 				}
 			}

@@ -22,6 +22,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/kiln-appliance/kiln/internal/inputfile"
+	"github.com/kiln-appliance/kiln/systemd/contract/regindex"
 )
 
 func writeJSON(w http.ResponseWriter, contentType string, body []byte) {
@@ -81,7 +82,7 @@ func (s *Server) blob(w http.ResponseWriter, r *http.Request, repo *repository, 
 	f, err := inputfile.OpenFile(bf.path, inputfile.NoFollow())
 	if errors.Is(err, inputfile.ErrNotFile) {
 		// A symlink could point anywhere on the node: never followed.
-		s.log.Error("blob file is not a regular file: not served; "+damageFix(bf.store),
+		s.log.Error("blob file is not a regular file: not served; "+regindex.DamageFix(bf.store),
 			"file", bf.path, "digest", rt.ref, "error", err)
 		newError(http.StatusNotFound, codeBlobUnknown, fmt.Sprintf("blob %s is not in repository %s on this node", rt.ref, rt.name)).write(w)
 		return
@@ -267,7 +268,7 @@ func (v *verifyingReader) Read(p []byte) (int, error) {
 		// Through dm-verity a changed block reads as EIO: the partition
 		// refused bytes it did not build, so the blob is damaged.
 		v.record(false)
-		v.s.log.Error("blob file damaged: unreadable (through dm-verity, a changed block of the image partition reads as an I/O error); "+damageFix(v.bf.store),
+		v.s.log.Error("blob file damaged: unreadable (through dm-verity, a changed block of the image partition reads as an I/O error); "+regindex.DamageFix(v.bf.store),
 			"file", v.bf.path, "digest", v.digest, "offset", v.pos, "error", err.Error())
 		panic(http.ErrAbortHandler)
 	}
@@ -277,7 +278,7 @@ func (v *verifyingReader) Read(p []byte) (int, error) {
 		got := "sha256:" + hex.EncodeToString(v.h.Sum(nil))
 		if got != v.digest {
 			v.record(false)
-			v.s.log.Error("blob file damaged: content does not match its digest; "+damageFix(v.bf.store),
+			v.s.log.Error("blob file damaged: content does not match its digest; "+regindex.DamageFix(v.bf.store),
 				"file", v.bf.path, "digest", v.digest, "got", got)
 			panic(http.ErrAbortHandler)
 		}
@@ -295,8 +296,8 @@ func (v *verifyingReader) record(ok bool) {
 // damaged reports a blob the index knows but whose file is wrong: 500 to
 // the client (never wrong bytes), and a log line a technician can act on.
 func (s *Server) damaged(w http.ResponseWriter, digest string, bf blobFile, why string) {
-	s.log.Error("blob file damaged: "+damageFix(bf.store), "file", bf.path, "digest", digest, "problem", why)
-	newError(http.StatusInternalServerError, codeUnknown, "blob "+digest+" is damaged on this node: "+damageFix(bf.store)).write(w)
+	s.log.Error("blob file damaged: "+regindex.DamageFix(bf.store), "file", bf.path, "digest", digest, "problem", why)
+	newError(http.StatusInternalServerError, codeUnknown, "blob "+digest+" is damaged on this node: "+regindex.DamageFix(bf.store)).write(w)
 }
 
 // serveContent sends content (size bytes) with Docker-Content-Digest and an

@@ -2,12 +2,9 @@ package registry
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -20,9 +17,9 @@ import (
 	"github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/regindex"
 )
 
 // maxManifestSize bounds a manifest read at start; the factory refuses to
@@ -142,16 +139,34 @@ func layoutRoot(dir string) (string, error) {
 	return dir, nil
 }
 
-// named is one name a manifest was served under.
-type named struct{ repo, tag, digest string }
-
-// loader builds an index from one or more layouts.
+// loader builds an index from one or more layouts and the releases: the
+// walk (regindex.Walker) reads them as the factory's index builder does,
+// the loader keeps what it finds (it is the walk's regindex.Sink).
 type loader struct {
-	ix        *index
-	log       *slog.Logger
-	named     []named // every addToRepo, in order, when building a prebuilt index (keepNames)
-	keepNames bool
+	ix   *index
+	log  *slog.Logger
+	walk regindex.Walker
 }
+
+func newLoader(log *slog.Logger) *loader {
+	l := &loader{ix: newIndex(), log: log}
+	l.walk = regindex.Walker{Sink: l, Log: log}
+	return l
+}
+
+func (l *loader) HasManifest(d string) bool { _, ok := l.ix.manifests[d]; return ok }
+func (l *loader) HasBlob(d string) bool     { _, ok := l.ix.blobs[d]; return ok }
+
+func (l *loader) AddManifest(m *regindex.Manifest) {
+	l.ix.manifests[m.Digest] = &manifest{digest: m.Digest, mediaType: m.MediaType, size: m.Size, data: m.Data,
+		artifactType: m.ArtifactType, annotations: m.Annotations, subject: m.Subject, children: m.Children, blobs: m.Blobs}
+}
+
+func (l *loader) AddBlob(d string, b regindex.Blob) {
+	l.ix.blobs[d] = blobFile{path: b.Path, size: b.Size, store: b.Store, missing: b.Missing}
+}
+
+func (l *loader) AddName(repo, tag, digest, where string) { l.addToRepo(repo, tag, digest, where) }
 
 func loadIndex(dirs []string, rs *releaseSource, log *slog.Logger) (*index, error) {
 	if len(dirs) == 0 {
@@ -165,7 +180,7 @@ func loadIndex(dirs []string, rs *releaseSource, log *slog.Logger) (*index, erro
 		}
 		roots[i] = root
 	}
-	l := &loader{ix: newIndex(), log: log}
+	l := newLoader(log)
 	// Releases first: the first source to tag a repo:tag wins, and the
 	// active release must win over the partition's factory content.
 	if rs != nil {
@@ -177,10 +192,11 @@ func loadIndex(dirs []string, rs *releaseSource, log *slog.Logger) (*index, erro
 		if l.loadPrebuilt(root) {
 			continue
 		}
-		if err := l.loadLayout(root); err != nil {
+		if err := l.walk.Layout(root); err != nil {
 			return nil, err
 		}
 	}
+	l.ix.damaged += l.walk.Damaged
 	l.finish()
 	return l.ix, nil
 }
@@ -209,209 +225,10 @@ func (ix *index) grow(blobs, manifests, repos int) {
 	}
 }
 
-// rawManifest is what the server reads of a manifest or an index (Docker's
-// schema 2 types have the same shape): an image manifest plus an index's
-// manifests.
-type rawManifest struct {
-	ocispec.Manifest
-	Manifests []ocispec.Descriptor `json:"manifests"`
-}
-
-func (l *loader) loadLayout(root string) error {
-	src := layoutBlobs(root)
-	f, err := inputfile.OpenFile(filepath.Join(root, ocispec.ImageIndexFile), inputfile.NoFollow())
-	if err != nil {
-		return fmt.Errorf("read OCI layout %s: %w", root, err)
-	}
-	defer f.Close()
-	if err := inputfile.CheckSize(f, maxManifestSize); err != nil {
-		return fmt.Errorf("%w: an index.json this large is not served (on an image partition: damaged, verify it with `kiln verify`; "+
-			"a layout of your own: split its images across several layouts, kiln serve takes several directories)", err)
-	}
-	var idx ocispec.Index
-	if err := json.NewDecoder(io.LimitReader(f, maxManifestSize)).Decode(&idx); err != nil {
-		return fmt.Errorf("%s/index.json: %w (file damaged? verify the partition with `kiln verify`)", root, err)
-	}
-	for i, d := range idx.Manifests {
-		where := fmt.Sprintf("%s/index.json manifests[%d]", root, i)
-		if !validDigest(d.Digest.String()) {
-			l.log.Warn("skipping index entry: digest is not sha256", "entry", where, "digest", d.Digest)
-			continue
-		}
-		if err := l.loadManifest(src, d, where); err != nil {
-			return fmt.Errorf("%w (the layout is damaged: verify the image partition with `kiln verify` or reflash it)", err)
-		}
-		refName, ok := d.Annotations[ocispec.AnnotationRefName]
-		if !ok {
-			continue // unnamed: served only as a referrer of a named image
-		}
-		repo, tag, digest, err := ParseName(refName)
-		if err != nil {
-			l.log.Warn("skipping index entry: ref.name is not a full image reference; rebuild the layout with names like quay.io/acme/app:1.2",
-				"entry", where, "error", err)
-			continue
-		}
-		if digest != "" && digest != d.Digest.String() {
-			l.log.Warn("skipping index entry: ref.name digest differs from the entry's digest", "entry", where, "refName", refName)
-			continue
-		}
-		l.addToRepo(repo, tag, d.Digest.String(), where)
-	}
-	return nil
-}
-
-// loadManifest reads, verifies and records the manifest d and, for an index,
-// its children. A missing top-level manifest is an error (the layout is
-// damaged); a missing child is a warning (a layout may hold one platform of
-// a multi-platform image).
-func (l *loader) loadManifest(src blobSource, d ocispec.Descriptor, where string) error {
-	if _, ok := l.ix.manifests[d.Digest.String()]; ok {
-		return nil
-	}
-	path, store, fi, lerr := src.locate(d.Digest.String())
-	if path == "" {
-		return fmt.Errorf("%s: manifest %s is %s: %w", where, d.Digest, src.nowhere(), os.ErrNotExist)
-	}
-	data, err := readVerified(path, d)
-	if err != nil {
-		return fmt.Errorf("%s: manifest %s: %w", where, d.Digest, err)
-	}
-	d.Size = int64(len(data)) // a release names a manifest by digest only
-	var raw rawManifest
-	if err := json.Unmarshal(data, &raw); err != nil {
-		return fmt.Errorf("%s: manifest %s (%s) is not JSON: %w", where, d.Digest, path, err)
-	}
-	// Content-Type is the manifest's own mediaType when it has one (clients
-	// reject a response whose Content-Type differs from it), else the
-	// descriptor's.
-	m := &manifest{digest: d.Digest.String(), mediaType: raw.MediaType, size: d.Size, data: data, annotations: raw.Annotations, artifactType: raw.ArtifactType}
-	if m.mediaType == "" {
-		m.mediaType = d.MediaType
-	}
-	if m.mediaType == "" {
-		return fmt.Errorf("%s: manifest %s has no media type", where, d.Digest)
-	}
-	if raw.Subject != nil && validDigest(raw.Subject.Digest.String()) {
-		m.subject = raw.Subject.Digest.String()
-	}
-	hasConfig := raw.Config.Digest != ""
-	if hasConfig && m.artifactType == "" {
-		m.artifactType = raw.Config.MediaType
-	}
-	l.ix.manifests[m.digest] = m
-	l.recordBlob(src, d, where, path, store, fi, lerr) // manifests are blobs too; located above
-	for _, c := range raw.Manifests {
-		if !validDigest(c.Digest.String()) {
-			continue
-		}
-		err := l.loadManifest(src, c, where+" → "+d.Digest.String())
-		if errors.Is(err, os.ErrNotExist) {
-			l.log.Warn("index references a manifest not in the layout; that platform is not served", "entry", where, "manifest", c.Digest)
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		m.children = append(m.children, c.Digest.String())
-	}
-	var blobs []ocispec.Descriptor
-	if hasConfig {
-		blobs = append(blobs, raw.Config)
-	}
-	blobs = append(blobs, raw.Layers...)
-	for _, b := range blobs {
-		if !validDigest(b.Digest.String()) {
-			l.log.Warn("manifest references a non-sha256 blob; it is not served", "manifest", d.Digest, "blob", b.Digest)
-			continue
-		}
-		l.addBlob(src, b, where)
-		m.blobs = append(m.blobs, b.Digest.String())
-	}
-	return nil
-}
-
-// addBlob records where blob d lives. The first source holding it wins.
-// Its file is lstat'ed, never read: damage is logged now and reported to
-// clients when they ask for it.
-func (l *loader) addBlob(src blobSource, d ocispec.Descriptor, where string) {
-	if _, ok := l.ix.blobs[d.Digest.String()]; ok {
-		return
-	}
-	path, store, fi, err := src.locate(d.Digest.String())
-	l.recordBlob(src, d, where, path, store, fi, err)
-}
-
-// recordBlob records blob d where locate found it (path, store, its lstat
-// fi or the lstat's error), unless a source before already holds it.
-func (l *loader) recordBlob(src blobSource, d ocispec.Descriptor, where, path string, store bool, fi os.FileInfo, err error) {
-	if _, ok := l.ix.blobs[d.Digest.String()]; ok {
-		return
-	}
-	l.ix.blobs[d.Digest.String()] = blobFile{path: path, size: d.Size, store: store, missing: src.nowhere()}
-	if path == "" {
-		l.ix.damaged++
-		l.log.Error("blob is "+src.nowhere()+": it is not served (404); roll the release back (kiln agent release rollback VERSION) and plug its stick in again",
-			"digest", d.Digest, "entry", where)
-		return
-	}
-	fix := damageFix(store)
-	switch {
-	case err != nil:
-		l.ix.damaged++
-		l.log.Error("blob file missing: "+fix, "file", path, "entry", where, "error", err)
-	case !fi.Mode().IsRegular():
-		l.ix.damaged++
-		l.log.Error("blob file is not a regular file (a symlink?): it is never served; "+fix,
-			"file", path, "entry", where, "type", fi.Mode().Type().String())
-	case fi.Size() != d.Size:
-		l.ix.damaged++
-		l.log.Error("blob file has the wrong size: "+fix, "file", path, "entry", where, "size", fi.Size(), "want", d.Size)
-	}
-}
-
-// damageFix is what a technician does about a damaged blob file.
-func damageFix(store bool) string {
-	if store {
-		return "the release store on /var is damaged; roll the release back (kiln agent release rollback VERSION) and plug its stick in again"
-	}
-	return "the image partition is damaged; verify it with `kiln verify` or reflash it"
-}
-
-// readVerified reads a manifest file, checking its size and digest. A
-// negative d.Size is unknown (a release names its manifests by digest
-// only): the file may be up to maxManifestSize.
-func readVerified(path string, d ocispec.Descriptor) ([]byte, error) {
-	if d.Size > maxManifestSize {
-		return nil, fmt.Errorf("size %d is over the %d byte manifest limit", d.Size, maxManifestSize)
-	}
-	limit := d.Size
-	if limit < 0 {
-		limit = maxManifestSize
-	}
-	data, err := inputfile.ReadFile(path, limit, inputfile.NoFollow())
-	var tooLarge *inputfile.TooLargeError
-	switch {
-	case errors.As(err, &tooLarge) && tooLarge.Size > maxManifestSize && limit >= maxManifestSize:
-		return nil, fmt.Errorf("%s is over the limit of %d bytes (%s) for a manifest", path, int64(maxManifestSize), human.Bytes(maxManifestSize))
-	case errors.As(err, &tooLarge): // longer than its descriptor says
-		return nil, fmt.Errorf("%s does not match its digest", path)
-	case err != nil:
-		return nil, err
-	}
-	sum := sha256.Sum256(data)
-	if (d.Size >= 0 && int64(len(data)) != d.Size) || "sha256:"+hex.EncodeToString(sum[:]) != d.Digest.String() {
-		return nil, fmt.Errorf("%s does not match its digest", path)
-	}
-	return data, nil
-}
-
 // addToRepo names manifest digest in repo, under tag if set. The first
 // source to tag repo:tag wins the tag; the other manifest stays pullable by
 // digest (a rollback target's image, say).
 func (l *loader) addToRepo(repoName, tag, digest, where string) {
-	if l.keepNames {
-		l.named = append(l.named, named{repoName, tag, digest})
-	}
 	r := l.ix.repos[repoName]
 	if r == nil {
 		r = &repository{tags: map[string]string{}}

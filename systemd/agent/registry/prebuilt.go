@@ -3,82 +3,16 @@ package registry
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/kiln-appliance/kiln/internal/inputfile"
-	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/regindex"
 )
-
-// BuildIndex indexes the OCI layout dir as `kiln serve` does at start
-// without a prebuilt index (every manifest read and verified, every blob
-// lstat'ed) and returns the result as the prebuilt index the factory writes
-// beside the layout (contract.RegistryIndexFile). A layout with a missing
-// or damaged blob is an error: the factory must not ship it.
-func BuildIndex(dir string, log *slog.Logger) (*contract.RegistryIndex, error) {
-	l := &loader{ix: newIndex(), log: log, keepNames: true}
-	if err := l.loadLayout(dir); err != nil {
-		return nil, err
-	}
-	if l.ix.damaged > 0 {
-		return nil, fmt.Errorf("%s: %d blobs missing or of the wrong size (see the log above)", dir, l.ix.damaged)
-	}
-	out := &contract.RegistryIndex{SchemaVersion: contract.RegistryIndexVersion, MediaTypes: []string{},
-		Manifests: []contract.IndexedManifest{}, Images: []contract.IndexedImage{}}
-	digests := make([]string, 0, len(l.ix.blobs))
-	for d := range l.ix.blobs {
-		digests = append(digests, d)
-	}
-	sort.Strings(digests)
-	blobAt := make(map[string]int, len(digests))
-	var hexes strings.Builder
-	for i, d := range digests {
-		blobAt[d] = i
-		hexes.WriteString(strings.TrimPrefix(d, "sha256:"))
-		out.Sizes = append(out.Sizes, l.ix.blobs[d].size)
-	}
-	out.Blobs = hexes.String()
-	manifestAt := map[string]int{}
-	for _, d := range digests {
-		if l.ix.manifests[d] != nil {
-			manifestAt[d] = len(manifestAt)
-		}
-	}
-	mediaTypeAt := map[string]int{}
-	positions := func(ds []string, at map[string]int) []int {
-		var ps []int
-		for _, d := range ds {
-			ps = append(ps, at[d])
-		}
-		return ps
-	}
-	for _, d := range digests {
-		m := l.ix.manifests[d]
-		if m == nil {
-			continue
-		}
-		mt, ok := mediaTypeAt[m.mediaType]
-		if !ok {
-			mt = len(out.MediaTypes)
-			mediaTypeAt[m.mediaType] = mt
-			out.MediaTypes = append(out.MediaTypes, m.mediaType)
-		}
-		out.Manifests = append(out.Manifests, contract.IndexedManifest{
-			Blob: blobAt[d], MediaType: mt, ArtifactType: m.artifactType, Annotations: m.annotations, Subject: m.subject,
-			Children: positions(m.children, manifestAt), Layers: positions(m.blobs, blobAt),
-		})
-	}
-	for _, im := range l.named {
-		out.Images = append(out.Images, contract.IndexedImage{Repository: im.repo, Tag: im.tag, Manifest: manifestAt[im.digest]})
-	}
-	return out, nil
-}
 
 // loadPrebuilt adds the layout at root from its prebuilt index, if it has
 // one this kiln reads and that holds together; it reports whether it did.
@@ -86,12 +20,12 @@ func BuildIndex(dir string, log *slog.Logger) (*contract.RegistryIndex, error) {
 // usable index (a partition built before the index existed, a plain layout
 // directory) the caller indexes the layout itself.
 func (l *loader) loadPrebuilt(root string) bool {
-	path := filepath.Join(root, contract.RegistryIndexFile)
+	path := filepath.Join(root, regindex.FileName)
 	pi, err := readPrebuilt(path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		return false
-	case errors.Is(err, contract.ErrRegistryIndexVersion):
+	case errors.Is(err, regindex.ErrVersion):
 		// A partition built by another kiln: nothing wrong with it.
 		l.log.Warn("prebuilt registry index of another version not used: indexing the layout at start instead (slower, same content)", "file", path, "error", err)
 		return false
@@ -111,7 +45,7 @@ func (l *loader) loadPrebuilt(root string) bool {
 	// Every digest is a slice of one string: one allocation instead of one
 	// per blob, which a start at thousands of images feels. Blob paths are
 	// made on request (index.blob).
-	dir := layoutBlobs(root).dirs[0] + string(filepath.Separator)
+	dir := regindex.LayoutSource(root).Dirs[0] + string(filepath.Separator)
 	n := pi.BlobCount()
 	const dl = len("sha256:") + 64
 	var ds strings.Builder
@@ -160,24 +94,24 @@ func (l *loader) loadPrebuilt(root string) bool {
 }
 
 // readPrebuilt reads a prebuilt index without following a symlink.
-func readPrebuilt(path string) (*contract.RegistryIndex, error) {
-	data, err := inputfile.ReadFile(path, contract.MaxRegistryIndexSize, inputfile.NoFollow())
+func readPrebuilt(path string) (*regindex.Index, error) {
+	data, err := inputfile.ReadFile(path, regindex.MaxSize, inputfile.NoFollow())
 	if err != nil {
 		return nil, err
 	}
-	return contract.DecodeRegistryIndex(data)
+	return regindex.Decode(data)
 }
 
 // checkPrebuilt checks that every position points into its list and every
 // subject is a digest: a damaged index is never half used. (Its digests
 // are sha256 by construction, so the blob paths made from them are too.)
-func checkPrebuilt(pi *contract.RegistryIndex) error {
+func checkPrebuilt(pi *regindex.Index) error {
 	n := pi.BlobCount()
 	inBlobs := func(i int) bool { return i >= 0 && i < n }
 	inManifests := func(i int) bool { return i >= 0 && i < len(pi.Manifests) }
 	for i, m := range pi.Manifests {
 		if !inBlobs(m.Blob) || m.MediaType < 0 || m.MediaType >= len(pi.MediaTypes) || pi.Sizes[m.Blob] > maxManifestSize ||
-			(m.Subject != "" && !validDigest(m.Subject)) {
+			(m.Subject != "" && !regindex.ValidDigest(m.Subject)) {
 			return fmt.Errorf("manifest %d: blob, media type or subject out of bounds", i)
 		}
 		for _, c := range m.Children {
@@ -212,7 +146,7 @@ func (ix *index) bytes(m *manifest) ([]byte, error) {
 			m.readErr = fmt.Errorf("manifest is %s", bf.missing)
 			return
 		}
-		data, err := readVerified(bf.path, ocispec.Descriptor{Digest: digest.Digest(m.digest), Size: m.size})
+		data, err := regindex.ReadVerified(bf.path, ocispec.Descriptor{Digest: digest.Digest(m.digest), Size: m.size})
 		if err != nil {
 			m.readErr = err
 			return

@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/regindex"
 )
 
 // indexMode is one way the registry learns a layout at start.
@@ -25,19 +25,19 @@ var indexModes = []indexMode{
 }
 
 // writePrebuilt writes the factory's index into the layout dir, with the
-// code builder/stage.WriteRegistryIndex runs (stage imports this package).
+// code builder/stage.WriteRegistryIndex runs (regindex.Build).
 func writePrebuilt(t testing.TB, dir string) {
 	t.Helper()
 	log, _ := testLogger()
-	ix, err := BuildIndex(dir, log)
+	ix, err := regindex.Build(dir, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := contract.EncodeRegistryIndex(ix)
+	b, err := regindex.Encode(ix)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, contract.RegistryIndexFile), b, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, regindex.FileName), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -167,13 +167,13 @@ func TestPrebuiltDamagedManifest(t *testing.T) {
 // layout is indexed at start (same content served), with a log line saying
 // why when there was a file.
 func TestPrebuiltFallback(t *testing.T) {
-	edit := func(change func(ix *contract.RegistryIndex)) func(t testing.TB, dir string) {
+	edit := func(change func(ix *regindex.Index)) func(t testing.TB, dir string) {
 		return func(t testing.TB, dir string) {
 			writePrebuilt(t, dir)
-			p := filepath.Join(dir, contract.RegistryIndexFile)
-			ix := must(contract.DecodeRegistryIndex(must(os.ReadFile(p))))
+			p := filepath.Join(dir, regindex.FileName)
+			ix := must(regindex.Decode(must(os.ReadFile(p))))
 			change(ix)
-			os.WriteFile(p, must(contract.EncodeRegistryIndex(ix)), 0o644)
+			os.WriteFile(p, must(regindex.Encode(ix)), 0o644)
 		}
 	}
 	for _, tc := range []struct {
@@ -182,47 +182,47 @@ func TestPrebuiltFallback(t *testing.T) {
 		log     string // in the log; "" for none
 	}{
 		{"no index (older partition, plain layout)", func(testing.TB, string) {}, ""},
-		{"unknown version", edit(func(ix *contract.RegistryIndex) { ix.SchemaVersion = 99 }), "schema version 99"},
+		{"unknown version", edit(func(ix *regindex.Index) { ix.SchemaVersion = 99 }), "schema version 99"},
 		{"schema 1 (JSON)", func(t testing.TB, dir string) {
-			os.WriteFile(filepath.Join(dir, contract.RegistryIndexFile), []byte("{\"schemaVersion\":1}\n"), 0o644)
+			os.WriteFile(filepath.Join(dir, regindex.FileName), []byte("{\"schemaVersion\":1}\n"), 0o644)
 		}, "not a kiln registry index"},
 		{"truncated", func(t testing.TB, dir string) {
 			writePrebuilt(t, dir)
-			p := filepath.Join(dir, contract.RegistryIndexFile)
+			p := filepath.Join(dir, regindex.FileName)
 			b := must(os.ReadFile(p))
 			os.WriteFile(p, b[:len(b)-1], 0o644)
 		}, "prebuilt registry index damaged"},
 		{"trailing bytes", func(t testing.TB, dir string) {
 			writePrebuilt(t, dir)
-			p := filepath.Join(dir, contract.RegistryIndexFile)
+			p := filepath.Join(dir, regindex.FileName)
 			os.WriteFile(p, append(must(os.ReadFile(p)), 0), 0o644)
 		}, "does not match its contents"},
 		{"a bit flipped", func(t testing.TB, dir string) {
 			writePrebuilt(t, dir)
-			p := filepath.Join(dir, contract.RegistryIndexFile)
+			p := filepath.Join(dir, regindex.FileName)
 			b := must(os.ReadFile(p))
 			b[len(b)-20] ^= 4
 			os.WriteFile(p, b, 0o644)
 		}, "does not match its contents"},
 		{"a symlink", func(t testing.TB, dir string) {
 			writePrebuilt(t, dir)
-			p := filepath.Join(dir, contract.RegistryIndexFile)
+			p := filepath.Join(dir, regindex.FileName)
 			os.Rename(p, p+".real")
 			os.Symlink(p+".real", p)
 		}, "not a regular file"},
-		{"names a tag whose manifest it does not hold", edit(func(ix *contract.RegistryIndex) {
-			ix.Images = append(ix.Images, contract.IndexedImage{Repository: "quay.io/acme/ghost", Tag: "1", Manifest: len(ix.Manifests)})
+		{"names a tag whose manifest it does not hold", edit(func(ix *regindex.Index) {
+			ix.Images = append(ix.Images, regindex.IndexedImage{Repository: "quay.io/acme/ghost", Tag: "1", Manifest: len(ix.Manifests)})
 		}), "names manifest"},
-		{"a manifest references a blob it does not hold", edit(func(ix *contract.RegistryIndex) {
+		{"a manifest references a blob it does not hold", edit(func(ix *regindex.Index) {
 			ix.Manifests[0].Layers = append(ix.Manifests[0].Layers, ix.BlobCount())
 		}), "which the index does not hold"},
-		{"an index references a manifest it does not hold", edit(func(ix *contract.RegistryIndex) {
+		{"an index references a manifest it does not hold", edit(func(ix *regindex.Index) {
 			ix.Manifests[0].Children = []int{len(ix.Manifests)}
 		}), "which the index does not hold"},
-		{"a subject that is not a digest", edit(func(ix *contract.RegistryIndex) {
+		{"a subject that is not a digest", edit(func(ix *regindex.Index) {
 			ix.Manifests[0].Subject = "sha256:../../etc/passwd"
 		}), "out of bounds"},
-		{"a media type out of bounds", edit(func(ix *contract.RegistryIndex) {
+		{"a media type out of bounds", edit(func(ix *regindex.Index) {
 			ix.Manifests[1].MediaType = len(ix.MediaTypes)
 		}), "out of bounds"},
 	} {
@@ -276,7 +276,7 @@ func TestPrebuiltMissingRepoFile(t *testing.T) {
 func TestPrebuiltEveryBitFlip(t *testing.T) {
 	f := newFixture(t)
 	writePrebuilt(t, f.dir)
-	p := filepath.Join(f.dir, contract.RegistryIndexFile)
+	p := filepath.Join(f.dir, regindex.FileName)
 	good := must(os.ReadFile(p))
 	log, _ := testLogger()
 	want := must(New([]string{f.dir}, WithLogger(log))).Stats()
@@ -290,7 +290,7 @@ func TestPrebuiltEveryBitFlip(t *testing.T) {
 			t.Fatal(err)
 		}
 		log, logs := testLogger()
-		l := &loader{ix: newIndex(), log: log}
+		l := newLoader(log)
 		if l.loadPrebuilt(f.dir) {
 			t.Fatalf("bit %d of byte %d flipped: the index was used", bit%8, bit/8)
 		}

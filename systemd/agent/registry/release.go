@@ -5,63 +5,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/regindex"
 )
-
-// blobSource says where the blob files of one source of images live.
-type blobSource struct {
-	store  string          // the release store's blobs/sha256 directory, "" for none
-	stored map[string]bool // digests a served release keeps in the store
-	dirs   []string        // layouts' blobs/sha256 directories, in order
-}
-
-// layoutBlobs is the blob source of one OCI layout: its own blobs only.
-func layoutBlobs(root string) blobSource {
-	return blobSource{dirs: []string{filepath.Join(root, ocispec.ImageBlobsDir, "sha256")}}
-}
-
-// locate returns the file holding blob digest (sha256, checked by the
-// caller), its lstat, and whether it is in the release store. The store is
-// looked in only for digests a served release lists, so no other file there
-// is ever served; then the layouts, in order. A layout source always answers
-// its own path (a missing file there is a damaged partition, reported as
-// such, with the lstat error); a release source answers "" when no place
-// has the blob.
-func (b blobSource) locate(digest string) (path string, store bool, fi os.FileInfo, err error) {
-	hex := strings.TrimPrefix(digest, "sha256:")
-	if b.stored == nil && len(b.dirs) == 1 {
-		path = filepath.Join(b.dirs[0], hex)
-		fi, err = os.Lstat(path)
-		return path, false, fi, err
-	}
-	if b.store != "" && b.stored[digest] {
-		p := filepath.Join(b.store, hex)
-		if fi, err := os.Lstat(p); err == nil {
-			return p, true, fi, nil
-		}
-	}
-	for _, d := range b.dirs {
-		p := filepath.Join(d, hex)
-		if fi, err := os.Lstat(p); err == nil {
-			return p, false, fi, nil
-		}
-	}
-	return "", false, nil, os.ErrNotExist
-}
-
-// nowhere says where a blob locate could not find was looked for.
-func (b blobSource) nowhere() string {
-	if b.stored == nil {
-		return "not in the layout"
-	}
-	return "neither in the release store nor on the image partition"
-}
 
 // releaseSource is the node's release state as a source of images: the
 // releases it keeps that the node runs or may roll back to, each image by
@@ -123,14 +74,14 @@ func (l *loader) loadReleases(rs *releaseSource, roots []string) error {
 		return err
 	}
 	releases := s.Served()
-	src := blobSource{store: store, stored: map[string]bool{}}
+	src := regindex.Source{Store: store, Stored: map[string]bool{}}
 	for _, r := range releases {
 		for _, b := range r.Blobs {
-			src.stored[b] = true
+			src.Stored[b] = true
 		}
 	}
 	for _, root := range roots {
-		src.dirs = append(src.dirs, filepath.Join(root, ocispec.ImageBlobsDir, "sha256"))
+		src.Dirs = append(src.Dirs, filepath.Join(root, ocispec.ImageBlobsDir, "sha256"))
 	}
 	for _, r := range releases {
 		for _, im := range r.Images {
@@ -144,16 +95,16 @@ func (l *loader) loadReleases(rs *releaseSource, roots []string) error {
 
 // loadReleaseImage serves one image of a release under its name: by digest
 // always, and by the tag its name carries.
-func (l *loader) loadReleaseImage(src blobSource, im contract.Image, where string) {
+func (l *loader) loadReleaseImage(src regindex.Source, im contract.Image, where string) {
 	ref, err := contract.ParseReference(im.Name)
 	if err == nil {
-		err = validName(ref.Repository())
+		err = regindex.ValidName(ref.Repository())
 	}
 	switch {
 	case err != nil:
 		l.log.Error("release image not served: its name is not an image reference", "entry", where, "error", err)
 		return
-	case !validDigest(im.Digest):
+	case !regindex.ValidDigest(im.Digest):
 		l.log.Error("release image not served: its digest is not sha256:<64 hex>", "entry", where, "digest", im.Digest)
 		return
 	case ref.Digest != "" && ref.Digest != im.Digest:
@@ -161,13 +112,13 @@ func (l *loader) loadReleaseImage(src blobSource, im contract.Image, where strin
 		return
 	}
 	d := ocispec.Descriptor{MediaType: im.MediaType, Digest: digest.Digest(im.Digest), Size: -1}
-	if err := l.loadManifest(src, d, where); err != nil {
+	if err := l.walk.Manifest(src, d, where); err != nil {
 		l.ix.damaged++
 		l.log.Error("release image not served: roll the release back (kiln agent release rollback VERSION) and plug its stick in again", "error", err)
 		return
 	}
 	tag := ref.Tag
-	if ref.Digest != "" || (tag != "" && !validTag(tag)) {
+	if ref.Digest != "" || (tag != "" && !regindex.ValidTag(tag)) {
 		tag = "" // a tag beside a digest is decoration, as in ParseName
 	}
 	l.addToRepo(ref.Repository(), tag, im.Digest, where)

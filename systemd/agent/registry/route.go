@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/kiln-appliance/kiln/systemd/contract/regindex"
 )
 
 // routeKind is which distribution API endpoint a request addresses.
@@ -23,7 +25,7 @@ const (
 )
 
 // route is a parsed request path. name and ref are validated: name by
-// validName, ref as a tag or sha256 digest (see parseRoute).
+// regindex.ValidName, ref as a tag or sha256 digest (see parseRoute).
 type route struct {
 	kind routeKind
 	name string
@@ -75,11 +77,11 @@ func parseRoute(escapedPath string) (route, *apiError) {
 		return route{}, errNotFound
 	}
 	r.name = strings.Join(nameParts, "/")
-	if err := validName(r.name); err != nil {
+	if err := regindex.ValidName(r.name); err != nil {
 		// A name the spec allows but kiln never serves (no upstream host, as
 		// "app") names a repository that is not here: 404, as the spec wants
 		// for one that does not exist. Anything else is malformed.
-		if specName(r.name) {
+		if regindex.SpecName(r.name) {
 			return route{}, newError(http.StatusNotFound, codeNameUnknown, "repository "+r.name+
 				" is not on this node (kiln serves names with their upstream host, e.g. quay.io/acme/app)")
 		}
@@ -99,7 +101,7 @@ func parseRoute(escapedPath string) (route, *apiError) {
 		// Not a tag by the spec's grammar: no manifest can have that
 		// reference, and the spec's answer to a manifest that does not exist
 		// is 404 MANIFEST_UNKNOWN (TAG_INVALID is a schema1-era code).
-		if !validTag(ref) {
+		if !regindex.ValidTag(ref) {
 			return route{}, newError(http.StatusNotFound, codeManifestUnknown, "no manifest has the reference "+strconv.Quote(ref)+
 				" (a tag matches [a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}, a digest is algorithm:hex)")
 		}

@@ -65,7 +65,7 @@ func WithReleaseState(stateFile, store string) Option {
 
 // New indexes the OCI layouts in dirs (each an OCI layout, or an image
 // partition root holding kiln.json and oci/) and returns a server for them.
-// A layout with the factory's prebuilt index (contract.RegistryIndexFile)
+// A layout with the factory's prebuilt index (regindex.FileName)
 // is known from that file alone, its manifests read and verified on first
 // request; any other layout's manifests are read and verified now and its
 // blobs stat'ed.

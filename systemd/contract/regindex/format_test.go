@@ -1,4 +1,4 @@
-package contract
+package regindex
 
 import (
 	"errors"
@@ -7,9 +7,9 @@ import (
 	"testing"
 )
 
-func sampleIndex() *RegistryIndex {
-	return &RegistryIndex{
-		SchemaVersion: RegistryIndexVersion,
+func sampleIndex() *Index {
+	return &Index{
+		SchemaVersion: Version,
 		Blobs:         strings.Repeat("0a", 32) + strings.Repeat("1b", 32) + strings.Repeat("ff", 32),
 		Sizes:         []int64{512, 1 << 40, 0},
 		MediaTypes:    []string{"application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.index.v1+json"},
@@ -28,7 +28,7 @@ func sampleIndex() *RegistryIndex {
 // map: their order must not leak into a reproducible partition).
 func TestRegistryIndexRoundTrip(t *testing.T) {
 	ix := sampleIndex()
-	b, err := EncodeRegistryIndex(ix)
+	b, err := Encode(ix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,11 +36,11 @@ func TestRegistryIndexRoundTrip(t *testing.T) {
 		t.Errorf("no magic line: %q", b[:20])
 	}
 	for i := 0; i < 20; i++ {
-		if again, _ := EncodeRegistryIndex(ix); string(again) != string(b) {
+		if again, _ := Encode(ix); string(again) != string(b) {
 			t.Fatal("the same index encoded to different bytes")
 		}
 	}
-	got, err := DecodeRegistryIndex(b)
+	got, err := Decode(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,16 +55,16 @@ func TestRegistryIndexRoundTrip(t *testing.T) {
 // The parser's own checks sit behind the checksum: their cases are sealed
 // with a matching one.
 func TestRegistryIndexRejects(t *testing.T) {
-	good, err := EncodeRegistryIndex(sampleIndex())
+	good, err := Encode(sampleIndex())
 	if err != nil {
 		t.Fatal(err)
 	}
 	other := sampleIndex()
 	other.SchemaVersion = 4
-	v4, _ := EncodeRegistryIndex(other)
-	magic := len(registryIndexMagic)
+	v4, _ := Encode(other)
+	magic := len(magicLine)
 	payload := good[magic+1+4:] // after the magic, the version (one byte) and the checksum
-	sealed := func(p ...byte) []byte { return sealRegistryIndex(RegistryIndexVersion, p) }
+	sealed := func(p ...byte) []byte { return seal(Version, p) }
 	flipped := append([]byte{}, good...)
 	flipped[len(flipped)/2] ^= 0x10
 	for _, tc := range []struct {
@@ -75,7 +75,7 @@ func TestRegistryIndexRejects(t *testing.T) {
 		{"empty", nil, "no magic line"},
 		{"schema 1 (JSON)", []byte(`{"schemaVersion":1,"blobs":""}`), "no magic line"},
 		{"another version", v4, "schema version 4, this kiln reads 3"},
-		{"schema 2 (no checksum)", append([]byte(registryIndexMagic), 2, 0), "schema version 2, this kiln reads 3"},
+		{"schema 2 (no checksum)", append([]byte(magicLine), 2, 0), "schema version 2, this kiln reads 3"},
 		{"a bit flipped", flipped, "damaged: its checksum does not match its contents"},
 		{"truncated", good[:len(good)-3], "damaged: its checksum does not match"},
 		{"trailing bytes", append(append([]byte{}, good...), 'x'), "damaged: its checksum does not match"},
@@ -88,25 +88,25 @@ func TestRegistryIndexRejects(t *testing.T) {
 		{"damaged magic", append([]byte("kiln registry indeX\n"), good[magic:]...), "no magic line"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := DecodeRegistryIndex(tc.data)
-			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), RegistryIndexFile) {
-				t.Errorf("got %v, want an error naming %s and saying %q", err, RegistryIndexFile, tc.want)
+			_, err := Decode(tc.data)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), FileName) {
+				t.Errorf("got %v, want an error naming %s and saying %q", err, FileName, tc.want)
 			}
 			if strings.HasPrefix(tc.name, "schema 2") || tc.name == "another version" {
-				if !errors.Is(err, ErrRegistryIndexVersion) {
-					t.Errorf("%v is not ErrRegistryIndexVersion", err)
+				if !errors.Is(err, ErrVersion) {
+					t.Errorf("%v is not ErrVersion", err)
 				}
 			}
 		})
 	}
 	bad := sampleIndex()
 	bad.Manifests[0].Layers = []int{-1}
-	if _, err := EncodeRegistryIndex(bad); err == nil {
+	if _, err := Encode(bad); err == nil {
 		t.Error("a negative position was encoded")
 	}
 	bad = sampleIndex()
 	bad.Blobs = bad.Blobs[:64] + strings.Repeat("../", 21) + "x" + bad.Blobs[128:]
-	if _, err := EncodeRegistryIndex(bad); err == nil {
+	if _, err := Encode(bad); err == nil {
 		t.Error("a digest that is not hex was encoded")
 	}
 }
@@ -116,7 +116,7 @@ func TestRegistryIndexRejects(t *testing.T) {
 // without a checksum parsed 169 of 300 flips into an index that dropped
 // images without a word).
 func TestRegistryIndexEveryBitFlip(t *testing.T) {
-	good, err := EncodeRegistryIndex(sampleIndex())
+	good, err := Encode(sampleIndex())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,13 +124,13 @@ func TestRegistryIndexEveryBitFlip(t *testing.T) {
 	for bit := 0; bit < 8*len(good); bit++ {
 		data := append([]byte{}, good...)
 		data[bit/8] ^= 1 << (bit % 8)
-		_, err := DecodeRegistryIndex(data)
+		_, err := Decode(data)
 		switch {
 		case err == nil:
 			t.Fatalf("bit %d of byte %d flipped: decoded without an error", bit%8, bit/8)
-		case errors.Is(err, ErrRegistryIndexDamaged):
+		case errors.Is(err, ErrDamaged):
 			reasons["damaged"]++
-		case errors.Is(err, ErrRegistryIndexVersion):
+		case errors.Is(err, ErrVersion):
 			reasons["version"]++
 		case strings.Contains(err.Error(), "no magic line"):
 			reasons["magic"]++
@@ -139,7 +139,7 @@ func TestRegistryIndexEveryBitFlip(t *testing.T) {
 		}
 	}
 	// The magic line's bits, the version's byte, everything after.
-	magic := 8 * len(registryIndexMagic)
+	magic := 8 * len(magicLine)
 	if want := map[string]int{"magic": magic, "version": 8, "damaged": 8*len(good) - magic - 8}; !reflect.DeepEqual(reasons, want) {
 		t.Errorf("flips refused as %v, want %v", reasons, want)
 	}
@@ -149,31 +149,31 @@ func TestRegistryIndexEveryBitFlip(t *testing.T) {
 // decoded encodes again and decodes to the same index. Each input is also
 // sealed with a matching checksum, so the parser behind it is fuzzed too.
 func FuzzRegistryIndex(f *testing.F) {
-	good, err := EncodeRegistryIndex(sampleIndex())
+	good, err := Encode(sampleIndex())
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Add(good)
-	f.Add(good[len(registryIndexMagic)+1+4:]) // the payload, sealed by the target
-	f.Add([]byte(registryIndexMagic))
+	f.Add(good[len(magicLine)+1+4:]) // the payload, sealed by the target
+	f.Add([]byte(magicLine))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		roundTrip(t, data)
-		roundTrip(t, sealRegistryIndex(RegistryIndexVersion, data))
+		roundTrip(t, seal(Version, data))
 	})
 }
 
 // roundTrip: data decodes to an index or an error; an index encodes again
 // and decodes to the same index.
 func roundTrip(t *testing.T, data []byte) {
-	ix, err := DecodeRegistryIndex(data)
+	ix, err := Decode(data)
 	if err != nil {
 		return
 	}
-	b, err := EncodeRegistryIndex(ix)
+	b, err := Encode(ix)
 	if err != nil {
 		t.Fatalf("decoded index does not encode: %v", err)
 	}
-	again, err := DecodeRegistryIndex(b)
+	again, err := Decode(b)
 	if err != nil {
 		t.Fatalf("re-encoded index does not decode: %v", err)
 	}

@@ -1,4 +1,4 @@
-package registry
+package regindex
 
 import (
 	"regexp"
@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// validDigest accepts exactly what the distribution grammar kiln serves
+// ValidDigest accepts exactly what the distribution grammar kiln serves
 // allows, `^sha256:[a-f0-9]{64}$`, which it replaced at start-up's speed.
 func TestValidDigest(t *testing.T) {
 	grammar := regexp.MustCompile(`^sha256:[a-f0-9]{64}$`)
@@ -25,8 +25,8 @@ func TestValidDigest(t *testing.T) {
 		" sha256:" + hex,
 		"", "sha256:",
 	} {
-		if got, want := validDigest(d), grammar.MatchString(d); got != want {
-			t.Errorf("validDigest(%q) = %v, want %v", d, got, want)
+		if got, want := ValidDigest(d), grammar.MatchString(d); got != want {
+			t.Errorf("ValidDigest(%q) = %v, want %v", d, got, want)
 		}
 	}
 }
@@ -35,8 +35,8 @@ func FuzzValidDigest(f *testing.F) {
 	grammar := regexp.MustCompile(`^sha256:[a-f0-9]{64}$`)
 	f.Add("sha256:" + strings.Repeat("a", 64))
 	f.Fuzz(func(t *testing.T, d string) {
-		if got, want := validDigest(d), grammar.MatchString(d); got != want {
-			t.Errorf("validDigest(%q) = %v, grammar says %v", d, got, want)
+		if got, want := ValidDigest(d), grammar.MatchString(d); got != want {
+			t.Errorf("ValidDigest(%q) = %v, grammar says %v", d, got, want)
 		}
 	})
 }

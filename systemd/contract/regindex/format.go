@@ -1,4 +1,11 @@
-package contract
+// Package regindex is the node registry's index of an OCI layout: the
+// rules by which a layout is served (which names, which manifests, which
+// blobs: Walker), the file the factory writes beside the image partition's
+// layout so that `kiln serve` need not walk it at start (FileName, Index,
+// Encode, Decode), and the factory's builder of that file (Build). The node
+// walks a layout without that file by the same Walker, so what the factory
+// indexes is what the node would have served.
+package regindex
 
 import (
 	"encoding/binary"
@@ -11,43 +18,41 @@ import (
 	"strings"
 )
 
-// RegistryIndexFile is the node registry's index of the partition's OCI
-// layout, written by the factory into the layout directory (OCIDir) after
+// FileName is the node registry's index of the partition's OCI layout,
+// written by the factory into the layout directory (contract.OCIDir) after
 // the layout itself: what `kiln serve` would otherwise learn at start by
 // reading, hashing and parsing every manifest. The partition is read-only
 // and dm-verity-checked, so the index is as trustworthy as the manifests it
 // describes; the registry still checks each manifest's digest when it first
 // serves it.
 //
-// It is binary (EncodeRegistryIndex documents the format): the node parses
-// it before it answers, and JSON's parse of a 2,000-image index alone took
+// It is binary (Encode documents the format): the node parses it before it
+// answers, and JSON's parse of a 2,000-image index alone took
 // most of a start that must beat a registry which reads nothing.
-const RegistryIndexFile = "kiln-registry-index.bin"
+const FileName = "kiln-registry-index.bin"
 
-// RegistryIndexVersion is the version of RegistryIndex this kiln writes and
-// reads. A registry that meets another version indexes the layout itself.
+// Version is the version of Index this kiln writes and reads. A registry that meets another version indexes the layout itself.
 // Version 1 was JSON, in kiln-registry-index.json; version 2 had no
 // checksum, so outside dm-verity a flipped bit could drop images unseen.
-const RegistryIndexVersion = 3
+const Version = 3
 
-// registryIndexMagic opens the file: `head -1` names it.
-const registryIndexMagic = "kiln registry index\n"
+// magicLine opens the file: `head -1` names it.
+const magicLine = "kiln registry index\n"
 
-// MaxRegistryIndexSize bounds the file a node reads: 2,000 images index to
-// about 0.5 MiB.
-const MaxRegistryIndexSize = 256 << 20
+// MaxSize bounds the file a node reads: 2,000 images index to about
+// 0.5 MiB.
+const MaxSize = 256 << 20
 
-// ErrRegistryIndexVersion is returned for a registry index of another version.
-var ErrRegistryIndexVersion = errors.New("registry index of an unknown version")
+// ErrVersion is returned for a registry index of another version.
+var ErrVersion = errors.New("registry index of an unknown version")
 
-// ErrRegistryIndexDamaged is returned for a registry index whose checksum
-// does not match its contents.
-var ErrRegistryIndexDamaged = errors.New("damaged: its checksum does not match its contents")
+// ErrDamaged is returned for a registry index whose checksum does not
+// match its contents.
+var ErrDamaged = errors.New("damaged: its checksum does not match its contents")
 
-// RegistryIndex is everything the node's registry serves from one OCI
-// layout, as its own start-time indexing of that layout finds it. Each
-// digest is held once, in Blobs, and referred to by its position.
-type RegistryIndex struct {
+// Index is everything the node's registry serves from one OCI layout, as
+// Walker finds it. Each digest is held once, in Blobs, and referred to by its position.
+type Index struct {
 	SchemaVersion int
 	// Blobs is the lowercase hex sha256 of every blob served (manifests
 	// included), 64 characters each, concatenated, in ascending order.
@@ -85,14 +90,14 @@ type IndexedManifest struct {
 }
 
 // BlobCount is how many blobs the index holds (len(Sizes)).
-func (ix *RegistryIndex) BlobCount() int { return len(ix.Sizes) }
+func (ix *Index) BlobCount() int { return len(ix.Sizes) }
 
 // BlobDigest is blob i's digest, "sha256:<hex>"; i must be below
 // BlobCount.
-func (ix *RegistryIndex) BlobDigest(i int) string { return "sha256:" + ix.Blobs[64*i:64*i+64] }
+func (ix *Index) BlobDigest(i int) string { return "sha256:" + ix.Blobs[64*i:64*i+64] }
 
-// EncodeRegistryIndex returns RegistryIndexFile's bytes. The format, after
-// the magic line "kiln registry index\n", is a sequence of unsigned varints
+// Encode returns FileName's bytes. The format, after the magic line
+// "kiln registry index\n", is a sequence of unsigned varints
 // (encoding/binary's) and strings (a varint length, then the bytes):
 //
 //	version
@@ -116,7 +121,7 @@ func (ix *RegistryIndex) BlobDigest(i int) string { return "sha256:" + ix.Blobs[
 // the image partition's authenticity is dm-verity's and kiln verify's job.
 // CRC-32C, not sha256: 0.03 ms for a 2,000-image index where sha256 took
 // 0.8 ms, a start being about 10 ms.
-func EncodeRegistryIndex(ix *RegistryIndex) ([]byte, error) {
+func Encode(ix *Index) ([]byte, error) {
 	n := ix.BlobCount()
 	raw, err := hex.DecodeString(ix.Blobs)
 	if err != nil || len(raw) != 32*n {
@@ -160,14 +165,14 @@ func EncodeRegistryIndex(ix *RegistryIndex) ([]byte, error) {
 	if e.err != nil {
 		return nil, fmt.Errorf("encode registry index: %w", e.err)
 	}
-	return sealRegistryIndex(ix.SchemaVersion, e.b), nil
+	return seal(ix.SchemaVersion, e.b), nil
 }
 
-// sealRegistryIndex is the file holding payload: the magic line, the
-// version, then the payload's checksum and the payload.
-func sealRegistryIndex(version int, payload []byte) []byte {
-	b := make([]byte, 0, len(registryIndexMagic)+binary.MaxVarintLen64+4+len(payload))
-	b = append(b, registryIndexMagic...)
+// seal is the file holding payload: the magic line, the version, then the
+// payload's checksum and the payload.
+func seal(version int, payload []byte) []byte {
+	b := make([]byte, 0, len(magicLine)+binary.MaxVarintLen64+4+len(payload))
+	b = append(b, magicLine...)
 	b = binary.AppendUvarint(b, uint64(version))
 	b = binary.BigEndian.AppendUint32(b, crc32.Checksum(payload, castagnoli))
 	return append(b, payload...)
@@ -202,30 +207,29 @@ func (e *indexEncoder) string(s string) {
 	e.b = append(e.b, s...)
 }
 
-// DecodeRegistryIndex parses RegistryIndexFile's bytes. Another schema
-// version is ErrRegistryIndexVersion (wrapped), contents that do not match
-// the checksum ErrRegistryIndexDamaged (wrapped); anything else that is not
-// an index this kiln wrote (truncated, trailing bytes, a count larger than
+// Decode parses FileName's bytes. Another schema version is ErrVersion
+// (wrapped), contents that do not match the checksum ErrDamaged (wrapped);
+// anything else that is not an index this kiln wrote (truncated, trailing bytes, a count larger than
 // the file) is an error, never a panic or a huge allocation. Positions are
 // not checked against their lists: the reader does that.
-func DecodeRegistryIndex(data []byte) (*RegistryIndex, error) {
-	ix, err := decodeRegistryIndex(data)
+func Decode(data []byte) (*Index, error) {
+	ix, err := decode(data)
 	if err != nil {
-		return nil, fmt.Errorf("parse %s: %w", RegistryIndexFile, err)
+		return nil, fmt.Errorf("parse %s: %w", FileName, err)
 	}
 	return ix, nil
 }
 
-func decodeRegistryIndex(data []byte) (*RegistryIndex, error) {
-	if len(data) < len(registryIndexMagic) || string(data[:len(registryIndexMagic)]) != registryIndexMagic {
+func decode(data []byte) (*Index, error) {
+	if len(data) < len(magicLine) || string(data[:len(magicLine)]) != magicLine {
 		return nil, errors.New("not a kiln registry index (no magic line)")
 	}
 	// One string holds every name the index has: each is a slice of it,
 	// not an allocation of its own (a start reads thousands).
-	d := &indexDecoder{s: string(data[len(registryIndexMagic):])}
-	ix := &RegistryIndex{SchemaVersion: d.int()}
-	if d.err == nil && ix.SchemaVersion != RegistryIndexVersion {
-		return nil, fmt.Errorf("schema version %d, this kiln reads %d: %w", ix.SchemaVersion, RegistryIndexVersion, ErrRegistryIndexVersion)
+	d := &indexDecoder{s: string(data[len(magicLine):])}
+	ix := &Index{SchemaVersion: d.int()}
+	if d.err == nil && ix.SchemaVersion != Version {
+		return nil, fmt.Errorf("schema version %d, this kiln reads %d: %w", ix.SchemaVersion, Version, ErrVersion)
 	}
 	sum := d.bytes(4)
 	if d.err != nil {
@@ -233,7 +237,7 @@ func decodeRegistryIndex(data []byte) (*RegistryIndex, error) {
 	}
 	// Summed where it lies (d.s is a string, a []byte of it a copy).
 	if crc32.Checksum(data[len(data)-len(d.s):], castagnoli) != binary.BigEndian.Uint32([]byte(sum)) {
-		return nil, ErrRegistryIndexDamaged
+		return nil, ErrDamaged
 	}
 	n := d.count(32)
 	ix.Blobs = hexDigests(d.bytes(32 * n))

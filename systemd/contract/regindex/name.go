@@ -1,4 +1,4 @@
-package registry
+package regindex
 
 import (
 	"errors"
@@ -23,11 +23,11 @@ var (
 	tagRE = regexp.MustCompile(`^[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}$`)
 )
 
-// validName reports whether name is a repository name kiln can serve:
+// ValidName reports whether name is a repository name kiln can serve:
 // "host[:port]/component[/component…]". Anything else — "..", empty
 // components, backslashes, NUL, percent signs — fails, so a valid name can
 // never address a file.
-func validName(name string) error {
+func ValidName(name string) error {
 	if name == "" || len(name) > maxNameLength {
 		return fmt.Errorf("repository name must be 1 to %d characters", maxNameLength)
 	}
@@ -46,10 +46,10 @@ func validName(name string) error {
 	return nil
 }
 
-// specName reports whether name matches the distribution spec's name
+// SpecName reports whether name matches the distribution spec's name
 // grammar (path components of [a-z0-9] separated by ., _, __ or dashes)
 // within the length clients allow.
-func specName(name string) bool {
+func SpecName(name string) bool {
 	if len(name) > maxNameLength {
 		return false
 	}
@@ -61,13 +61,14 @@ func specName(name string) bool {
 	return true
 }
 
-func validTag(tag string) bool { return tagRE.MatchString(tag) }
+// ValidTag reports whether tag is the distribution spec's tag grammar.
+func ValidTag(tag string) bool { return tagRE.MatchString(tag) }
 
-// validDigest reports whether digest is the only kind kiln serves:
+// ValidDigest reports whether digest is the only kind kiln serves:
 // "sha256:" and 64 lowercase hex digits. A loop, not a regexp: start-up
 // checks every digest of every manifest (with a regexp, 20 % of the CPU of
 // indexing 200 images).
-func validDigest(digest string) bool {
+func ValidDigest(digest string) bool {
 	hex, ok := strings.CutPrefix(digest, "sha256:")
 	if !ok || len(hex) != 64 {
 		return false
@@ -80,9 +81,9 @@ func validDigest(digest string) bool {
 	return true
 }
 
-// errNotFullReference marks ref.name annotations that are not a full image
+// ErrNotFullReference marks ref.name annotations that are not a full image
 // reference (typically a bare tag, as `skopeo copy … oci:DIR:TAG` writes).
-var errNotFullReference = errors.New("not a full image reference")
+var ErrNotFullReference = errors.New("not a full image reference")
 
 // ParseName maps an index.json `org.opencontainers.image.ref.name`
 // annotation to the repository and tag (or digest) it is served under.
@@ -92,29 +93,29 @@ var errNotFullReference = errors.New("not a full image reference")
 // names are normalised by contract.ParseReference, as the node's runtime
 // normalises them ("busybox:1.36" → "docker.io/library/busybox", tag "1.36"):
 // the host is what a registries.conf mirror prefix matches. A bare tag
-// ("1.2", "latest") names no repository and returns errNotFullReference.
+// ("1.2", "latest") names no repository and returns ErrNotFullReference.
 func ParseName(refName string) (repo, tag, digest string, err error) {
 	slash := strings.LastIndex(refName, "/")
 	if !strings.Contains(refName, "@") && strings.LastIndex(refName, ":") < slash+1 {
-		return "", "", "", fmt.Errorf("%q: %w (want host/repository:tag or host/repository@sha256:…)", refName, errNotFullReference)
+		return "", "", "", fmt.Errorf("%q: %w (want host/repository:tag or host/repository@sha256:…)", refName, ErrNotFullReference)
 	}
 	ref, err := contract.ParseReference(refName)
 	if err != nil {
 		return "", "", "", err
 	}
 	repo = ref.Repository()
-	if err := validName(repo); err != nil {
+	if err := ValidName(repo); err != nil {
 		return "", "", "", fmt.Errorf("%q: %w", refName, err)
 	}
 	switch {
 	case ref.Digest != "": // a tag beside a digest is decoration: the digest names the manifest
 		digest = ref.Digest
-		if !validDigest(digest) {
+		if !ValidDigest(digest) {
 			return "", "", "", fmt.Errorf("%q: digest must be sha256:<64 lowercase hex>", refName)
 		}
 	default:
 		tag = ref.Tag
-		if !validTag(tag) {
+		if !ValidTag(tag) {
 			return "", "", "", fmt.Errorf("%q: invalid tag %q", refName, tag)
 		}
 	}
