@@ -57,7 +57,7 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, repo *reposito
 		s.damaged(w, digest, bf, "manifest: "+err.Error())
 		return
 	}
-	w.Header().Set("Content-Type", m.mediaType)
+	w.Header().Set("Content-Type", m.MediaType)
 	s.serveContent(w, r, digest, int64(len(data)), bytes.NewReader(data), nil)
 }
 

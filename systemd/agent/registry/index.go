@@ -52,20 +52,12 @@ func (ix *index) blob(digest string) (blobFile, bool) {
 
 // manifest is one manifest or index, held in memory (they are small and
 // served on every pull), with what it references. A manifest known from a
-// prebuilt index is read on its first request (bytes): data is nil until
+// prebuilt index is read on its first request (bytes): Data is nil until
 // then.
 type manifest struct {
-	digest       string
-	mediaType    string
-	size         int64
-	data         []byte
-	read         sync.Once
-	readErr      error             // why the file does not give the indexed bytes, once read
-	artifactType string            // for referrers: artifactType, or the config media type
-	annotations  map[string]string // for referrers
-	subject      string            // digest of the manifest it refers to, if any
-	children     []string          // child manifests (index)
-	blobs        []string          // config and layers (image manifest)
+	regindex.Manifest
+	read    sync.Once
+	readErr error // why the file does not give the indexed bytes, once read
 }
 
 // repository is one served repository: its tags and everything a pull of
@@ -158,8 +150,7 @@ func (l *loader) HasManifest(d string) bool { _, ok := l.ix.manifests[d]; return
 func (l *loader) HasBlob(d string) bool     { _, ok := l.ix.blobs[d]; return ok }
 
 func (l *loader) AddManifest(m *regindex.Manifest) {
-	l.ix.manifests[m.Digest] = &manifest{digest: m.Digest, mediaType: m.MediaType, size: m.Size, data: m.Data,
-		artifactType: m.ArtifactType, annotations: m.Annotations, subject: m.Subject, children: m.Children, blobs: m.Blobs}
+	l.ix.manifests[m.Digest] = &manifest{Manifest: *m}
 }
 
 func (l *loader) AddBlob(d string, b regindex.Blob) {
@@ -250,8 +241,8 @@ func (l *loader) addToRepo(repoName, tag, digest, where string) {
 func (l *loader) finish() {
 	ix := l.ix
 	for d, m := range ix.manifests {
-		if m.subject != "" {
-			ix.referrers[m.subject] = append(ix.referrers[m.subject], d)
+		if m.Subject != "" {
+			ix.referrers[m.Subject] = append(ix.referrers[m.Subject], d)
 		}
 	}
 	for _, refs := range ix.referrers {
@@ -305,10 +296,10 @@ func (ix *index) addClosure(r *repository, digest string) {
 	}
 	r.manifests[digest] = true
 	r.blobs[digest] = true
-	for _, b := range m.blobs {
+	for _, b := range m.Blobs {
 		r.blobs[b] = true
 	}
-	for _, c := range m.children {
+	for _, c := range m.Children {
 		ix.addClosure(r, c)
 	}
 }
@@ -324,12 +315,12 @@ func (ix *index) referrersIndex(r *repository, subject, artifactType string) []b
 	members, _ := ix.members(r)
 	for _, d := range ix.referrers[subject] {
 		m := ix.manifests[d]
-		if !members[d] || (artifactType != "" && m.artifactType != artifactType) {
+		if !members[d] || (artifactType != "" && m.ArtifactType != artifactType) {
 			continue
 		}
 		out.Manifests = append(out.Manifests, ocispec.Descriptor{
-			MediaType: m.mediaType, Digest: digest.Digest(d), Size: m.size,
-			ArtifactType: m.artifactType, Annotations: m.annotations,
+			MediaType: m.MediaType, Digest: digest.Digest(d), Size: m.Size,
+			ArtifactType: m.ArtifactType, Annotations: m.Annotations,
 		})
 	}
 	var buf bytes.Buffer

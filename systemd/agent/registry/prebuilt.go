@@ -70,18 +70,18 @@ func (l *loader) loadPrebuilt(root string) bool {
 		if _, ok := l.ix.manifests[d]; ok {
 			continue // read already, from a release
 		}
-		mf := &manifest{digest: d, mediaType: pi.MediaTypes[m.MediaType], size: pi.Sizes[m.Blob],
-			artifactType: m.ArtifactType, annotations: m.Annotations, subject: m.Subject}
+		mf := &manifest{Manifest: regindex.Manifest{Digest: d, MediaType: pi.MediaTypes[m.MediaType], Size: pi.Sizes[m.Blob],
+			ArtifactType: m.ArtifactType, Annotations: m.Annotations, Subject: m.Subject}}
 		if len(m.Children) > 0 {
-			mf.children = make([]string, len(m.Children))
+			mf.Children = make([]string, len(m.Children))
 			for i, c := range m.Children {
-				mf.children[i] = manifestDigest(c)
+				mf.Children[i] = manifestDigest(c)
 			}
 		}
 		if len(m.Layers) > 0 {
-			mf.blobs = make([]string, len(m.Layers))
+			mf.Blobs = make([]string, len(m.Layers))
 			for i, b := range m.Layers {
-				mf.blobs[i] = digests[b]
+				mf.Blobs[i] = digests[b]
 			}
 		}
 		l.ix.manifests[d] = mf
@@ -138,20 +138,20 @@ func checkPrebuilt(pi *regindex.Index) error {
 // prebuilt index, kept after (a failure too: the partition is read-only).
 func (ix *index) bytes(m *manifest) ([]byte, error) {
 	m.read.Do(func() {
-		if m.data != nil {
+		if m.Data != nil {
 			return
 		}
-		bf, _ := ix.blob(m.digest)
+		bf, _ := ix.blob(m.Digest)
 		if bf.path == "" {
 			m.readErr = fmt.Errorf("manifest is %s", bf.missing)
 			return
 		}
-		data, err := regindex.ReadVerified(bf.path, ocispec.Descriptor{Digest: digest.Digest(m.digest), Size: m.size})
+		data, err := regindex.ReadVerified(bf.path, ocispec.Descriptor{Digest: digest.Digest(m.Digest), Size: m.Size})
 		if err != nil {
 			m.readErr = err
 			return
 		}
-		m.data = data
+		m.Data = data
 	})
-	return m.data, m.readErr
+	return m.Data, m.readErr
 }

@@ -89,15 +89,15 @@ func TestPrebuiltIndexMatchesLayout(t *testing.T) {
 			t.Errorf("manifest %s missing from the prebuilt start", d)
 			continue
 		}
-		if pm.data != nil {
+		if pm.Data != nil {
 			t.Errorf("manifest %s read at start", d)
 		}
 		data, err := pre.ix.bytes(pm)
-		if err != nil || string(data) != string(fm.data) {
+		if err != nil || string(data) != string(fm.Data) {
 			t.Errorf("manifest %s read on request: %v", d, err)
 		}
-		if pm.mediaType != fm.mediaType || pm.size != fm.size || pm.artifactType != fm.artifactType || pm.subject != fm.subject ||
-			!reflect.DeepEqual(pm.annotations, fm.annotations) || !reflect.DeepEqual(pm.children, fm.children) || !reflect.DeepEqual(pm.blobs, fm.blobs) {
+		if pm.MediaType != fm.MediaType || pm.Size != fm.Size || pm.ArtifactType != fm.ArtifactType || pm.Subject != fm.Subject ||
+			!reflect.DeepEqual(pm.Annotations, fm.Annotations) || !reflect.DeepEqual(pm.Children, fm.Children) || !reflect.DeepEqual(pm.Blobs, fm.Blobs) {
 			t.Errorf("manifest %s differs", d)
 		}
 	}
