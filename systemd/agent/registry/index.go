@@ -149,8 +149,8 @@ func newLoader(log *slog.Logger) *loader {
 func (l *loader) HasManifest(d string) bool { _, ok := l.ix.manifests[d]; return ok }
 func (l *loader) HasBlob(d string) bool     { _, ok := l.ix.blobs[d]; return ok }
 
-func (l *loader) AddManifest(m *regindex.Manifest) {
-	l.ix.manifests[m.Digest] = &manifest{Manifest: *m}
+func (l *loader) AddManifest(m regindex.Manifest) {
+	l.ix.manifests[m.Digest] = &manifest{Manifest: m}
 }
 
 func (l *loader) AddBlob(d string, b regindex.Blob) {

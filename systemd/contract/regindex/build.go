@@ -36,7 +36,7 @@ type named struct{ repo, tag, digest string }
 
 func (c *collector) HasManifest(d string) bool      { _, ok := c.manifests[d]; return ok }
 func (c *collector) HasBlob(d string) bool          { _, ok := c.blobs[d]; return ok }
-func (c *collector) AddManifest(m *Manifest)        { c.manifests[m.Digest] = m }
+func (c *collector) AddManifest(m Manifest)         { c.manifests[m.Digest] = &m }
 func (c *collector) AddBlob(d string, b Blob)       { c.blobs[d] = b }
 func (c *collector) AddName(repo, tag, d, _ string) { c.named = append(c.named, named{repo, tag, d}) }
 

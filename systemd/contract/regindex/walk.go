@@ -49,8 +49,8 @@ type Sink interface {
 	HasManifest(digest string) bool
 	HasBlob(digest string) bool
 	// AddManifest is called once the manifest's children and blobs are
-	// walked.
-	AddManifest(m *Manifest)
+	// walked (by value: the walk allocates none, the sink its own).
+	AddManifest(m Manifest)
 	AddBlob(digest string, b Blob)
 	// AddName names manifest digest in repo, under tag if set (empty for an
 	// image named by digest); where names the layout entry, for log lines.
@@ -197,7 +197,7 @@ func (w *Walker) Manifest(src Source, d ocispec.Descriptor, where string) error 
 	// Content-Type is the manifest's own mediaType when it has one (clients
 	// reject a response whose Content-Type differs from it), else the
 	// descriptor's.
-	m := &Manifest{Digest: d.Digest.String(), MediaType: raw.MediaType, Size: d.Size, Data: data, Annotations: raw.Annotations, ArtifactType: raw.ArtifactType}
+	m := Manifest{Digest: d.Digest.String(), MediaType: raw.MediaType, Size: d.Size, Data: data, Annotations: raw.Annotations, ArtifactType: raw.ArtifactType}
 	if m.MediaType == "" {
 		m.MediaType = d.MediaType
 	}
