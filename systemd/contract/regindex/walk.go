@@ -79,14 +79,14 @@ func LayoutSource(root string) Source {
 	return Source{Dirs: []string{filepath.Join(root, ocispec.ImageBlobsDir, "sha256")}}
 }
 
-// Locate returns the file holding blob digest (sha256, checked by the
+// locate returns the file holding blob digest (sha256, checked by the
 // caller), its lstat, and whether it is in the release store. The store is
 // looked in only for digests a served release lists, so no other file there
 // is ever served; then the layouts, in order. A layout source always answers
 // its own path (a missing file there is a damaged partition, reported as
 // such, with the lstat error); a release source answers "" when no place
 // has the blob.
-func (b Source) Locate(digest string) (path string, store bool, fi os.FileInfo, err error) {
+func (b Source) locate(digest string) (path string, store bool, fi os.FileInfo, err error) {
 	hex := strings.TrimPrefix(digest, "sha256:")
 	if b.Stored == nil && len(b.Dirs) == 1 {
 		path = filepath.Join(b.Dirs[0], hex)
@@ -108,7 +108,7 @@ func (b Source) Locate(digest string) (path string, store bool, fi os.FileInfo, 
 	return "", false, nil, os.ErrNotExist
 }
 
-// nowhere says where a blob Locate could not find was looked for.
+// nowhere says where a blob locate could not find was looked for.
 func (b Source) nowhere() string {
 	if b.Stored == nil {
 		return "not in the layout"
@@ -181,7 +181,7 @@ func (w *Walker) Manifest(src Source, d ocispec.Descriptor, where string) error 
 	if w.Sink.HasManifest(d.Digest.String()) {
 		return nil
 	}
-	path, store, fi, lerr := src.Locate(d.Digest.String())
+	path, store, fi, lerr := src.locate(d.Digest.String())
 	if path == "" {
 		return fmt.Errorf("%s: manifest %s is %s: %w", where, d.Digest, src.nowhere(), os.ErrNotExist)
 	}
@@ -250,11 +250,11 @@ func (w *Walker) addBlob(src Source, d ocispec.Descriptor, where string) {
 	if w.Sink.HasBlob(d.Digest.String()) {
 		return
 	}
-	path, store, fi, err := src.Locate(d.Digest.String())
+	path, store, fi, err := src.locate(d.Digest.String())
 	w.recordBlob(src, d, where, path, store, fi, err)
 }
 
-// recordBlob records blob d where Locate found it (path, store, its lstat
+// recordBlob records blob d where locate found it (path, store, its lstat
 // fi or the lstat's error), unless a source before already holds it.
 func (w *Walker) recordBlob(src Source, d ocispec.Descriptor, where, path string, store bool, fi os.FileInfo, err error) {
 	if w.Sink.HasBlob(d.Digest.String()) {
