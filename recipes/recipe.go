@@ -125,7 +125,7 @@ func (r *Recipe) Image(name string) (Image, bool) {
 }
 
 // FileMode is the file's permission bits (Mode, or DefaultFileMode).
-func (f ReleaseFile) FileMode() uint32 {
+func (f ReleaseFileSpec) FileMode() uint32 {
 	m := f.Mode
 	if m == "" {
 		m = DefaultFileMode

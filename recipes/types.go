@@ -28,10 +28,10 @@ type Recipe struct {
 	Ignition       Ignition       `yaml:"ignition"`
 	// Trust lists the public key files (PEM, as `kiln key generate` writes)
 	// whose signatures the appliance accepts on upgrade bundles.
-	Trust   []string `yaml:"trust,omitempty"`
-	Release Release  `yaml:"release"`
-	Upgrade Upgrade  `yaml:"upgrade"`
-	Reflash Reflash  `yaml:"reflash"`
+	Trust   []string    `yaml:"trust,omitempty"`
+	Release ReleaseSpec `yaml:"release"`
+	Upgrade Upgrade     `yaml:"upgrade"`
+	Reflash Reflash     `yaml:"reflash"`
 
 	// Path is the file the recipe was read from; Dir is its directory,
 	// against which relative paths in the recipe are resolved. Not YAML.
@@ -181,15 +181,17 @@ type ReflashTarget struct {
 	MaxSize Size `yaml:"maxSize,omitempty"`
 }
 
-// Release is what a release owns on the node besides its images.
-type Release struct {
-	Files []ReleaseFile `yaml:"files,omitempty"`
+// ReleaseSpec is the recipe's `release:` section: what a release owns on the
+// node besides its images (the node's record of a release, built from it, is
+// contract.Release).
+type ReleaseSpec struct {
+	Files []ReleaseFileSpec `yaml:"files,omitempty"`
 }
 
-// ReleaseFile is one file the release owns: written by the factory build
+// ReleaseFileSpec is one file the release owns: written by the factory build
 // through Ignition and replaced by an upgrade bundle (the node keeps the
 // previous set for rollback).
-type ReleaseFile struct {
+type ReleaseFileSpec struct {
 	// Path on the node, under one of contract.ReleaseDirs, e.g.
 	// /etc/containers/systemd/app.container.
 	Path string `yaml:"path"`
