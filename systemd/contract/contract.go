@@ -1,11 +1,17 @@
-// Package contract describes what lives on the kiln image partition: where each
-// part sits in the filesystem, and kiln.json, the list of what is on it.
+// Package contract is what the factory writes and the node reads, each
+// format whole (type, defaults, checks, encoding) and each rule once: the
+// image partition and kiln.json, the node's paths and units, the registry's
+// address, the release and its versions, the pins drop-in, storage.conf,
+// image references. Both sides import it and it imports neither; the
+// packages below it hold the larger formats (regindex: the registry's index
+// of a layout; bundle: upgrade bundles; recovery: the recovery stick; slot:
+// a slot image's chunks).
 //
 // Layout of the partition (read-only, mounted by partition GUID):
 //
 //	/kiln.json          Contents, written last by the builder
 //	/oci/               OCI image layout (index.json, oci-layout, blobs/sha256/…)
-//	/oci/kiln-registry-index.bin  the node registry's index of it (RegistryIndex)
+//	/oci/kiln-registry-index.bin  the node registry's index of it (regindex.Index)
 //	/storage/           containers/storage store (overlay driver), if any image is preloaded
 //	/bin/kiln           the kiln binary the node's units run (agent, serve)
 package contract
