@@ -195,12 +195,18 @@ func (s *stick) verifyDisk(ctx context.Context) error {
 	return nil
 }
 
-// stagePayload lays out the payload tree: the disk, its record, the agent,
+// stagePayload lays out the payload tree: the agent, the disk, its record,
 // about.json.
 func (s *stick) stagePayload(ctx context.Context) error {
 	r := s.Recipe
 	s.rec = &recovery.Record{DiskGUID: s.disk.Layout.GUID, Unattended: r.Reflash.Unattended || s.o.Unattended, Target: target(r.Reflash.Target)}
-	if err := stagePayload(ctx, s.tree, s.o.Disk, s.Agent.Path, s.rec, s.o.Progress); err != nil {
+	if err := s.stageAgent(); err != nil {
+		return err
+	}
+	if err := s.stageDisk(ctx); err != nil {
+		return err
+	}
+	if err := writeJSON(filepath.Join(s.tree, recovery.RecordFile), s.rec); err != nil {
 		return err
 	}
 	s.about = &recovery.About{Disk: *s.disk.Contents, Agent: s.Agent.Version, Kiln: version.Current()}
@@ -254,16 +260,22 @@ func target(t recipes.ReflashTarget) recovery.Target {
 	return recovery.Target{Path: t.Path, Model: t.Model, MinSize: t.MinSize.Bytes, MaxSize: t.MaxSize.Bytes}
 }
 
-// stagePayload lays out the payload tree: the disk (hard-linked when it can be,
-// else copied sparse), its record (hashed while read), the agent.
-func stagePayload(ctx context.Context, dir, disk, agent string, rec *recovery.Record, p progress.Reporter) error {
-	if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(recovery.AgentBinary)), 0o755); err != nil {
+// stageAgent puts the agent the stick runs in the payload.
+func (s *stick) stageAgent() error {
+	if err := os.MkdirAll(filepath.Join(s.tree, filepath.Dir(recovery.AgentBinary)), 0o755); err != nil {
 		return err
 	}
-	if err := linkOrCopy(agent, filepath.Join(dir, recovery.AgentBinary)); err != nil {
-		return fmt.Errorf("agent %s: %w", agent, err)
+	if err := linkOrCopy(s.Agent.Path, filepath.Join(s.tree, recovery.AgentBinary)); err != nil {
+		return fmt.Errorf("agent %s: %w", s.Agent.Path, err)
 	}
-	dst := filepath.Join(dir, recovery.DiskFile)
+	return nil
+}
+
+// stageDisk puts the disk in the payload (hard-linked when it can be, else
+// copied sparse) and fills the record's digests from the bytes read.
+func (s *stick) stageDisk(ctx context.Context) error {
+	disk := s.o.Disk
+	dst := filepath.Join(s.tree, recovery.DiskFile)
 	linked := os.Link(disk, dst) == nil
 	in, err := inputfile.Open(disk)
 	if err != nil {
@@ -275,7 +287,7 @@ func stagePayload(ctx context.Context, dir, disk, agent string, rec *recovery.Re
 		return err
 	}
 	c := recovery.NewChunker()
-	t := p.Task("record "+disk, fi.Size())
+	t := s.o.Progress.Task("record "+disk, fi.Size())
 	var w io.Writer = io.MultiWriter(c, t)
 	var out *os.File
 	if !linked {
@@ -293,8 +305,8 @@ func stagePayload(ctx context.Context, dir, disk, agent string, rec *recovery.Re
 	if err != nil {
 		return fmt.Errorf("stage %s: %w", disk, err)
 	}
-	c.Fill(rec)
-	return writeJSON(filepath.Join(dir, recovery.RecordFile), rec)
+	c.Fill(s.rec)
+	return nil
 }
 
 func writeJSON(p string, v any) error {
