@@ -53,7 +53,7 @@ func (d digests) span(ctx context.Context, off, size int64) (string, error) {
 	cpus := int64(runtime.GOMAXPROCS(0))
 	if d.version == 1 || size < parallelSpan || cpus == 1 {
 		h := newSealHash(d.version)
-		if err := hashSpan(ctx, h, r, off, size, make([]byte, mib)); err != nil {
+		if err := hashSpan(ctx, h, r, span{off, size}, make([]byte, mib)); err != nil {
 			return "", err
 		}
 		return h.digest(), nil
@@ -65,7 +65,7 @@ func (d digests) span(ctx context.Context, off, size int64) (string, error) {
 		from := int64(i) * per
 		g.Go(func() error {
 			c := &chunkedHash{outer: &runs[i], inner: sha256.New()}
-			if err := hashSpan(ctx, c, r, off+from, min(per, size-from), make([]byte, mib)); err != nil {
+			if err := hashSpan(ctx, c, r, span{off + from, min(per, size-from)}, make([]byte, mib)); err != nil {
 				return err
 			}
 			c.endChunk()

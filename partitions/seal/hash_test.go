@@ -129,25 +129,25 @@ func TestDigestRangeOnEveryCPU(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, span := range []struct{ off, size int64 }{
+	for _, sp := range []span{
 		{0, size}, {1, size - 1}, {sealChunk + 9, 2*parallelSpan + 1}, {0, parallelSpan}, {17, parallelSpan - 1},
 	} {
 		one := newSealHash(Version)
-		if err := hashSpan(context.Background(), one, f, span.off, span.size, make([]byte, mib)); err != nil {
+		if err := hashSpan(context.Background(), one, f, sp, make([]byte, mib)); err != nil {
 			t.Fatal(err)
 		}
 		want := one.digest()
-		got, err := digests{version: Version, r: f}.span(context.Background(), span.off, span.size)
+		got, err := digests{version: Version, r: f}.span(context.Background(), sp.off, sp.size)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if got != want {
-			t.Errorf("bytes %d+%d: on every CPU %s, in one go %s", span.off, span.size, got, want)
+			t.Errorf("bytes %d+%d: on every CPU %s, in one go %s", sp.off, sp.size, got, want)
 		}
 		// And through a plain reader (no holes to seek), the same again.
-		got, err = digests{version: Version, r: io.NewSectionReader(struct{ io.ReaderAt }{f}, 0, size)}.span(context.Background(), span.off, span.size)
+		got, err = digests{version: Version, r: io.NewSectionReader(struct{ io.ReaderAt }{f}, 0, size)}.span(context.Background(), sp.off, sp.size)
 		if err != nil || got != want {
-			t.Errorf("bytes %d+%d read plainly: %s, %v; want %s", span.off, span.size, got, err, want)
+			t.Errorf("bytes %d+%d read plainly: %s, %v; want %s", sp.off, sp.size, got, err, want)
 		}
 	}
 }

@@ -14,13 +14,14 @@ import (
 // CPU but no read (a hole read still fills a zero page-cache page per 4 KiB).
 var zeroBlock [mib]byte
 
-// hashHoles feeds h the size bytes of f at off, answering f's holes from
+// hashHoles feeds h the bytes of f in s, answering f's holes from
 // zeroBlock instead of reading them (SEEK_DATA/SEEK_HOLE; the digest is the
 // same as of a plain read). Data regions are read into buf. Only the file
 // offset is touched besides reads (pread), so goroutines may share f.
 // Where holes cannot be told (a block device, a filesystem without
 // SEEK_DATA), every byte is read.
-func hashHoles(ctx context.Context, h io.Writer, f *os.File, off, size int64, buf []byte) error {
+func hashHoles(ctx context.Context, h io.Writer, f *os.File, s span, buf []byte) error {
+	off, size := s.off, s.size
 	fi, err := f.Stat()
 	if err != nil {
 		return err
@@ -34,7 +35,7 @@ func hashHoles(ctx context.Context, h io.Writer, f *os.File, off, size int64, bu
 		if errors.Is(err, unix.ENXIO) { // no data from off to the end of the file
 			data = end
 		} else if err != nil {
-			return hashRead(ctx, h, f, off, end-off, buf)
+			return hashRead(ctx, h, f, span{off, end - off}, buf)
 		}
 		if data = min(data, end); data > off {
 			writeZeros(h, data-off)
@@ -43,10 +44,10 @@ func hashHoles(ctx context.Context, h io.Writer, f *os.File, off, size int64, bu
 		}
 		hole, err := unix.Seek(fd, off, unix.SEEK_HOLE)
 		if err != nil {
-			return hashRead(ctx, h, f, off, end-off, buf)
+			return hashRead(ctx, h, f, span{off, end - off}, buf)
 		}
 		hole = min(max(hole, off+1), end)
-		if err := hashRead(ctx, h, f, off, hole-off, buf); err != nil {
+		if err := hashRead(ctx, h, f, span{off, hole - off}, buf); err != nil {
 			return err
 		}
 		off = hole
@@ -68,10 +69,11 @@ func writeZeros(h io.Writer, n int64) {
 	}
 }
 
-// hashRead feeds h size bytes of r at off, read into buf, and stops with
+// hashRead feeds h the bytes of r in s, read into buf, and stops with
 // ctx's error once ctx is done (looked at every readStride bytes):
 // verifying a large disk reads for minutes, which Ctrl-C must cut short.
-func hashRead(ctx context.Context, h io.Writer, r io.ReaderAt, off, size int64, buf []byte) error {
+func hashRead(ctx context.Context, h io.Writer, r io.ReaderAt, s span, buf []byte) error {
+	off, size := s.off, s.size
 	for done := int64(0); done < size; done += readStride {
 		if err := ctx.Err(); err != nil {
 			return err

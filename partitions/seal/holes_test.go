@@ -48,7 +48,7 @@ func TestHashHoles(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := sha256.New()
-			if err := hashHoles(context.Background(), h, f, tc.off, tc.size, make([]byte, 64<<10)); err != nil {
+			if err := hashHoles(context.Background(), h, f, span{tc.off, tc.size}, make([]byte, 64<<10)); err != nil {
 				t.Fatal(err)
 			}
 			want := sha256.Sum256(whole[tc.off : tc.off+tc.size])
@@ -57,7 +57,7 @@ func TestHashHoles(t *testing.T) {
 			}
 		})
 	}
-	if err := hashHoles(context.Background(), sha256.New(), f, size-10, 11, make([]byte, 64<<10)); err == nil || !strings.Contains(err.Error(), "truncated") {
+	if err := hashHoles(context.Background(), sha256.New(), f, span{size - 10, 11}, make([]byte, 64<<10)); err == nil || !strings.Contains(err.Error(), "truncated") {
 		t.Errorf("a range one byte past the end: got %v, want a truncation error", err)
 	}
 }

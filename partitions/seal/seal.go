@@ -241,7 +241,7 @@ func (d digests) outside(ctx context.Context, size int64, parts []gpt.Partition,
 			off = skipTo
 			continue
 		}
-		if err := hashSpan(ctx, h, d.r, off, next-off, buf); err != nil {
+		if err := hashSpan(ctx, h, d.r, span{off, next - off}, buf); err != nil {
 			return "", err
 		}
 		off = next
@@ -249,18 +249,19 @@ func (d digests) outside(ctx context.Context, size int64, parts []gpt.Partition,
 	return h.digest(), nil
 }
 
-// hashSpan feeds h size bytes of r at off. A file's holes (the disk file
+// hashSpan feeds h the bytes of r in s. A file's holes (the disk file
 // kiln writes is sparse: the base's zero runs, the headroom) are hashed
 // from zeros in memory rather than read (hashHoles).
-func hashSpan(ctx context.Context, h io.Writer, r io.ReaderAt, off, size int64, buf []byte) error {
+func hashSpan(ctx context.Context, h io.Writer, r io.ReaderAt, s span, buf []byte) error {
+	off, size := s.off, s.size
 	// A section past the end of r would read short without an error.
 	if end, err := sizeOf(r); err == nil && off+size > end {
 		return fmt.Errorf("bytes %d-%d lie past the end of the disk (%d bytes): it is truncated", off, off+size-1, end)
 	}
 	if f, base, ok := fileOf(r); ok {
-		return hashHoles(ctx, h, f, base+off, size, buf)
+		return hashHoles(ctx, h, f, span{base + off, size}, buf)
 	}
-	return hashRead(ctx, h, r, off, size, buf)
+	return hashRead(ctx, h, r, s, buf)
 }
 
 // fileOf finds the file under r (a partition's section of the disk file)
