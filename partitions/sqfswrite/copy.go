@@ -14,10 +14,18 @@ import (
 // seen at least this often.
 const copyChunk = 16 << 20
 
-// copyFile copies the size bytes of the file at path into out at at, in
+// copier copies files' contents into out, in the kernel where it can.
+type copier struct {
+	out      *os.File
+	progress io.Writer // counts the bytes copied
+	buf      []byte    // for copies through user space, allocated on first use
+}
+
+// copyFile copies the size bytes of the file at path into c.out at at, in
 // the kernel. Holes of the source are skipped (out is written past its end,
 // so they stay holes there and read as zeros).
-func copyFile(ctx context.Context, out *os.File, at int64, path string, size int64, progress io.Writer) error {
+func (c *copier) copyFile(ctx context.Context, at int64, path string, size int64) error {
+	out, progress := c.out, c.progress
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("squashfs: %w", err)
@@ -31,7 +39,7 @@ func copyFile(ctx context.Context, out *os.File, at int64, path string, size int
 		return fmt.Errorf("squashfs: %s changed while the filesystem was written (was a %d-byte file, now %v of %d bytes): write it again from a tree nothing else changes", path, size, st.Mode().Type(), st.Size())
 	}
 	in, dst := int(f.Fd()), int(out.Fd())
-	var buf []byte
+	refused := false // the kernel refused copy_file_range for this pair
 	for pos := int64(0); pos < size; {
 		data, err := unix.Seek(in, pos, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) { // a hole to the end
@@ -56,11 +64,12 @@ func copyFile(ctx context.Context, out *os.File, at int64, path string, size int
 			roff, woff := pos, at+pos
 			var n int
 			var err error = unix.EXDEV
-			if buf == nil { // the kernel has not refused this pair yet
+			if !refused {
 				n, err = unix.CopyFileRange(in, &roff, dst, &woff, int(min(end-pos, copyChunk)), 0)
 			}
 			if err != nil && fallback(err) {
-				n, err = copyUser(f, out, pos, at+pos, min(end-pos, copyChunk), &buf)
+				refused = true
+				n, err = c.copyUser(f, pos, at+pos, min(end-pos, copyChunk))
 			}
 			if err != nil {
 				return fmt.Errorf("squashfs: copy %s: %w", path, err)
@@ -83,13 +92,13 @@ func fallback(err error) bool {
 		errors.Is(err, unix.EOPNOTSUPP)
 }
 
-// copyUser copies up to n bytes through user space, where the kernel
-// refuses, with a buffer allocated on first use.
-func copyUser(in, out *os.File, from, to, n int64, buf *[]byte) (int, error) {
-	if *buf == nil {
-		*buf = make([]byte, 1<<20)
+// copyUser copies up to n bytes of in at from to c.out at to through user
+// space, where the kernel refuses.
+func (c *copier) copyUser(in *os.File, from, to, n int64) (int, error) {
+	if c.buf == nil {
+		c.buf = make([]byte, 1<<20)
 	}
-	b := (*buf)[:min(n, int64(len(*buf)))]
+	b := c.buf[:min(n, int64(len(c.buf)))]
 	r, err := in.ReadAt(b, from)
 	if r == 0 && err != nil {
 		if err == io.EOF {
@@ -97,7 +106,7 @@ func copyUser(in, out *os.File, from, to, n int64, buf *[]byte) (int, error) {
 		}
 		return 0, err
 	}
-	w, err := out.WriteAt(b[:r], to)
+	w, err := c.out.WriteAt(b[:r], to)
 	return w, err
 }
 

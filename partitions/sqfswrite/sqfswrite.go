@@ -156,11 +156,12 @@ func (p *Plan) Write(ctx context.Context, out *os.File, offset int64, progress i
 	if st.Size() > offset {
 		return fmt.Errorf("squashfs at byte %d of %s: the file already has %d bytes there; the filesystem is written past its end", offset, out.Name(), st.Size())
 	}
+	c := &copier{out: out, progress: progress}
 	for _, f := range p.files {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := copyFile(ctx, out, offset+f.offset, f.path, f.size, progress); err != nil {
+		if err := c.copyFile(ctx, offset+f.offset, f.path, f.size); err != nil {
 			return err
 		}
 	}
