@@ -17,6 +17,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder/output"
 	"github.com/kiln-appliance/kiln/builder/stage"
+	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
@@ -138,7 +139,7 @@ func (b *bundler) unpackedSizes(ctx context.Context) error {
 	return nil
 }
 
-func unpackedSize(ctx context.Context, p string, progress io.Writer) (int64, error) {
+func unpackedSize(ctx context.Context, p string, task io.Writer) (int64, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		return 0, err
@@ -154,10 +155,10 @@ func unpackedSize(ctx context.Context, p string, progress io.Writer) (int64, err
 		if err != nil {
 			return 0, err
 		}
-		countBytes(progress, st.Size())
+		progress.Count(task, st.Size())
 		return st.Size(), nil
 	}
-	br := bufio.NewReaderSize(io.TeeReader(ctxReader{ctx, f}, progress), 1<<20)
+	br := bufio.NewReaderSize(io.TeeReader(ctxReader{ctx, f}, task), 1<<20)
 	var r io.Reader = br
 	switch {
 	case gz:
@@ -188,14 +189,4 @@ func (c ctxReader) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	return c.r.Read(p)
-}
-
-// countBytes reports n bytes done to a progress writer without reading them.
-func countBytes(w io.Writer, n int64) {
-	var buf [64 << 10]byte
-	for n > 0 {
-		c := min(n, int64(len(buf)))
-		w.Write(buf[:c])
-		n -= c
-	}
 }

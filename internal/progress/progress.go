@@ -38,6 +38,19 @@ type discardTask struct{}
 func (discardTask) Write(p []byte) (int, error) { return len(p), nil }
 func (discardTask) Done(error)                  {}
 
+// Count reports n bytes done to w (a Task, which counts the bytes it is
+// written and ignores them) without n bytes in hand: a step that skips
+// holes or learns a size from a stat still moves its task.
+func Count(w io.Writer, n int64) {
+	for n > 0 {
+		c := min(n, int64(len(zeros)))
+		w.Write(zeros[:c])
+		n -= c
+	}
+}
+
+var zeros [64 << 10]byte
+
 // Shared lets several goroutines count bytes on one task (a Task's Write
 // need not be safe for concurrent use).
 func Shared(w io.Writer) io.Writer { return &sharedWriter{w: w} }

@@ -8,6 +8,8 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kiln-appliance/kiln/internal/progress"
 )
 
 // copyChunk bounds one copy_file_range call: cancellation and progress are
@@ -25,7 +27,7 @@ type copier struct {
 // the kernel. Holes of the source are skipped (out is written past its end,
 // so they stay holes there and read as zeros).
 func (c *copier) copyFile(ctx context.Context, at int64, path string, size int64) error {
-	out, progress := c.out, c.progress
+	out := c.out
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("squashfs: %w", err)
@@ -43,7 +45,7 @@ func (c *copier) copyFile(ctx context.Context, at int64, path string, size int64
 	for pos := int64(0); pos < size; {
 		data, err := unix.Seek(in, pos, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) { // a hole to the end
-			countBytes(progress, size-pos)
+			progress.Count(c.progress, size-pos)
 			return nil
 		}
 		if err != nil { // SEEK_DATA unsupported: copy everything
@@ -51,7 +53,7 @@ func (c *copier) copyFile(ctx context.Context, at int64, path string, size int64
 		}
 		end := size
 		if data > pos {
-			countBytes(progress, min(data, size)-pos)
+			progress.Count(c.progress, min(data, size)-pos)
 			pos = min(data, size)
 		}
 		if hole, err := unix.Seek(in, pos, unix.SEEK_HOLE); err == nil && hole > pos && hole < end {
@@ -77,7 +79,7 @@ func (c *copier) copyFile(ctx context.Context, at int64, path string, size int64
 			if n == 0 {
 				return fmt.Errorf("squashfs: %s ended at byte %d of %d: it shrank while the filesystem was written", path, pos, size)
 			}
-			countBytes(progress, int64(n))
+			progress.Count(c.progress, int64(n))
 			pos += int64(n)
 		}
 	}
@@ -108,15 +110,4 @@ func (c *copier) copyUser(in *os.File, from, to, n int64) (int, error) {
 	}
 	w, err := c.out.WriteAt(b[:r], to)
 	return w, err
-}
-
-var zeros [64 << 10]byte
-
-// countBytes adds n to progress without allocating n bytes.
-func countBytes(w io.Writer, n int64) {
-	for n > 0 {
-		c := min(n, int64(len(zeros)))
-		w.Write(zeros[:c])
-		n -= c
-	}
 }

@@ -122,7 +122,7 @@ func Write(ctx context.Context, o Options) (int64, error) {
 	}
 	size, err := Size(o.Disk, o.Offset)
 	if err == nil && total > reported {
-		countBytes(task, total-reported) // the task ends at 100 %
+		progress.Count(task, total-reported) // the task ends at 100 %
 	}
 	task.Done(err)
 	return size, err
@@ -248,22 +248,12 @@ func watchSize(path string, offset int64, task progress.Task) (stop func() int64
 				if st, err := os.Stat(path); err == nil && st.Size()-offset > last {
 					n := st.Size() - offset - last
 					last += n
-					countBytes(task, n)
+					progress.Count(task, n)
 				}
 			}
 		}
 	}()
 	return func() int64 { close(done); <-finished; return last }
-}
-
-// countBytes adds n to a task without allocating n bytes.
-func countBytes(task progress.Task, n int64) {
-	var buf [64 << 10]byte
-	for n > 0 {
-		c := min(n, int64(len(buf)))
-		task.Write(buf[:c])
-		n -= c
-	}
 }
 
 func progressOf(r progress.Reporter) progress.Reporter {
