@@ -257,7 +257,7 @@ func (r *reflasher) write(ctx context.Context, rec *recovery.Record, image strin
 
 	wt := r.progress.Task("write "+d.Path, rec.Size)
 	rt := r.progress.Task("read back "+d.Path, rec.Size)
-	skipped, first, err := r.writeAndReadBack(ctx, rec, in, out, back, wt, rt)
+	skipped, first, err := r.writeAndReadBack(ctx, copying{rec: rec, in: in, out: out, back: back, wt: wt, rt: rt})
 	if err == nil {
 		// Last: the partition table, once every other byte read back right.
 		if _, err = out.WriteAt(first, 0); err != nil {
@@ -296,10 +296,21 @@ type region struct {
 	data     [][]byte
 }
 
+// copying is what write hands writeAndReadBack: the stick's image and its
+// record, the target opened for writing and for reading back from the disk,
+// and the two tasks.
+type copying struct {
+	rec    *recovery.Record
+	in     io.ReaderAt // the stick's disk image
+	out    *os.File    // the target
+	back   io.ReaderAt // the target read with O_DIRECT
+	wt, rt io.Writer   // the write's and the read-back's progress
+}
+
 // writeAndReadBack writes every chunk but the first (which it returns) and
 // reads each region back once it is written, as write says.
-func (r *reflasher) writeAndReadBack(ctx context.Context, rec *recovery.Record, in io.ReaderAt, out *os.File, back io.ReaderAt,
-	wt, rt io.Writer) (skipped int64, first []byte, err error) {
+func (r *reflasher) writeAndReadBack(ctx context.Context, c copying) (skipped int64, first []byte, err error) {
+	rec, in, out, back, wt, rt := c.rec, c.in, c.out, c.back, c.wt, c.rt
 	n := len(rec.Chunks)
 	written := make(chan region, n/r.region+2) // never blocks the writer
 	held := make(chan []byte, 2*r.region)      // the writer's copies: two regions at most
