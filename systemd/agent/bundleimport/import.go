@@ -134,7 +134,7 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 	}
 	task := progress.New(i.log, false, progress.Every(2*time.Second)).
 		Task(fmt.Sprintf("copy %d blob(s) for %d image(s)", len(wants), len(m.Images)), total)
-	err = i.receive(ctx, f, h.Size, incoming, r.Blobs, wants, task)
+	err = i.receive(ctx, bundleFS{f, h.Size}, inbox{incoming, r.Blobs}, wants, task)
 	task.Done(err)
 	if err != nil {
 		var damaged errDamaged

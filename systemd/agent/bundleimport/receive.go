@@ -42,8 +42,22 @@ type errDamaged struct{ error }
 
 func (e errDamaged) Unwrap() error { return e.error }
 
-// receive copies each wanted part of the bundle's filesystem (src from
-// fsStart) into a temp file in dir: it reads the part into memory, hashes
+// bundleFS is the bundle's filesystem on the stick: the stick (or bundle
+// file) and the byte the filesystem starts at.
+type bundleFS struct {
+	f     *os.File
+	start int64
+}
+
+// inbox is where receive puts the parts: the directory, and the digests of
+// every blob the release being imported keeps.
+type inbox struct {
+	dir  string
+	keep []string
+}
+
+// receive copies each wanted part of the bundle's filesystem into a temp
+// file in the inbox's directory: it reads the part into memory, hashes
 // those bytes and writes the same bytes, with O_DIRECT where the filesystem
 // allows it (no second copy into the page cache, nothing left to flush at
 // the end), while the next bytes are read and hashed. The stick is read
@@ -52,21 +66,21 @@ func (e errDamaged) Unwrap() error { return e.error }
 // a device that answers a second read differently has no second read to
 // answer.
 //
-// keep lists the digests of every blob the release being imported keeps:
-// anything else finished in dir (another release's pulled stick) is removed
-// first.
+// Anything finished in the directory that the inbox does not keep
+// (another release's pulled stick) is removed first.
 //
 // Only when every part matched are the parts made durable (one syncfs),
 // renamed to their digests and the directory synced. A damaged part
 // (errDamaged) keeps nothing. A read that fails (the stick pulled) or a stop
 // keeps the parts finished before it, each verified, for the next run.
-func (i *importer) receive(ctx context.Context, src *os.File, fsStart int64, dir string, keep []string, wants []part, progress io.Writer) (err error) {
+func (i *importer) receive(ctx context.Context, src bundleFS, in inbox, wants []part, progress io.Writer) (err error) {
+	dir := in.dir
 	unlock, err := atomicfile.LockDir(dir)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if err := sweepIncoming(dir, keep); err != nil {
+	if err := sweepIncoming(dir, in.keep); err != nil {
 		return err
 	}
 	pool := make(chan []byte, 4)
@@ -88,7 +102,7 @@ func (i *importer) receive(ctx context.Context, src *os.File, fsStart int64, dir
 			break
 		}
 		i.copying(p.digest)
-		if readErr, damaged = w.part(ctx, src, fsStart, dir, p, progress); readErr != nil || damaged != nil {
+		if readErr, damaged = w.part(ctx, src, dir, p, progress); readErr != nil || damaged != nil {
 			break
 		}
 	}
@@ -174,7 +188,8 @@ func (w *writer) run() {
 // part reads p's bytes from src, hashes them and hands them to the writer,
 // then checks the digest. It returns a read error (the stick, a stop) or a
 // damaged part.
-func (w *writer) part(ctx context.Context, src *os.File, fsStart int64, dir string, p part, progress io.Writer) (readErr, damaged error) {
+func (w *writer) part(ctx context.Context, src bundleFS, dir string, p part, progress io.Writer) (readErr, damaged error) {
+	fsStart := src.start
 	alg, hx, _ := strings.Cut(p.digest, ":")
 	f, err := createDirect(dir, "."+hx+tempMark+"*")
 	if err != nil {
@@ -188,7 +203,7 @@ func (w *writer) part(ctx context.Context, src *os.File, fsStart int64, dir stri
 			return err, nil
 		}
 		b := <-w.pool
-		n, err := src.ReadAt(b[:min(ioSize, p.size-off)], fsStart+p.offset+off)
+		n, err := src.f.ReadAt(b[:min(ioSize, p.size-off)], fsStart+p.offset+off)
 		if err != nil && !(errors.Is(err, io.EOF) && int64(n) == min(ioSize, p.size-off)) {
 			w.pool <- b
 			w.jobs <- job{f: f, end: true}

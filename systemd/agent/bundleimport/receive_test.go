@@ -54,7 +54,7 @@ func TestReceive(t *testing.T) {
 		for _, p := range parts {
 			keep = append(keep, p.digest)
 		}
-		return dir, i.receive(context.Background(), f, start, dir, keep, wants, io.Discard)
+		return dir, i.receive(context.Background(), bundleFS{f, start}, inbox{dir, keep}, wants, io.Discard)
 	}
 	stored := func(t *testing.T, dir string) []string {
 		t.Helper()
