@@ -257,6 +257,45 @@ func (b *bundler) describeRelease(context.Context) error {
 	return nil
 }
 
+// describeImages fills the manifest's images, blobs and space (all but the
+// unpacked sizes, filled by stageImages) and finds the layers on the stick.
+func (b *bundler) describeImages(context.Context) error {
+	m := b.m
+	blobs := map[string]bundle.Blob{}
+	layers := map[string]bool{}
+	add := func(d v1.Descriptor) {
+		k := d.Digest.String()
+		if _, ok := blobs[k]; !ok {
+			blobs[k] = bundle.Blob{Digest: k, Size: d.Size, MediaType: string(d.MediaType), OnStick: !b.held(k)}
+		}
+	}
+	for i, img := range b.images {
+		ri := b.Recipe.Images[i]
+		add(img.Descriptor)
+		mi := bundle.Image{Image: builder.DescribeImage(ri, img)}
+		for _, d := range img.Blobs() {
+			add(d)
+			mi.Blobs = append(mi.Blobs, d.Digest.String())
+		}
+		for _, l := range img.Layers {
+			if blobs[l.Digest.String()].OnStick {
+				layers[l.Digest.String()] = true
+			}
+		}
+		m.Images = append(m.Images, mi)
+	}
+	sort.Slice(m.Images, func(i, j int) bool { return m.Images[i].Name < m.Images[j].Name })
+	for _, b := range blobs {
+		m.Blobs = append(m.Blobs, b)
+		if b.OnStick {
+			m.Space.CopyBytes += b.Size
+		}
+	}
+	sort.Slice(m.Blobs, func(i, j int) bool { return m.Blobs[i].Digest < m.Blobs[j].Digest })
+	b.layers = layers
+	return nil
+}
+
 // held says whether every base holds blob d: the delta applies to every
 // base, so it leaves out only what every base holds (a node of any of
 // them lacks nothing).
@@ -299,9 +338,6 @@ func (b *bundler) describeAgent(context.Context) error {
 	}
 	return nil
 }
-
-// commit makes the finished bundle the output (output.File.Commit).
-func (b *bundler) commit(ctx context.Context) error { return b.out.Commit(ctx) }
 
 // checkBase refuses a --from the new release cannot follow.
 func checkBase(r *recipes.Recipe, b *base) error {
@@ -384,45 +420,6 @@ func readFreshLock(r *recipes.Recipe) (*recipes.Lock, error) {
 	return lock, nil
 }
 
-// describeImages fills the manifest's images, blobs and space (all but the
-// unpacked sizes, filled by stageImages) and finds the layers on the stick.
-func (b *bundler) describeImages(context.Context) error {
-	m := b.m
-	blobs := map[string]bundle.Blob{}
-	layers := map[string]bool{}
-	add := func(d v1.Descriptor) {
-		k := d.Digest.String()
-		if _, ok := blobs[k]; !ok {
-			blobs[k] = bundle.Blob{Digest: k, Size: d.Size, MediaType: string(d.MediaType), OnStick: !b.held(k)}
-		}
-	}
-	for i, img := range b.images {
-		ri := b.Recipe.Images[i]
-		add(img.Descriptor)
-		mi := bundle.Image{Image: builder.DescribeImage(ri, img)}
-		for _, d := range img.Blobs() {
-			add(d)
-			mi.Blobs = append(mi.Blobs, d.Digest.String())
-		}
-		for _, l := range img.Layers {
-			if blobs[l.Digest.String()].OnStick {
-				layers[l.Digest.String()] = true
-			}
-		}
-		m.Images = append(m.Images, mi)
-	}
-	sort.Slice(m.Images, func(i, j int) bool { return m.Images[i].Name < m.Images[j].Name })
-	for _, b := range blobs {
-		m.Blobs = append(m.Blobs, b)
-		if b.OnStick {
-			m.Space.CopyBytes += b.Size
-		}
-	}
-	sort.Slice(m.Blobs, func(i, j int) bool { return m.Blobs[i].Digest < m.Blobs[j].Digest })
-	b.layers = layers
-	return nil
-}
-
 // writeBundle writes header and filesystem (and, for an image, the GPT) into
 // the temporary output. kiln lays the squashfs out itself (sqfswrite), so
 // its size and every file's offset are known before a byte is written: the
@@ -492,6 +489,9 @@ func (b *bundler) writeBundle(ctx context.Context) error {
 	b.size = gpt.StickSize(content)
 	return nil
 }
+
+// commit makes the finished bundle the output (output.File.Commit).
+func (b *bundler) commit(ctx context.Context) error { return b.out.Commit(ctx) }
 
 // placeFiles sets each manifest file's offset from the filesystem's layout;
 // the two lists must name the same files with the same sizes.
