@@ -12,7 +12,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"strings"
 
@@ -99,7 +98,6 @@ type Option func(*options)
 type options struct {
 	ignition           func(ImageIdentity) ([]byte, error)
 	partName, partType string
-	checkFilesystem    func(ctx context.Context, open func() (fs.FS, error)) error
 	hashFiles          []string
 	hashStep           string
 	filesHashed        func(map[string]squashfs.FileDigest) error
@@ -122,18 +120,6 @@ func WithIgnition(render func(ImageIdentity) ([]byte, error)) Option {
 // payload partition has its own).
 func WithPartition(name, typ string) Option {
 	return func(o *options) { o.partName, o.partType = name, typ }
-}
-
-// WithFilesystemCheck calls check as soon as the image filesystem is
-// written, with that filesystem open read-only: the builder checks there
-// the blobs the squashfs writer read straight from their source (the bytes
-// written, not the source's, which could change in between). It runs
-// alongside the rest of the assembly (CPU while the disk is busy) and
-// Assemble returns only after it; an error fails the assembly. open may be
-// called several times (once per goroutine: each reader is for one
-// goroutine at a time).
-func WithFilesystemCheck(check func(ctx context.Context, open func() (fs.FS, error)) error) Option {
-	return func(o *options) { o.checkFilesystem = check }
 }
 
 // WithFileHashes hands hashed the size and sha256, as written, of the files
@@ -212,7 +198,7 @@ type assembly struct {
 	place    placement
 	fsSize   int64         // bytes of the image filesystem
 	files    *verity.Files // the files to hash, fed by the verity pass; nil: read through the filesystem
-	checked  chan error    // the filesystem check's result, when one runs
+	checked  chan error    // the files' hashing's result, when it reads through the filesystem
 	stop     func()        // stops it on an early return
 	geo      geometry
 	id       ImageIdentity
@@ -251,8 +237,8 @@ func newAssembly(out *os.File, d Disk, opts []Option) (*assembly, error) {
 	return &assembly{out: out, d: d, o: o, progress: o.progress, stop: func() {}, writeEnd: func() {}}, nil
 }
 
-// cleanup stops the filesystem check on an early return (it never goes on
-// reading) and waits for the writeback.
+// cleanup stops the files' hashing through the filesystem on an early
+// return (it never goes on reading) and waits for the writeback.
 func (a *assembly) cleanup() {
 	a.stop()
 	a.writeEnd()
@@ -300,19 +286,19 @@ func (a *assembly) writeFilesystem(ctx context.Context) error {
 	return nil
 }
 
-// startChecks starts the filesystem check, and the files' hashing when the
+// startChecks starts the files' hashing through the filesystem, when the
 // verity pass cannot feed them, alongside the rest.
 func (a *assembly) startChecks(ctx context.Context) error {
 	var err error
 	if a.files, err = a.planHashFiles(); err != nil {
 		return err
 	}
-	if a.o.checkFilesystem == nil && (len(a.o.hashFiles) == 0 || a.files != nil) {
+	if len(a.o.hashFiles) == 0 || a.files != nil {
 		return nil
 	}
 	checkCtx, cancel := context.WithCancel(ctx)
 	a.checked = make(chan error, 1)
-	go func() { a.checked <- a.checkFilesystem(checkCtx, a.files == nil) }()
+	go func() { a.checked <- a.hashThroughFilesystem(checkCtx) }()
 	a.stop = func() {
 		cancel()
 		if a.checked != nil {
@@ -491,7 +477,8 @@ func (a *assembly) seal(ctx context.Context) error {
 	return nil
 }
 
-// waitChecks waits for the filesystem check, if one runs.
+// waitChecks waits for the files' hashing through the filesystem, if it
+// runs.
 func (a *assembly) waitChecks(context.Context) error {
 	if a.checked == nil {
 		return nil

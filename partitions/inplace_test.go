@@ -1,7 +1,7 @@
 package partitions_test
 
 import (
-	"context"
+	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
 	"errors"
@@ -23,9 +23,8 @@ import (
 )
 
 // A file linked into the tree from elsewhere is packed with the mode and
-// owner Attrs give it, the original keeps its own; CheckFilesystem sees the
-// bytes as written.
-func TestAttrsAndCheckFilesystem(t *testing.T) {
+// owner Attrs give it, and its bytes; the original keeps its own mode.
+func TestAttrs(t *testing.T) {
 	tree := fixtures.StageTree(t)
 	big := filepath.Join(tree, "oci/blobs/sha256/big")
 	if err := os.Chmod(big, 0o600); err != nil {
@@ -37,30 +36,7 @@ func TestAttrsAndCheckFilesystem(t *testing.T) {
 	}
 	d := disktest.Disk(t, tree)
 	d.Image.Attrs = []squashfs.FileAttrs{{Path: "oci/blobs/sha256/big", Mode: 0o644, UID: 4321, GID: 8765}}
-	var seen [sha256.Size]byte
-	calls := 0
-	check := WithFilesystemCheck(func(ctx context.Context, open func() (fs.FS, error)) error {
-		calls++
-		fsys, err := open()
-		if err != nil {
-			return err
-		}
-		f, err := fsys.Open("oci/blobs/sha256/big")
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		h := sha256.New()
-		if _, err := io.Copy(h, f); err != nil {
-			return err
-		}
-		copy(seen[:], h.Sum(nil))
-		return nil
-	})
-	disk, _ := disktest.Assemble(t, d, check)
-	if calls != 1 || seen != sha256.Sum256(want) {
-		t.Fatalf("CheckFilesystem: %d calls, saw %x, want one call seeing %x", calls, seen, sha256.Sum256(want))
-	}
+	disk, _ := disktest.Assemble(t, d)
 	if fi, _ := os.Stat(big); fi.Mode().Perm() != 0o600 {
 		t.Errorf("the staged file's mode changed to %v", fi.Mode())
 	}
@@ -69,6 +45,9 @@ func TestAttrsAndCheckFilesystem(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	if got, err := fs.ReadFile(fsys, "oci/blobs/sha256/big"); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("packed file: %d bytes, %v; want the staged file's %d", len(got), err, len(want))
+	}
 	fi, err := fs.Stat(fsys, "oci/blobs/sha256/big")
 	if err != nil {
 		t.Fatal(err)
@@ -87,13 +66,24 @@ func TestAttrsAndCheckFilesystem(t *testing.T) {
 	}
 }
 
-// A failing check fails the assembly, whatever else went well.
-func TestCheckFilesystemFails(t *testing.T) {
-	d := disktest.Disk(t, fixtures.StageTree(t))
+// A failing check of the files' digests fails the assembly, whatever else
+// went well, whichever way they are read.
+func TestFileHashesCheckFails(t *testing.T) {
+	tree := fixtures.StageTree(t)
 	bad := errors.New("blob changed")
-	check := WithFilesystemCheck(func(context.Context, func() (fs.FS, error)) error { return fmt.Errorf("check: %w", bad) })
-	if err := disktest.Try(t, d, check); !errors.Is(err, bad) {
-		t.Fatalf("Assemble with a failing check: %v, want it", err)
+	check := WithFileHashes([]string{"oci/blobs/sha256/big"}, "check the blobs", func(map[string]squashfs.FileDigest) error { return fmt.Errorf("check: %w", bad) })
+	for _, tc := range []struct {
+		name     string
+		noVerity bool
+	}{
+		{"verity pass", false},
+		{"through the filesystem", true},
+	} {
+		d := disktest.Disk(t, tree)
+		d.Image.NoVerity = tc.noVerity
+		if err := disktest.Try(t, d, check); !errors.Is(err, bad) {
+			t.Errorf("%s: Assemble with a failing check: %v, want it", tc.name, err)
+		}
 	}
 }
 

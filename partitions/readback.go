@@ -7,14 +7,12 @@ import (
 	"io"
 	"io/fs"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/kiln-appliance/kiln/partitions/squashfs"
 	"github.com/kiln-appliance/kiln/partitions/verity"
 )
 
-// The image filesystem read back, as written: the caller's check
-// (WithFilesystemCheck) and the files' digests (WithFileHashes).
+// The image filesystem read back, as written: the files' digests
+// (WithFileHashes).
 
 // planHashFiles finds the files to hash in the written filesystem for the
 // verity pass to feed; nil when that pass cannot (no verity, a compressed
@@ -40,10 +38,10 @@ func (a *assembly) planHashFiles() (*verity.Files, error) {
 	return files, nil
 }
 
-// checkFilesystem hands the caller's check a way to open the image
-// filesystem just written and, with hashFiles, hashes the files to hash
-// through it.
-func (a *assembly) checkFilesystem(ctx context.Context, hashFiles bool) error {
+// hashThroughFilesystem hashes the files to hash through the image
+// filesystem just written (compressed, or without verity: no verity pass
+// to feed them).
+func (a *assembly) hashThroughFilesystem(ctx context.Context) (err error) {
 	open := func() (fs.FS, error) {
 		raw, err := squashfs.OpenRaw(&offsetFile{a.out, a.place.start})
 		if err == nil {
@@ -58,20 +56,11 @@ func (a *assembly) checkFilesystem(ctx context.Context, hashFiles bool) error {
 		}
 		return fsys, nil
 	}
-	var g errgroup.Group
-	if a.o.checkFilesystem != nil {
-		g.Go(func() error { return a.o.checkFilesystem(ctx, open) })
+	task := a.progress.Task(a.o.hashStep, 0)
+	defer func() { task.Done(err) }()
+	sums, err := squashfs.HashFiles(ctx, open, a.o.hashFiles, task)
+	if err != nil {
+		return fmt.Errorf("read back the image filesystem: %w", err)
 	}
-	if hashFiles && len(a.o.hashFiles) > 0 {
-		g.Go(func() (err error) {
-			task := a.progress.Task(a.o.hashStep, 0)
-			defer func() { task.Done(err) }()
-			sums, err := squashfs.HashFiles(ctx, open, a.o.hashFiles, task)
-			if err != nil {
-				return fmt.Errorf("read back the image filesystem: %w", err)
-			}
-			return a.o.filesHashed(sums)
-		})
-	}
-	return g.Wait()
+	return a.o.filesHashed(sums)
 }
