@@ -36,16 +36,12 @@ const maxManifestSize = 16 << 20
 type Option func(*options)
 
 type options struct {
-	insecure  bool
-	transport http.RoundTripper
+	insecure bool
 }
 
 // WithInsecure lets docker:// sources use plain HTTP registries. (Loopback
 // and RFC 1918 registries use HTTP without it.)
 func WithInsecure() Option { return func(o *options) { o.insecure = true } }
-
-// WithTransport sets the HTTP transport used to talk to registries.
-func WithTransport(rt http.RoundTripper) Option { return func(o *options) { o.transport = rt } }
 
 func makeOptions(opts []Option) *options {
 	o := &options{}
@@ -94,14 +90,10 @@ func newDockerBackend(src source, o *options) (*dockerBackend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrBadSource, src, err)
 	}
-	rt := o.transport
-	if rt == nil {
-		// go-containerregistry's transport, but a registry that accepts the
-		// connection and never answers is an error, not a hang.
-		t := remote.DefaultTransport.(*http.Transport).Clone()
-		t.ResponseHeaderTimeout = stallTimeout
-		rt = t
-	}
+	// go-containerregistry's transport, but a registry that accepts the
+	// connection and never answers is an error, not a hang.
+	rt := remote.DefaultTransport.(*http.Transport).Clone()
+	rt.ResponseHeaderTimeout = stallTimeout
 	ropts := []remote.Option{remote.WithAuthFromKeychain(authn.DefaultKeychain), remote.WithUserAgent("kiln"), remote.WithTransport(rt)}
 	return &dockerBackend{src: src, ref: ref, opts: ropts}, nil
 }

@@ -88,23 +88,6 @@ func (c *Cache) Has(d v1.Descriptor) bool {
 	return err == nil && fi.Mode().IsRegular() && fi.Size() == d.Size
 }
 
-// Verify re-hashes the cached blob h.
-func (c *Cache) Verify(h v1.Hash) error {
-	f, err := os.Open(c.Path(h))
-	if err != nil {
-		return fmt.Errorf("cached blob %s: %w", h, err)
-	}
-	defer f.Close()
-	got, n, err := v1.SHA256(f)
-	if err != nil {
-		return fmt.Errorf("cached blob %s: %w", h, err)
-	}
-	if got != h {
-		return fmt.Errorf("%w: cached blob %s (%s) hashes to %s (%d bytes); delete it and fetch again", ErrCorrupt, h, c.Path(h), got, n)
-	}
-	return nil
-}
-
 // put stores blob d, read from open, unless it is already cached. The bytes
 // stream through a hash into a temp file beside the final name, which is
 // renamed into place only if size and digest match: a failed, corrupt or
