@@ -1,0 +1,166 @@
+package bootloader
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"unicode/utf16"
+
+	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
+)
+
+func entry(version string) bootentry.Entry {
+	return bootentry.Entry{ID: "kiln-" + version, Title: "kiln " + version, Version: version,
+		Linux: "/kiln/" + version + "/vmlinuz", Initrd: []string{"/kiln/" + version + "/initrd.img"},
+		Options: []string{"root=LABEL=root", "rw"}}
+}
+
+func esp(t *testing.T, files ...string) string {
+	t.Helper()
+	d := t.TempDir()
+	os.MkdirAll(filepath.Join(d, bootentry.Dir), 0o755)
+	for _, f := range files {
+		if err := os.WriteFile(filepath.Join(d, bootentry.Dir, f), []byte("title old\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return d
+}
+
+func names(t *testing.T, esp string) string {
+	t.Helper()
+	ns, err := Entries(esp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s []string
+	for _, n := range ns {
+		s = append(s, n.String())
+	}
+	return strings.Join(s, " ")
+}
+
+func TestInstall(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		before []string
+		tries  int
+		want   string
+	}{
+		{"a new release, tried", []string{"kiln-1.0.0.conf"}, 3, "kiln-1.0.0.conf kiln-1.1.0+3.conf"},
+		{"a release that ran out of tries, tried again", []string{"kiln-1.0.0.conf", "kiln-1.1.0+0-3.conf", ".kiln-1.1.0.conf.tmp", "README"}, 3, "kiln-1.0.0.conf kiln-1.1.0+3.conf"},
+		{"the factory's release, good from the start", nil, 0, "kiln-1.1.0.conf"},
+		{"written twice", []string{"kiln-1.1.0+3.conf"}, 3, "kiln-1.1.0+3.conf"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := esp(t, tc.before...)
+			if err := Install(d, entry("1.1.0"), tc.tries); err != nil {
+				t.Fatal(err)
+			}
+			if got := names(t, d); got != tc.want {
+				t.Errorf("entries %q, want %q", got, tc.want)
+			}
+			b, err := os.ReadFile(filepath.Join(d, bootentry.Dir, bootentry.FileName("kiln-1.1.0", tc.tries)))
+			if err != nil || !strings.Contains(string(b), "linux /kiln/1.1.0/vmlinuz\n") {
+				t.Errorf("the entry reads %q (%v)", b, err)
+			}
+		})
+	}
+	if err := Install(esp(t), bootentry.Entry{ID: "kiln+1"}, 3); err == nil {
+		t.Error("Install wrote an entry Check refuses")
+	}
+}
+
+func TestRemove(t *testing.T) {
+	d := esp(t, "kiln-1.0.0.conf", "kiln-1.1.0+0-3.conf", "kiln-1.1.0.conf")
+	if err := Remove(d, "kiln-1.1.0"); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(t, d); got != "kiln-1.0.0.conf" {
+		t.Errorf("entries %q after removing 1.1.0", got)
+	}
+}
+
+const helperEnv = "KILN_TEST_BOOTLOADER_KILL"
+
+func init() {
+	if d := os.Getenv(helperEnv); d != "" {
+		Install(d, entry("1.1.0"), 3, atomicfile.BeforeRename(func(tmp string) {
+			fmt.Println(tmp)
+			select {} // killed here
+		}))
+		os.Exit(3)
+	}
+}
+
+// A power cut while the entry is written leaves the ESP as it was: no file
+// systemd-boot reads is half-written, and the next Install finishes.
+func TestKilledBeforeRename(t *testing.T) {
+	d := esp(t, "kiln-1.0.0.conf", "kiln-1.1.0+0-3.conf")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+d)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tmp, err := bufio.NewReader(out).ReadString('\n')
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	if err != nil {
+		t.Fatalf("the writer did not reach the rename: %v", err)
+	}
+	if dir := filepath.Dir(strings.TrimSpace(tmp)); dir == filepath.Join(d, bootentry.Dir) {
+		t.Errorf("the temp file %s is among the entries", tmp)
+	}
+	if got := names(t, d); got != "kiln-1.0.0.conf kiln-1.1.0+0-3.conf" {
+		t.Errorf("after the kill: %q, want the entries as they were", got)
+	}
+	if err := Install(d, entry("1.1.0"), 3); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(t, d); got != "kiln-1.0.0.conf kiln-1.1.0+3.conf" {
+		t.Errorf("after the next Install: %q", got)
+	}
+}
+
+func efivar(t *testing.T, dir, name, value string) {
+	t.Helper()
+	b := []byte{7, 0, 0, 0}
+	for _, c := range utf16.Encode([]rune(value + "\x00")) {
+		b = append(b, byte(c), byte(c>>8))
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+"-"+loaderVendor), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBooted(t *testing.T) {
+	for _, tc := range []struct{ value, want string }{
+		{"kiln-1.1.0.conf", "kiln-1.1.0"},
+		{"kiln-1.1.0+2-1.conf", "kiln-1.1.0"},
+		{"kiln-1.1.0", "kiln-1.1.0"},
+	} {
+		d := t.TempDir()
+		efivar(t, d, "LoaderEntrySelected", tc.value)
+		if got, err := Booted(d); err != nil || got != tc.want {
+			t.Errorf("Booted with %q = %q, %v; want %q", tc.value, got, err, tc.want)
+		}
+	}
+	if got, err := Booted(t.TempDir()); got != "" || err != nil {
+		t.Errorf("no variable: %q, %v", got, err)
+	}
+	d := t.TempDir()
+	os.WriteFile(filepath.Join(d, "LoaderEntrySelected-"+loaderVendor), []byte{7, 0, 0}, 0o644)
+	if _, err := Booted(d); err == nil {
+		t.Error("a damaged variable was read")
+	}
+}

@@ -1,0 +1,202 @@
+// Package bootentry is the boot loader entry of a release: a Boot Loader
+// Specification type #1 entry on the ESP (loader/entries/ID.conf), named
+// with a boot counter while the release is tried, as systemd-boot and
+// systemd-bless-boot count them. The factory writes the first release's
+// entry; the node writes each new release's with tries left, and
+// systemd-bless-boot renames it to ID.conf once boot-complete.target is
+// reached. A release whose tries run out sorts last and systemd-boot boots
+// the next one by itself (docs/decisions.md: both proven in QEMU).
+//
+// File names:
+//
+//	kiln-1.1.0.conf        blessed (or never counted)
+//	kiln-1.1.0+3.conf      3 tries left, none done
+//	kiln-1.1.0+2-1.conf    2 left, 1 done (systemd-boot renames it as it boots it)
+//	kiln-1.1.0+0-3.conf    bad: no tries left; sorted last, never booted by default
+package bootentry
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Dir is where entries live, relative to the ESP's root.
+const Dir = "loader/entries"
+
+// Suffix ends every entry's file name.
+const Suffix = ".conf"
+
+// DefaultTries is how many boots a new release gets before systemd-boot
+// falls back: one for a power cut during the first, one for a second look.
+const DefaultTries = 3
+
+// Entry is what a release's entry says.
+type Entry struct {
+	ID      string   // the file name without counter and Suffix, e.g. "kiln-1.1.0"
+	Title   string   // shown in the menu
+	Version string   // the release's version: systemd-boot boots the highest first
+	Linux   string   // the kernel's path on the ESP, e.g. "/kiln/1.1.0/vmlinuz"
+	Initrd  []string // initramfs paths on the ESP
+	Options []string // the kernel command line, one parameter each
+}
+
+// idPattern: what a file name may carry on every ESP (no '+', which starts
+// the counter; no '/', no space).
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// Check says whether the entry can be written as it is.
+func (e *Entry) Check() error {
+	if !idPattern.MatchString(e.ID) {
+		return fmt.Errorf("boot entry ID %q: want letters, digits, '.', '_' and '-' (at most 128)", e.ID)
+	}
+	if e.Linux == "" {
+		return fmt.Errorf("boot entry %s: no kernel", e.ID)
+	}
+	for _, p := range append([]string{e.Linux}, e.Initrd...) {
+		if !strings.HasPrefix(p, "/") || strings.ContainsAny(p, " \t\n\\") || strings.Contains(p, "..") {
+			return fmt.Errorf("boot entry %s: path %q must be absolute on the ESP, with no spaces, backslashes or '..'", e.ID, p)
+		}
+	}
+	for _, s := range append([]string{e.Title, e.Version}, e.Options...) {
+		if strings.ContainsAny(s, "\n\r") {
+			return fmt.Errorf("boot entry %s: %q spans lines", e.ID, s)
+		}
+	}
+	for _, o := range e.Options {
+		if o == "" || strings.ContainsAny(o, " \t") {
+			return fmt.Errorf("boot entry %s: kernel parameter %q is empty or holds a space", e.ID, o)
+		}
+	}
+	return nil
+}
+
+// Encode writes the entry's text.
+func (e *Entry) Encode(w io.Writer) error {
+	if err := e.Check(); err != nil {
+		return err
+	}
+	var b strings.Builder
+	line := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(&b, "%s %s\n", k, v)
+		}
+	}
+	line("title", e.Title)
+	line("version", e.Version)
+	line("linux", e.Linux)
+	for _, i := range e.Initrd {
+		line("initrd", i)
+	}
+	line("options", strings.Join(e.Options, " "))
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// Name is an entry's file name taken apart.
+type Name struct {
+	ID         string
+	Counting   bool // the name carries a counter
+	Left, Done int
+}
+
+// FileName is the name of an entry with tries left (0: blessed, no counter).
+func FileName(id string, triesLeft int) string {
+	if triesLeft <= 0 {
+		return id + Suffix
+	}
+	return id + "+" + strconv.Itoa(triesLeft) + Suffix
+}
+
+// String is the file name.
+func (n Name) String() string {
+	if !n.Counting {
+		return n.ID + Suffix
+	}
+	s := n.ID + "+" + strconv.Itoa(n.Left)
+	if n.Done > 0 {
+		s += "-" + strconv.Itoa(n.Done)
+	}
+	return s + Suffix
+}
+
+// Bad says systemd-boot will not boot it by default any more.
+func (n Name) Bad() bool { return n.Counting && n.Left == 0 }
+
+// ErrNotEntry is returned for a file name that is not an entry's.
+var ErrNotEntry = errors.New("not a boot loader entry")
+
+// ParseFileName takes an entry's file name apart as systemd-boot does: the
+// counter is the last '+' and what follows it up to Suffix, LEFT or
+// LEFT-DONE in decimal.
+func ParseFileName(name string) (Name, error) {
+	base, ok := strings.CutSuffix(name, Suffix)
+	if !ok || base == "" {
+		return Name{}, fmt.Errorf("%q: %w", name, ErrNotEntry)
+	}
+	i := strings.LastIndexByte(base, '+')
+	if i < 0 {
+		return Name{ID: base}, nil
+	}
+	n := Name{ID: base[:i], Counting: true}
+	left, done, hasDone := strings.Cut(base[i+1:], "-")
+	var err error
+	if n.Left, err = counter(left); err != nil {
+		return Name{}, fmt.Errorf("%q: tries left: %w", name, err)
+	}
+	if hasDone {
+		if n.Done, err = counter(done); err != nil {
+			return Name{}, fmt.Errorf("%q: tries done: %w", name, err)
+		}
+	}
+	if n.ID == "" {
+		return Name{}, fmt.Errorf("%q: %w", name, ErrNotEntry)
+	}
+	return n, nil
+}
+
+func counter(s string) (int, error) {
+	if s == "" || len(s) > 4 || strings.Trim(s, "0123456789") != "" {
+		return 0, fmt.Errorf("%q is not a small decimal number", s)
+	}
+	return strconv.Atoi(s)
+}
+
+// UsrVerity is a /usr slot opened by the initramfs against its root hash,
+// with systemd's own parameters (systemd-veritysetup-generator,
+// systemd-fstab-generator): nothing of kiln runs before /usr is checked.
+type UsrVerity struct {
+	RootHash     string // hex, from the signed manifest
+	DataPartUUID string // the slot's partition
+	HashPartUUID string // its verity partition
+	FSType       string // e.g. "squashfs"
+}
+
+var (
+	hexHash  = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	partUUID = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+	fsType   = regexp.MustCompile(`^[a-z0-9]{1,16}$`)
+)
+
+// Options are the kernel parameters that mount it.
+func (u UsrVerity) Options() ([]string, error) {
+	switch {
+	case !hexHash.MatchString(u.RootHash):
+		return nil, fmt.Errorf("usr verity root hash %q: want 64 lowercase hex digits (sha256)", u.RootHash)
+	case !partUUID.MatchString(u.DataPartUUID) || !partUUID.MatchString(u.HashPartUUID):
+		return nil, fmt.Errorf("usr partitions %q, %q: want partition UUIDs", u.DataPartUUID, u.HashPartUUID)
+	case !fsType.MatchString(u.FSType):
+		return nil, fmt.Errorf("usr filesystem type %q", u.FSType)
+	}
+	return []string{
+		"mount.usr=/dev/mapper/usr",
+		"mount.usrfstype=" + u.FSType,
+		"mount.usrflags=ro",
+		"usrhash=" + u.RootHash,
+		"systemd.verity_usr_data=PARTUUID=" + strings.ToLower(u.DataPartUUID),
+		"systemd.verity_usr_hash=PARTUUID=" + strings.ToLower(u.HashPartUUID),
+	}, nil
+}
