@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 )
 
 // Chunk is one piece of a slot image.
@@ -257,4 +258,39 @@ func PackSize(chunks []Located) int64 {
 	}
 	last := chunks[len(chunks)-1]
 	return last.Offset + int64(last.Size)
+}
+
+// Verity is how the factory formatted a slot's dm-verity hash partition
+// (sha256, 4 KiB blocks, format 1, as veritysetup's defaults). The hash
+// partition never travels: the node formats its inactive slot's with these
+// values once the data is written, and the root hash must come out as the
+// signed one — the proof that the slot holds exactly the factory's bytes.
+type Verity struct {
+	RootHash   string `json:"rootHash"`   // hex sha256
+	Salt       string `json:"salt"`       // hex
+	UUID       string `json:"uuid"`       // of the verity superblock
+	DataBlocks int64  `json:"dataBlocks"` // 4 KiB blocks of the slot image
+}
+
+// VerityBlock is the data and hash block size.
+const VerityBlock = 4096
+
+var (
+	hexDigits = regexp.MustCompile(`^[0-9a-f]*$`)
+	uuidForm  = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+)
+
+// Check says whether the values can be handed to veritysetup as they are.
+func (v Verity) Check() error {
+	switch {
+	case len(v.RootHash) != 2*sha256.Size || !hexDigits.MatchString(v.RootHash):
+		return fmt.Errorf("slot verity: root hash %q is not 64 lowercase hex digits", v.RootHash)
+	case len(v.Salt) > 512 || len(v.Salt)%2 != 0 || !hexDigits.MatchString(v.Salt):
+		return fmt.Errorf("slot verity: salt %q is not lowercase hex of at most 256 bytes", v.Salt)
+	case !uuidForm.MatchString(v.UUID):
+		return fmt.Errorf("slot verity: UUID %q", v.UUID)
+	case v.DataBlocks <= 0 || v.DataBlocks > MaxImageSize/VerityBlock:
+		return fmt.Errorf("slot verity: %d data blocks", v.DataBlocks)
+	}
+	return nil
 }

@@ -143,3 +143,27 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+func TestVerityCheck(t *testing.T) {
+	good := Verity{RootHash: strings.Repeat("ab", 32), Salt: "00ff", UUID: "6b696c6e-736c-6f74-8000-000000000001", DataBlocks: 1}
+	if err := good.Check(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		edit func(*Verity)
+		want string
+	}{
+		{func(v *Verity) { v.RootHash = strings.Repeat("AB", 32) }, "root hash"},
+		{func(v *Verity) { v.RootHash = "ab" }, "root hash"},
+		{func(v *Verity) { v.Salt = "0" }, "salt"},
+		{func(v *Verity) { v.Salt = "--uuid=x" }, "salt"},
+		{func(v *Verity) { v.UUID = "6B696C6E-736C-6F74-8000-000000000001" }, "UUID"},
+		{func(v *Verity) { v.DataBlocks = 0 }, "data blocks"},
+	} {
+		v := good
+		tc.edit(&v)
+		if err := v.Check(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Check(%+v) = %v, want an error with %q", v, err, tc.want)
+		}
+	}
+}
