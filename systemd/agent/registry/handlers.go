@@ -58,7 +58,7 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, repo *reposito
 		return
 	}
 	w.Header().Set("Content-Type", m.MediaType)
-	s.serveContent(w, r, digest, int64(len(data)), bytes.NewReader(data), nil)
+	s.serveContent(w, r, body{digest: digest, size: int64(len(data)), content: bytes.NewReader(data)})
 }
 
 // blob streams a blob from its file: Range, HEAD and conditional requests
@@ -98,29 +98,30 @@ func (s *Server) blob(w http.ResponseWriter, r *http.Request, repo *repository, 
 		return
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		s.damaged(w, rt.ref, bf, err.Error())
-		return
-	}
-	if fi.Size() != bf.size {
-		s.damaged(w, rt.ref, bf, fmt.Sprintf("file is %d bytes, descriptor says %d", fi.Size(), bf.size))
-		return
-	}
 	dropStaleRange(r, rt.ref)
-	content, final, ok := s.checkedContent(w, r, rt.ref, bf, f, fi)
+	content, final, ok := s.checkedContent(w, r, rt.ref, bf, f)
 	if !ok {
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	s.serveContent(w, r, rt.ref, bf.size, content, final)
+	s.serveContent(w, r, body{digest: rt.ref, size: bf.size, content: content, final: final})
 }
 
-// checkedContent returns what to send of blob digest's file f (fi its
-// fstat) so that no byte leaves unchecked (check.go), and a check to make
-// before the body's last byte goes out (nil for none). It answers the
-// request itself and returns false when the blob is known to be damaged.
-func (s *Server) checkedContent(w http.ResponseWriter, r *http.Request, digest string, bf blobFile, f *os.File, fi os.FileInfo) (io.ReadSeeker, func() error, bool) {
+// checkedContent checks blob digest's file f against the descriptor's size
+// and returns what to send of it so that no byte leaves unchecked
+// (check.go), and a check to make before the body's last byte goes out (nil
+// for none). It answers the request itself and returns false when the blob
+// is known to be damaged.
+func (s *Server) checkedContent(w http.ResponseWriter, r *http.Request, digest string, bf blobFile, f *os.File) (io.ReadSeeker, func() error, bool) {
+	fi, err := f.Stat()
+	if err != nil {
+		s.damaged(w, digest, bf, err.Error())
+		return nil, nil, false
+	}
+	if fi.Size() != bf.size {
+		s.damaged(w, digest, bf, fmt.Sprintf("file is %d bytes, descriptor says %d", fi.Size(), bf.size))
+		return nil, nil, false
+	}
 	st := stampOf(fi)
 	tr := s.trust.of(f, st.dev)
 	// Written a moment ago: a write in the same clock tick could leave the
@@ -300,11 +301,22 @@ func (s *Server) damaged(w http.ResponseWriter, digest string, bf blobFile, why 
 	newError(http.StatusInternalServerError, codeUnknown, "blob "+digest+" is damaged on this node: "+regindex.DamageFix(bf.store)).write(w)
 }
 
-// serveContent sends content (size bytes) with Docker-Content-Digest and an
-// ETag. It checks the Range header first (checkRange), gives the client
-// writeTimeout to take each chunk of the body, and aborts the connection if
-// fewer bytes went out than were promised.
-func (s *Server) serveContent(w http.ResponseWriter, r *http.Request, digest string, size int64, content io.ReadSeeker, final func() error) {
+// body is what serveContent sends: the size bytes of content, blob or
+// manifest digest, and a check to make before its last byte goes out (nil:
+// none).
+type body struct {
+	digest  string
+	size    int64
+	content io.ReadSeeker
+	final   func() error
+}
+
+// serveContent sends b with Docker-Content-Digest and an ETag. It checks
+// the Range header first (checkRange), gives the client writeTimeout to
+// take each chunk of the body, and aborts the connection if fewer bytes
+// went out than were promised.
+func (s *Server) serveContent(w http.ResponseWriter, r *http.Request, b body) {
+	digest, size, content, final := b.digest, b.size, b.content, b.final
 	h := w.Header()
 	h.Set("Docker-Content-Digest", digest)
 	h.Set("Etag", `"`+digest+`"`)
