@@ -174,10 +174,10 @@ func (o LockOptions) check(l *recipes.Lock) error {
 	return o.Check(l)
 }
 
-// lockError places a fetch's error that blames the lock (a digest or index
+// LockError places a fetch's error that blames the lock (a digest or index
 // digest the source contradicts) at the lock entry's line; other errors
 // are returned as they are.
-func lockError(lock *recipes.Lock, err error) error {
+func LockError(lock *recipes.Lock, err error) error {
 	var re *fetch.RequestError
 	if !errors.As(err, &re) || !errors.Is(err, fetch.ErrLockMismatch) {
 		return err

@@ -46,7 +46,7 @@ func (b *build) fetchImages(ctx context.Context) error {
 	}
 	fetched, err := cache.FetchAll(ctx, reqs, b.o.Progress, b.o.Fetch...)
 	if err != nil {
-		return lockError(b.lock, err)
+		return LockError(b.lock, err)
 	}
 	b.images = make([]fetchedImage, len(fetched))
 	for i, fi := range fetched {

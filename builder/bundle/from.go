@@ -233,7 +233,7 @@ func (b *bundler) baseFromLock(ctx context.Context, p string) (*base, error) {
 	}
 	imgs, err := b.fetch(ctx, r, lock.Images)
 	if err != nil {
-		return nil, err
+		return nil, builder.LockError(lock, err)
 	}
 	rel := &base{recipe: r.Name, arch: r.Arch, release: contract.ReleaseID{Version: r.Version, LockDigest: digestOf(lockBytes)}, blobs: map[string]bool{}, schema: bundle.SchemaVersion}
 	for _, img := range imgs {

@@ -212,7 +212,7 @@ func (b *bundler) fetchImages(ctx context.Context) error {
 		return err
 	}
 	b.images, err = b.fetch(ctx, b.Recipe, locked)
-	return err
+	return builder.LockError(b.lock, err)
 }
 
 // fetch brings the locked images of r into the cache, verified.
