@@ -83,8 +83,17 @@ func TestServeLoad(t *testing.T) {
 	leave()
 	wg.Wait()
 	client.CloseIdleConnections()
-	// Give the server a moment to see them gone, then see what it kept.
-	after := sampleProcess(t, srv.Process.Pid, 3*time.Second, nil)
+	// Give the server time to see them gone (a second without requests,
+	// then it returns memory), then see what it kept. Up to 20 s: on a
+	// loaded machine closed connections take a while to fail the writes;
+	// the assertion is that memory comes back, not how fast.
+	var after samples
+	for end := time.Now().Add(20 * time.Second); ; {
+		after = sampleProcess(t, srv.Process.Pid, time.Second, nil)
+		if after.lastRSS <= during.peakRSS/2 || time.Now().After(end) {
+			break
+		}
+	}
 	hwm := procStatus(t, srv.Process.Pid)["VmHWM"]
 
 	// Still serving, every byte right.
