@@ -2,6 +2,7 @@ package units
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -197,10 +198,10 @@ func verify(t *testing.T, units []ignition.Unit, files ...ignition.File) {
 	root := t.TempDir()
 	unitDir := filepath.Join(root, "etc/systemd/system")
 	mustRun(t, "mkdir", "-p", unitDir, filepath.Join(root, "usr/lib/systemd"), filepath.Join(root, "usr/bin"),
-		filepath.Join(root, "usr/sbin"), filepath.Dir(filepath.Join(root, contract.AgentPath)))
+		filepath.Join(root, "usr/sbin"), filepath.Join(root, "bin"), filepath.Dir(filepath.Join(root, contract.AgentPath)))
 	mustRun(t, "cp", "-r", "/usr/lib/systemd/system", filepath.Join(root, "usr/lib/systemd/"))
 	for _, bin := range []string{"/usr/bin/echo", "/usr/bin/rm", "/usr/bin/systemctl", "/usr/sbin/shutdown", "/usr/bin/systemd-run",
-		"/usr/sbin/veritysetup", "/usr/bin/dd"} {
+		"/usr/sbin/veritysetup", "/usr/bin/dd", "/bin/sh"} {
 		mustRun(t, "cp", bin, filepath.Join(root, bin))
 	}
 	mustRun(t, "cp", "/usr/bin/true", filepath.Join(root, contract.AgentPath))
@@ -292,5 +293,50 @@ func TestMountUnitName(t *testing.T) {
 	}
 	if got := strings.TrimSpace(string(out)); got != contract.MountUnit {
 		t.Fatalf("systemd-escape says %s, contract.MountUnit is %s", got, contract.MountUnit)
+	}
+}
+
+// kiln-images-failed.service says nothing while the system shuts down
+// (systemd starts OnFailure= units for a failed stop too: the image
+// partition still held at shutdown is not missing or damaged), and speaks
+// in every other state: its ExecCondition, run with a systemctl stand-in
+// that reports each state.
+func TestImagesFailedSilentAtShutdown(t *testing.T) {
+	units, _, err := Render(Params{PartitionGUID: testGUID, Images: testImages})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cond string
+	for _, u := range units {
+		if u.Name != "kiln-images-failed.service" {
+			continue
+		}
+		for _, l := range strings.Split(u.Contents, "\n") {
+			if c, ok := strings.CutPrefix(l, "ExecCondition=/bin/sh -c "); ok {
+				cond = strings.Trim(c, "'")
+			}
+		}
+	}
+	if cond == "" {
+		t.Fatal("kiln-images-failed.service has no ExecCondition=/bin/sh -c '…': it would speak during a shutdown")
+	}
+	for state, runs := range map[string]bool{"stopping": false, "starting": true, "degraded": true, "running": true, "maintenance": true} {
+		bin := t.TempDir()
+		stand := "#!/bin/sh\n[ \"$1\" = is-system-running ] || exit 2\necho " + state + "\n"
+		if err := os.WriteFile(filepath.Join(bin, "systemctl"), []byte(stand), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("/bin/sh", "-c", cond)
+		cmd.Env = []string{"PATH=" + bin + ":/usr/bin:/bin"}
+		err := cmd.Run()
+		var exit *exec.ExitError
+		switch {
+		case err != nil && !errors.As(err, &exit):
+			t.Fatalf("%s: %v", state, err)
+		case runs && err != nil:
+			t.Errorf("system %s: the condition skips the message (%v)", state, err)
+		case !runs && (err == nil || exit.ExitCode() == 255 || exit.ExitCode() < 1):
+			t.Errorf("system %s: the condition lets the message run (%v), want exit 1–254 (skip)", state, err)
+		}
 	}
 }
