@@ -164,6 +164,11 @@ func TestApplianceBoots(t *testing.T) {
 	requireRestored(t, run, second, "crio-unclean", servedRef, a.digests[servedRef])
 }
 
+// servedManifest is the served image's pod, outside the kubelet's
+// directory: the first boot's script copies it there once it has pulled
+// the image through the mirror.
+const servedManifest = "/etc/kiln-e2e/served.yaml"
+
 // powerCut is the console line on which the test cuts the power.
 const powerCut = "kiln-e2e: cut the power"
 
@@ -461,7 +466,7 @@ func buildAppliance(t *testing.T, script string, opts ...applianceOption) *appli
 		"@HELLO_REF@", helloRef, "@HELLO_DIGEST@", a.digests[helloRef],
 		"@SERVED_REF@", servedRef, "@SERVED_DIGEST@", a.digests[servedRef],
 		"@PRELOADED_REF@", preloadedRef, "@PRELOADED_DIGEST@", a.digests[preloadedRef],
-		"@WORKLOAD_POD@", workloadPod, "@WORKLOAD_UNIT@", workloadUnit, "@PRELOAD_MODE@", o.preloadMode(),
+		"@WORKLOAD_POD@", workloadPod, "@PRELOAD_MODE@", o.preloadMode(), "@SERVED_MANIFEST@", servedManifest,
 		"@POWER_CUT@", o.powerCutWord(),
 	).Replace(script)
 	var frag []byte
@@ -476,8 +481,12 @@ func buildAppliance(t *testing.T, script string, opts ...applianceOption) *appli
 		Node:          types.Node{Path: "/etc/hosts", Overwrite: &yes},
 		FileEmbedded1: types.FileEmbedded1{Mode: &mode, Contents: types.Resource{Source: guest.DataURL(hosts)}},
 	})
-	// CRI-O's workload pod and the CRI client that starts and checks it.
-	addCRIWorkload(t, &cfg, buildCRICheck(t, dir))
+	// The workload's static pod, the CRI client that checks it, and the
+	// served image's pod, which the script starts once it pulled the image.
+	addCRIClient(t, &cfg, buildCRICheck(t, dir), helloRef)
+	addWorkloadPod(&cfg, helloRef)
+	cfg.Storage.Files = append(cfg.Storage.Files, types.File{Node: types.Node{Path: servedManifest},
+		FileEmbedded1: types.FileEmbedded1{Mode: &mode, Contents: types.Resource{Source: guest.DataURL(podManifest("served", servedRef))}}})
 	frag, err = guest.Validate(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -2,9 +2,10 @@
 
 package e2e
 
-// CRI-O on the appliance (issue 11): the workload pod, started through the
-// CRI by a unit on the node, and the CRI client (test/crio/cmd/cri-check)
-// that starts it and checks what CRI-O reports.
+// CRI-O and the kubelet on the appliance (issues 11, 24): the workload is a
+// static pod the release ships in /etc/kubernetes/manifests, which the
+// kubelet runs through CRI-O; the CRI client (test/crio/cmd/cri-check)
+// checks what CRI-O reports and is the release's health check of the pod.
 
 import (
 	"bytes"
@@ -24,43 +25,52 @@ import (
 )
 
 const (
-	// workloadPod is the CRI pod name of the appliance's workload.
+	// workloadPod is the static pod of the appliance's workload (the
+	// kubelet runs it as hello-<node name>, in namespace kiln-e2e).
 	workloadPod = "hello"
 	// criCheckPath is where the CRI client lands in the guest.
 	criCheckPath = "/usr/local/bin/cri-check"
-	workloadUnit = "kiln-e2e-workload.service"
+	// manifestDir is the kubelet's staticPodPath on the e2e base, and one
+	// of kiln's release directories: a release ships its pods there.
+	manifestDir = "/etc/kubernetes/manifests"
+	// workloadManifest is the workload pod's manifest on the node.
+	workloadManifest = manifestDir + "/" + workloadPod + ".yaml"
+	// kubeletUnit runs the static pods: the health check's unit.
+	kubeletUnit = "kubelet.service"
 )
 
-// workloadUnitText starts the appliance's workload through the CRI, as a
-// node agent would: after CRI-O, from the preloaded image, never pulling.
-// Its console output says what it started or why not.
-var workloadUnitText = workloadUnitFor(helloRef, "")
-
-// workloadUnitFor is the workload unit running image; env, if set, is an
-// EnvironmentFile= line the image may come from (${IMAGE}).
-func workloadUnitFor(image, env string) string {
-	return `[Unit]
-Description=kiln e2e appliance workload (pod ` + workloadPod + ` via the CRI)
-# Wants, not Requires: after an unclean shutdown CRI-O's first start can
-# fail (its wipe of its store fails) and systemd restarts it; a Requires=
-# would fail this unit for good on that first failure. kiln puts back the
-# images CRI-O lost before a workload that is neither a kubelet pod nor a
-# health unit of the release starts: such a workload orders itself after
-# the restore, which waits for CRI-O to be up (docs/units.md).
-Wants=crio.service
-After=crio.service kiln-restore-images.service
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-StandardOutput=journal+console
-StandardError=journal+console
-` + env + `ExecStart=` + criCheckPath + ` -timeout 4m run ` + workloadPod + ` ` + image + ` -sleep
-
-[Install]
-WantedBy=multi-user.target
+// podManifest is a static pod running image with one container that prints
+// its hello line and sleeps until SIGTERM. imagePullPolicy Never: the
+// appliance's upstreams are dead, every image it runs is on the node (a
+// served-only image is pulled through kiln's mirror before its pod is
+// created), and a pod whose image is missing must fail, not pull.
+func podManifest(pod, image string) string {
+	return `# kiln e2e: a static pod (the kubelet reads ` + manifestDir + `).
+apiVersion: v1
+kind: Pod
+metadata:
+  name: ` + pod + `
+  namespace: kiln-e2e
+spec:
+  # The image's program exits on SIGTERM at once.
+  terminationGracePeriodSeconds: 10
+  # The node has no cluster DNS.
+  dnsPolicy: Default
+  containers:
+    - name: ` + pod + `
+      image: ` + image + `
+      imagePullPolicy: Never
+      args: ["-sleep"]
 `
 }
+
+// podHealth is a release's health check of the workload pod (the recipe's
+// upgrade.health.command): ready, its container running; podHealthLine is
+// how the console spells it.
+const (
+	podHealth     = "[" + criCheckPath + ", -timeout, 20s, ready, " + workloadPod + "]"
+	podHealthLine = criCheckPath + " -timeout 20s ready " + workloadPod
+)
 
 // pauseDropIn: CRI-O creates every pod's sandbox from its pause image (it
 // runs no infra container, drop_infra_ctr, but the image must be there). An
@@ -83,9 +93,9 @@ func buildCRICheck(t *testing.T, dir string) string {
 	return out
 }
 
-// addCRIWorkload adds the CRI client (gzip in the config: 13 MB static
-// binary, ~5 MB compressed), the pause-image drop-in and the workload unit.
-func addCRIWorkload(t *testing.T, cfg *types.Config, criCheck string) {
+// addCRIClient adds the CRI client (gzip in the config: 13 MB static
+// binary, ~5 MB compressed) and the pause-image drop-in naming pause.
+func addCRIClient(t *testing.T, cfg *types.Config, criCheck, pause string) {
 	t.Helper()
 	bin, err := os.ReadFile(criCheck)
 	if err != nil {
@@ -99,15 +109,21 @@ func addCRIWorkload(t *testing.T, cfg *types.Config, criCheck string) {
 	}
 	src := "data:;base64," + base64.StdEncoding.EncodeToString(gz.Bytes())
 	gzName, exe, conf := "gzip", 0o755, 0o644
-	yes := true
-	unit := workloadUnitText
 	cfg.Storage.Files = append(cfg.Storage.Files,
 		types.File{Node: types.Node{Path: criCheckPath},
 			FileEmbedded1: types.FileEmbedded1{Mode: &exe, Contents: types.Resource{Source: &src, Compression: &gzName}}},
 		types.File{Node: types.Node{Path: "/etc/crio/crio.conf.d/40-kiln-e2e-pause.conf"},
-			FileEmbedded1: types.FileEmbedded1{Mode: &conf, Contents: types.Resource{Source: guest.DataURL(pauseDropIn)}}},
+			FileEmbedded1: types.FileEmbedded1{Mode: &conf, Contents: types.Resource{Source: guest.DataURL(strings.Replace(pauseDropIn, helloRef, pause, 1))}}},
 	)
-	cfg.Systemd.Units = append(cfg.Systemd.Units, types.Unit{Name: workloadUnit, Enabled: &yes, Contents: &unit})
+}
+
+// addWorkloadPod adds the workload's static pod manifest running image: the
+// factory release's pod (kiln records the files Ignition wrote in its
+// release directories as the factory release's).
+func addWorkloadPod(cfg *types.Config, image string) {
+	mode := 0o644
+	cfg.Storage.Files = append(cfg.Storage.Files, types.File{Node: types.Node{Path: workloadManifest},
+		FileEmbedded1: types.FileEmbedded1{Mode: &mode, Contents: types.Resource{Source: guest.DataURL(podManifest(workloadPod, image))}}})
 }
 
 type applianceOptions struct{ copyMode, powerCut bool }

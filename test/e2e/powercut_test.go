@@ -30,7 +30,7 @@ var upgradePowerCut string
 // pinned. Four boots of one QEMU process.
 func TestFieldUpgradePowerCuts(t *testing.T) {
 	t.Parallel() // beside the other machines (the Makefile runs three at a time)
-	set := newUpgradeSet(t, upgradePowerCut, upgradeHealth{command: "[/usr/bin/test, -e, /run/kiln-e2e-healthy]", timeout: 6 * time.Minute})
+	set := newUpgradeSet(t, upgradePowerCut, upgradeOptions{command: "[/usr/bin/test, -e, /run/kiln-e2e-healthy]", timeout: 6 * time.Minute})
 	tech := &technician{t: t, sticks: set.sticks}
 	cuts := 0
 	res := vm.Boot(t, set.disk, append(tech.hands(), vm.WithName("upgrade-power-cuts"), vm.WithReboots(),

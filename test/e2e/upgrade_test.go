@@ -48,15 +48,11 @@ const (
 	toolsRef = "quay.io/kiln-e2e/tools:1.3" // only 1.3 carries it
 )
 
-// upgradeWorkloadUnit is the workload unit of crio_test.go, but its image
-// comes from a release file, so an upgrade changes what it runs.
-var upgradeWorkloadUnit = workloadUnitFor("${IMAGE}", "EnvironmentFile=/etc/kiln/release/workload.env\n")
-
 // upgradeRelease is one release of the scenario's appliance.
 type upgradeRelease struct {
 	version string
 	images  []string // preloaded (and served) images
-	env     string   // /etc/kiln/release/workload.env
+	app     string   // the image the workload pod's manifest names (a release file)
 	trust   []string // names of the keys (NAME.pub in the set's dir) the node trusts once it is current
 	key     string   // the key (NAME.key) its stick is signed with
 }
@@ -107,7 +103,7 @@ func TestFieldUpgrade(t *testing.T) {
 	for _, name := range []string{
 		"b1-settled", "b1-current", "b1-cri-workload", "b1-pause-pinned", "b1-app-1.0-pinned", "b1-trust", "b1-staged", "b1-stick-removed",
 		"b2-begin-before-crio", "b2-mirror-opened", "b2-current", "b2-previous", "b2-cri-workload", "b2-app-1.1-pinned", "b2-app-1.0-pinned", "b2-pins-file", "b2-trust", "b2-staged", "b2-stick-removed",
-		"b3-begin-before-crio", "b3-mirror-opened", "b3-current", "b3-cri-workload", "b3-app-1.2-pinned", "b3-app-1.1-pinned", "b3-app-1.0-unpinned", "b3-env-1.0-blob-gone", "b3-trust",
+		"b3-begin-before-crio", "b3-mirror-opened", "b3-current", "b3-cri-workload", "b3-app-1.2-pinned", "b3-app-1.1-pinned", "b3-app-1.0-unpinned", "b3-pod-1.0-blob-gone", "b3-trust",
 		"b3-retired-refused", "b3-retired-unchanged", "b3-staged",
 		"b4-begin-before-crio", "b4-tools-loaded", "b4-workload-failed",
 		"b5-current", "b5-rolled-back", "b5-files-restored", "b5-cri-workload", "b5-app-1.2-pinned", "b5-app-1.1-pinned", "b5-tools-removed", "b5-tools-blob-gone", "b5-trust",
@@ -128,9 +124,9 @@ func TestFieldUpgrade(t *testing.T) {
 	for _, want := range []string{
 		"signed by SHA256:", "kiln: the new release is staged; reboot the appliance (systemctl reboot) to try it",
 		"refused: not signed by a trusted key", // the retired key, after 1.2's rotation
-		"health check of release 1.1.0: kiln-e2e-workload.service active, within 45s",
+		"health check of release 1.1.0: kubelet.service active and \"" + podHealthLine + "\" exits 0, within 45s",
 		"release 1.1.0 passed its health check and is now current", "release 1.2.0 passed its health check and is now current",
-		"kiln: release 1.3.0 failed its health check: after 45s not active: kiln-e2e-workload.service; rolled back to 1.2.0",
+		"kiln: release 1.3.0 failed its health check: after 45s command " + podHealthLine + " failed", "; rolled back to 1.2.0",
 	} {
 		if _, ok := res.When(want); !ok {
 			t.Errorf("console lacks %q", want)
@@ -173,8 +169,8 @@ func TestFieldUpgrade(t *testing.T) {
 		}
 	}
 	if s, ok := st[5]; ok {
-		if s.Last == nil || s.Last.OK || !strings.Contains(s.Last.Message, "kiln-e2e-workload.service") {
-			t.Errorf("boot 5: last result %+v, want a failed rollback naming kiln-e2e-workload.service", s.Last)
+		if s.Last == nil || s.Last.OK || !strings.Contains(s.Last.Message, podHealthLine) {
+			t.Errorf("boot 5: last result %+v, want a failed rollback naming the pod's health check", s.Last)
 		}
 		for _, p := range s.Pins {
 			if strings.Contains(p, digests[toolsRef]) || strings.Contains(p, digests[appRepo+":1.0"]) {
@@ -209,16 +205,28 @@ type upgradeSet struct {
 	digests         map[string]string // image ref -> manifest digest
 }
 
-// upgradeHealth is the recipes' upgrade.health: the node's health check of
-// every later release (the factory build's is the node's).
-type upgradeHealth struct {
-	command string        // YAML flow list, e.g. [/usr/bin/test, -e, /run/x]; "" for none
+// upgradeOptions are what the recipes of a set share beyond their release.
+type upgradeOptions struct {
+	// The recipes' upgrade.health, the node's health check of every later
+	// release (the factory build's is the node's): units [kubelet.service]
+	// and command, within timeout.
+	command string        // YAML flow list, e.g. [/usr/bin/test, -e, /run/x]; default podHealth
 	timeout time.Duration // default 45 s
+	// copyMode builds with preload.mode copy: the factory's images in
+	// CRI-O's writable store, where a collector could remove them.
+	copyMode bool
+}
+
+func (o upgradeOptions) preloadMode() string {
+	if o.copyMode {
+		return "copy"
+	}
+	return "store"
 }
 
 // newUpgradeSet builds the releases of upgradeReleases with checkScript (its
 // @…@ values filled in) as the guest's scenario script.
-func newUpgradeSet(t *testing.T, checkScript string, health ...upgradeHealth) *upgradeSet {
+func newUpgradeSet(t *testing.T, checkScript string, options ...upgradeOptions) *upgradeSet {
 	t.Helper()
 	base := fixture.Base(t)
 	dir := t.TempDir()
@@ -260,13 +268,19 @@ func newUpgradeSet(t *testing.T, checkScript string, health ...upgradeHealth) *u
 		"@PAUSE_REF@", pauseRef, "@PAUSE_DIGEST@", set.digests[pauseRef],
 		"@APP10_DIGEST@", set.digests[appRepo+":1.0"], "@APP11_DIGEST@", set.digests[appRepo+":1.1"], "@APP12_DIGEST@", set.digests[appRepo+":1.2"],
 		"@TOOLS_REF@", toolsRef, "@TOOLS_DIGEST@", set.digests[toolsRef], "@TOOLS_LAYER@", toolsLayers[len(toolsLayers)-1],
-		"@ENV10_BLOB@", fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(rels[0].env))),
+		"@POD10_BLOB@", fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(podManifest(workloadPod, rels[0].app)))),
 	).Replace(strings.Replace(withLib(checkScript), "#@UPGRADE_LIB@\n", upgradeLib, 1))
 	writeUpgradeFragment(t, dir, script)
 
-	h := upgradeHealth{timeout: 45 * time.Second}
-	if len(health) > 0 {
-		h = health[0]
+	h := upgradeOptions{}
+	if len(options) > 0 {
+		h = options[0]
+	}
+	if h.command == "" {
+		h.command = podHealth
+	}
+	if h.timeout == 0 {
+		h.timeout = 45 * time.Second
 	}
 	for _, r := range rels {
 		set.recipes[r.version] = writeUpgradeRecipe(t, dir, base, r, h)
@@ -298,17 +312,16 @@ func (set *upgradeSet) bundle(t *testing.T, name, version string, args ...string
 }
 
 func upgradeReleases() []upgradeRelease {
-	envOf := func(image string) string { return "IMAGE=" + image + "\n" }
 	// Keys rotate: 1.1 (signed by the factory key) trusts a new key beside
 	// it; 1.2 (signed by the new key, which the node trusts once 1.1 is
 	// confirmed) retires the factory key.
 	return []upgradeRelease{
-		{"1.0.0", []string{pauseRef, appRepo + ":1.0"}, envOf(appRepo + ":1.0"), []string{"factory"}, ""},
-		{"1.1.0", []string{pauseRef, appRepo + ":1.1"}, envOf(appRepo + ":1.1"), []string{"factory", "rotated"}, "factory"},
-		{"1.2.0", []string{pauseRef, appRepo + ":1.2"}, envOf(appRepo + ":1.2"), []string{"rotated"}, "rotated"},
+		{"1.0.0", []string{pauseRef, appRepo + ":1.0"}, appRepo + ":1.0", []string{"factory"}, ""},
+		{"1.1.0", []string{pauseRef, appRepo + ":1.1"}, appRepo + ":1.1", []string{"factory", "rotated"}, "factory"},
+		{"1.2.0", []string{pauseRef, appRepo + ":1.2"}, appRepo + ":1.2", []string{"rotated"}, "rotated"},
 		// A broken release: its workload names an image it does not carry;
 		// the factory key it would trust again never is (it is rolled back).
-		{"1.3.0", []string{pauseRef, toolsRef}, envOf(appRepo + ":1.3"), []string{"rotated", "factory"}, "rotated"},
+		{"1.3.0", []string{pauseRef, toolsRef}, appRepo + ":1.3", []string{"rotated", "factory"}, "rotated"},
 	}
 }
 
@@ -395,7 +408,7 @@ func logUpgradeTimes(t *testing.T, r *vm.Result) {
 }
 
 // writeUpgradeFragment writes check.ign: the scenario script, its unit, the
-// workload (image from the release), the CRI client and CRI-O's pause image.
+// CRI client and CRI-O's pause image (the workload's pod is a release file).
 func writeUpgradeFragment(t *testing.T, dir, script string) {
 	t.Helper()
 	cfg := guest.ScenarioConfig(script)
@@ -406,18 +419,7 @@ func writeUpgradeFragment(t *testing.T, dir, script string) {
 		Node:          types.Node{Path: "/etc/hosts", Overwrite: &yes},
 		FileEmbedded1: types.FileEmbedded1{Mode: &mode, Contents: types.Resource{Source: guest.DataURL(hosts)}},
 	})
-	addCRIWorkload(t, &cfg, buildCRICheck(t, dir))
-	for i := range cfg.Storage.Files {
-		if cfg.Storage.Files[i].Path == "/etc/crio/crio.conf.d/40-kiln-e2e-pause.conf" {
-			cfg.Storage.Files[i].Contents.Source = guest.DataURL(strings.Replace(pauseDropIn, helloRef, pauseRef, 1))
-		}
-	}
-	unit := upgradeWorkloadUnit
-	for i := range cfg.Systemd.Units {
-		if cfg.Systemd.Units[i].Name == workloadUnit {
-			cfg.Systemd.Units[i].Contents = &unit
-		}
-	}
+	addCRIClient(t, &cfg, buildCRICheck(t, dir), pauseRef)
 	frag, err := guest.Validate(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -431,18 +433,14 @@ func writeUpgradeFragment(t *testing.T, dir, script string) {
 // (a release is a commit of the same recipe) and returns its path. The
 // factory build uses 1.0's: its upgrade policy and health check are the
 // node's for every later release.
-func writeUpgradeRecipe(t *testing.T, dir, base string, r upgradeRelease, h upgradeHealth) string {
+func writeUpgradeRecipe(t *testing.T, dir, base string, r upgradeRelease, h upgradeOptions) string {
 	t.Helper()
 	rd := filepath.Join(dir, "release-"+r.version)
 	if err := os.MkdirAll(rd, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(rd, "workload.env"), []byte(r.env), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(rd, "hello.yaml"), []byte(podManifest(workloadPod, r.app)), 0o644); err != nil {
 		t.Fatal(err)
-	}
-	command := ""
-	if h.command != "" {
-		command = "\n    command: " + h.command
 	}
 	var trust []string
 	for _, k := range r.trust {
@@ -467,21 +465,22 @@ images:
 %sregistry:
   listen: 127.0.0.1:5050
 preload:
-  mode: store
+  mode: %s
 trust: [%s]
 release:
   files:
-    - path: /etc/kiln/release/workload.env
-      source: workload.env
+    - path: %s
+      source: hello.yaml
 upgrade:
   reboot: command
   health:
-    units: [%s]%s
+    units: [%s]
+    command: %s
     timeout: %s
 ignition:
   fragments:
     - ../check.ign
-`, r.version, base, imgs.String(), strings.Join(trust, ", "), workloadUnit, command, h.timeout)
+`, r.version, base, imgs.String(), h.preloadMode(), strings.Join(trust, ", "), workloadManifest, kubeletUnit, h.command, h.timeout)
 	p := filepath.Join(rd, "appliance.yaml")
 	if err := os.WriteFile(p, []byte(recipe), 0o644); err != nil {
 		t.Fatal(err)
@@ -521,8 +520,8 @@ func TestFieldUpgradeRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	set.bundle(t, "untrusted", "1.1.0-other", "--key", filepath.Join(set.dir, "other.key"))
-	set.recipes["0.9.0"] = writeUpgradeRecipe(t, set.dir, fixture.Base(t), upgradeRelease{"0.9.0", []string{pauseRef, appRepo + ":1.0"}, "IMAGE=" + appRepo + ":1.0\n",
-		[]string{"factory"}, "factory"}, upgradeHealth{timeout: 45 * time.Second})
+	set.recipes["0.9.0"] = writeUpgradeRecipe(t, set.dir, fixture.Base(t), upgradeRelease{"0.9.0", []string{pauseRef, appRepo + ":1.0"}, appRepo + ":1.0",
+		[]string{"factory"}, "factory"}, upgradeOptions{command: podHealth, timeout: 45 * time.Second})
 	set.bundle(t, "downgrade", "0.9.0", "--key", factoryKey)
 	set.sticks["tampered"] = filepath.Join(set.dir, "stick-tampered.img")
 	if err := rawdisk.Copy(set.sticks["tampered"], set.sticks["1.1.0"]); err != nil {

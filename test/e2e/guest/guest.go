@@ -19,6 +19,7 @@ import (
 	"github.com/coreos/ignition/v2/config/v3_3/types"
 
 	"github.com/kiln-appliance/kiln/test/e2e/rawdisk"
+	"github.com/kiln-appliance/kiln/test/e2e/vm"
 )
 
 // CheckUnit is the name of the unit that runs the check script.
@@ -28,16 +29,21 @@ const CheckUnit = "kiln-e2e-check.service"
 const CheckScript = "/usr/local/bin/kiln-e2e-check"
 
 // checkUnit runs the check script once the system is up, then powers off
-// whatever the outcome, so every boot ends on its own.
-var checkUnit = unitText("kiln e2e checks", "SuccessAction=poweroff\nFailureAction=poweroff\n")
+// whatever the outcome, so every boot ends on its own: after the script,
+// the way a person does (systemctl, through logind, so the kubelet's
+// graceful node shutdown runs; SuccessAction= would bypass logind), with a
+// line the harness times the shutdown from (vm.ShutdownMarker); a failure
+// powers off at once.
+var checkUnit = unitText("kiln e2e checks", "FailureAction=poweroff\n",
+	`ExecStartPost=/bin/sh -c 'echo "`+vm.ShutdownMarker+` poweroff requested"; exec systemctl --no-block poweroff'`+"\n")
 
 // scenarioUnit runs a scenario script that spans several boots of one
-// machine: the script itself reboots (systemctl --no-block reboot, then exits
-// 0) or powers off at the end; only a script that fails powers the machine
+// machine: the script itself reboots (systemctl --no-block reboot, after the
+// shutdown marker, then exits 0) or powers off at the end; only a script that fails powers the machine
 // off, so a broken scenario still ends its run.
-var scenarioUnit = unitText("kiln e2e scenario checks", "FailureAction=poweroff\n")
+var scenarioUnit = unitText("kiln e2e scenario checks", "FailureAction=poweroff\n", "")
 
-func unitText(description, actions string) string {
+func unitText(description, actions, after string) string {
 	return `[Unit]
 Description=` + description + `
 After=multi-user.target
@@ -47,7 +53,7 @@ Type=oneshot
 StandardOutput=journal+console
 StandardError=journal+console
 ExecStart=` + CheckScript + `
-
+` + after + `
 [Install]
 WantedBy=multi-user.target
 `

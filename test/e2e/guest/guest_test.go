@@ -12,7 +12,7 @@ func TestCheckConfigValidates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`"enabled":true`, CheckUnit, "SuccessAction=poweroff", "100%25"} {
+	for _, want := range []string{`"enabled":true`, CheckUnit, "systemctl --no-block poweroff", "100%25"} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("config lacks %q: %s", want, b)
 		}

@@ -14,13 +14,20 @@ wait_for() {
     return 1
 }
 prop() { systemctl show -p "$2" --value "$1"; }
+# shutdown_now reboot|poweroff: ask for an orderly shutdown as a person does
+# (systemctl, through logind, so the kubelet's graceful node shutdown runs),
+# after the line the harness times the shutdown from (vm.ShutdownMarker).
+shutdown_now() { echo "KILN-E2E-SHUTDOWN: $1 requested"; systemctl --no-block "$1"; }
 oneline() { tr '\n' ' ' | tr -s ' ' | cut -c1-"${1:-240}"; }
 # What= as the unit file says it (systemctl show reports the resolved device once mounted).
 unit_what() { systemctl cat var-lib-kiln-images.mount | sed -n 's/^What=//p' | tail -n1; }
 is_active() { [ "$(prop "$1" ActiveState)" = active ]; }
+# pod_up POD SECONDS: wait (bounded) until the kubelet runs pod POD, ready,
+# every container running.
+pod_up() { wait_for "$2" /usr/local/bin/cri-check -timeout 20s ready "$1"; }
 # restore_checks WORKLOAD: after a power cut, CRI-O found the shutdown
 # unclean and checked its store (after which it may wipe it), and kiln's
-# restore ran after CRI-O and before the unit WORKLOAD, and succeeded; kiln
+# restore ran after CRI-O and before the unit WORKLOAD (the kubelet), and succeeded; kiln
 # agent status says every kept image is in local storage. The details say
 # whether CRI-O wiped its store and what kiln restored (the test reads them).
 restore_checks() {

@@ -18,9 +18,10 @@ APP="@APP_REPO@"
 PAUSE_REF="@PAUSE_REF@"; PAUSE_DIGEST="@PAUSE_DIGEST@"
 declare -A DIGEST=([1.0.0]="@APP10_DIGEST@" [1.1.0]="@APP11_DIGEST@" [1.2.0]="@APP12_DIGEST@")
 TOOLS_REF="@TOOLS_REF@"; TOOLS_DIGEST="@TOOLS_DIGEST@"; TOOLS_LAYER="@TOOLS_LAYER@"
-ENV10_BLOB="@ENV10_BLOB@" # the factory release's workload.env, stored at the first begin
+POD10_BLOB="@POD10_BLOB@" # the factory release's pod manifest, stored at the first begin
 TRUST_FACTORY="@TRUST_FACTORY@"; TRUST_ROTATED="@TRUST_ROTATED@" # key files in /etc/kiln/trust
-WORKLOAD=kiln-e2e-workload.service
+WORKLOAD=kubelet.service # runs the workload's static pod
+MANIFEST=/etc/kubernetes/manifests/hello.yaml
 
 if [ -x "$AGENT" ]; then pass agent "$AGENT"; else fail agent "no $AGENT"; fi
 diag() { for u in "$@"; do journalctl -b 0 -q --no-pager -n 20 -u "$u" | sed "s/^/diag $u: /"; done; }
@@ -54,9 +55,11 @@ mirror_opened() {
 }
 journal_has() { journalctl -b 0 -q --no-pager -u "$1" | grep -q "$2"; }
 
-# workload VERSION: the workload pod runs VERSION's app image, by digest.
+# workload VERSION: the kubelet runs the workload pod from VERSION's
+# manifest, on VERSION's app image, by digest.
 workload() {
-    wait_for 300 is_active "$WORKLOAD" || diag "$WORKLOAD"
+    if grep -qx "      image: $APP:${1%.0}" "$MANIFEST"; then pass manifest "$1"; else fail manifest "want $APP:${1%.0}: $(grep image: "$MANIFEST" | oneline)"; fi
+    pod_up "$POD" 300 || diag "$WORKLOAD"
     cri workload "$POD" "$APP:${1%.0}" "${DIGEST[$1]}" "$LINE" || diag "$WORKLOAD" crio.service
 }
 
@@ -107,6 +110,6 @@ plug() {
     udevadm settle --timeout=30 || true
     sleep 10
     echo "kiln-e2e: rebooting to try $v"
-    systemctl --no-block reboot
+    shutdown_now reboot
     exit 0
 }

@@ -23,7 +23,7 @@ power_cut() {
     echo "kiln-e2e: cut the power"
     sleep 600
     fail power-cut "the power was not cut within 600 s"
-    systemctl --no-block poweroff
+    shutdown_now poweroff
     exit 0
 }
 case $n in
@@ -57,10 +57,10 @@ case $n in
     pinned app-1.1-pinned 1.1.0 true
     pinned app-1.0-pinned 1.0.0 true
     show_status
-    systemctl --no-block poweroff
+    shutdown_now poweroff
     ;;
 *)
     fail unexpected-boot "boot $n"
-    systemctl --no-block poweroff
+    shutdown_now poweroff
     ;;
 esac

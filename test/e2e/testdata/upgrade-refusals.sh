@@ -25,7 +25,7 @@ case $n in
     echo "kiln-e2e: plug 1.1.0"
     sleep 600 # the test resets the machine while the import copies
     fail reset "no reset 600 s after the 1.1.0 stick was asked for: $("$AGENT" agent status | oneline)"
-    systemctl --no-block poweroff
+    shutdown_now poweroff
     ;;
 2)
     # The import the reset cut off staged nothing: the node runs 1.0.
@@ -38,10 +38,10 @@ case $n in
     # Anchored: "NOT as the state says" must not pass.
     if "$AGENT" agent status | grep -qE '^pins: +[0-9]+ in [^ ]+, as the state says$'; then pass pins-consistent; else fail pins-consistent "$("$AGENT" agent status | oneline)"; fi
     show_status
-    systemctl --no-block poweroff
+    shutdown_now poweroff
     ;;
 *)
     fail unexpected-boot "boot $n"
-    systemctl --no-block poweroff
+    shutdown_now poweroff
     ;;
 esac

@@ -56,6 +56,8 @@ type config struct {
 	reboots bool
 	hooks   []hook
 	prompts []hook // OnPrompt: matched on the unended console line
+
+	shutdownBound time.Duration // WithShutdownBound
 }
 
 // hook is an OnConsole callback.
@@ -90,6 +92,10 @@ func WithName(name string) Option { return func(c *config) { c.name = name } }
 func WithQEMUArgs(args ...string) Option {
 	return func(c *config) { c.extra = append(c.extra, args...) }
 }
+
+// WithShutdownBound sets how long each orderly shutdown of the run may take
+// (default DefaultShutdownBound); see Result.Shutdowns.
+func WithShutdownBound(d time.Duration) Option { return func(c *config) { c.shutdownBound = d } }
 
 // WithReboots lets the guest reboot within the run (QEMU without
 // -no-reboot): the machine resets as real hardware does, the disk and the
@@ -244,7 +250,7 @@ func Boot(t testing.TB, disk string, opts ...Option) *Result {
 // Result is non-nil whenever QEMU started.
 func Run(t testing.TB, disk string, opts ...Option) (*Result, error) {
 	t.Helper()
-	c := config{timeout: defaultTimeout(), memMiB: 2048, cpus: 2, name: "boot"}
+	c := config{timeout: defaultTimeout(), memMiB: 2048, cpus: 2, name: "boot", shutdownBound: DefaultShutdownBound}
 	c.failOn = append(c.failOn, DefaultFailOn...)
 	for _, o := range opts {
 		o(&c)
@@ -396,6 +402,14 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 	case waitErr != nil:
 		return res, fmt.Errorf("qemu-system-x86_64 failed: %v: %s; %s", waitErr,
 			strings.TrimSpace(stderr.String()), tail())
+	}
+	// Every orderly shutdown is timed, and none may wait out a stop timeout.
+	shutdowns := res.Shutdowns()
+	for _, s := range shutdowns {
+		t.Logf("vm: %s: %s", c.name, s)
+	}
+	if err := checkShutdowns(shutdowns, c.shutdownBound); err != nil {
+		return res, fmt.Errorf("%w; full console log: %s", err, logPath)
 	}
 	return res, nil
 }

@@ -120,3 +120,52 @@ func TestAfterUntil(t *testing.T) {
 		t.Errorf("Until a marker never seen: %d lines", n)
 	}
 }
+
+// Shutdowns are timed from the request line before the kernel's last line,
+// and a stop job waiting out its timeout, a failed unmount or kiln's image
+// partition alarm during one fails the run; a power cut is not a shutdown.
+func TestShutdowns(t *testing.T) {
+	sec := func(n int) time.Duration { return time.Duration(n) * time.Second }
+	r := &Result{
+		lines: []string{
+			"KILN-E2E: boot PASS n=1",
+			"KILN-E2E-SHUTDOWN: reboot requested",
+			"[  OK  ] Stopped crio.service",
+			"[  144.395686] reboot: Restarting system",
+			"BdsDxe: loading Boot0001",
+			"KILN-E2E: boot PASS n=2", // a power cut follows: no kernel line
+			"BdsDxe: loading Boot0001",
+			"kiln: release 1.3.0 failed its health check: …; rolled back to 1.2.0",
+			"[ *** ] A stop job is running for crio.service (12s / 1min 30s)",
+			"[FAILED] Failed unmounting var-lib-kiln-images.mount",
+			"[   99.1] reboot: Restarting system",
+			"BdsDxe: loading Boot0001",
+			"[   33.2] reboot: Power down",
+		},
+		at: []time.Duration{0, sec(10), sec(11), sec(14), sec(20), sec(30), sec(40), sec(50), sec(60), sec(130), sec(150), sec(160), sec(190)},
+	}
+	got := r.Shutdowns()
+	if len(got) != 3 {
+		t.Fatalf("Shutdowns() = %+v, want 3", got)
+	}
+	if g := got[0]; g.Request != "KILN-E2E-SHUTDOWN: reboot requested" || g.Took != sec(4) || g.Reset != sec(6) ||
+		g.End != "reboot: Restarting system" || len(g.Stalls) != 0 {
+		t.Errorf("first: %+v", g)
+	}
+	if g := got[1]; g.Took != sec(100) || len(g.Stalls) != 2 {
+		t.Errorf("second (rollback reboot): %+v", g)
+	}
+	if g := got[2]; g.Request != "" || g.Reset != 0 || len(g.Stalls) != 0 {
+		t.Errorf("third (no request): %+v", g)
+	}
+	err := checkShutdowns(got, DefaultShutdownBound)
+	if err == nil || !strings.Contains(err.Error(), "shutdown 2 stalled") || strings.Contains(err.Error(), "shutdown 1") {
+		t.Errorf("checkShutdowns: %v, want only shutdown 2 stalled", err)
+	}
+	if err := checkShutdowns(got[:1], sec(3)); err == nil || !strings.Contains(err.Error(), "took 4s (bound 3s)") {
+		t.Errorf("checkShutdowns over the bound: %v", err)
+	}
+	if err := checkShutdowns(got[:1], DefaultShutdownBound); err != nil {
+		t.Errorf("checkShutdowns of a clean reboot: %v", err)
+	}
+}

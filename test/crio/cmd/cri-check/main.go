@@ -1,17 +1,21 @@
 // Command cri-check is the e2e appliance's CRI client: it talks to CRI-O
-// over its socket with the calls kubelet makes (k8s.io/cri-api), to start the
-// appliance's workload pod and to check what CRI-O reports. Check commands
-// print one "KILN-E2E: <name> PASS|FAIL <detail>" line per check (the e2e
-// console protocol) and exit 1 if any failed.
+// over its socket with the calls kubelet makes (k8s.io/cri-api), to check
+// what CRI-O reports of the appliance's images and of the pods the kubelet
+// runs. Check commands print one "KILN-E2E: <name> PASS|FAIL <detail>" line
+// per check (the e2e console protocol) and exit 1 if any failed.
 //
-//	cri-check run POD IMAGE [ARG...]      start (or restart) pod POD running IMAGE;
-//	                                      refuses to pull: the image must be in local storage
 //	cri-check images NAME=DIGEST...       ListImages: each image present, with that digest, pinned
 //	cri-check workload POD IMAGE DIGEST LINE
 //	                                      the pod is ready, its container runs IMAGE by DIGEST and logged LINE
+//	cri-check ready POD                   exit 0 when the pod is ready and every container of it runs
+//	                                      (a release's health check); else one line saying why
 //	cri-check pull NAME DIGEST            PullImage by name, then ImageStatus: that digest
 //	cri-check pinned CHECK NAME DIGEST true|false
 //	                                      ImageStatus: the image (by that digest) is pinned, or not
+//	cri-check absent CHECK IMAGE...       ImageStatus: none of the images (names or IDs) is in local storage
+//
+// POD is a pod's name in the namespace kiln-e2e as its manifest names it;
+// the kubelet runs a static pod as POD-<node name>, and either is found.
 //
 // Built CGO_ENABLED=0 by the e2e test and delivered through Ignition.
 package main
@@ -23,7 +27,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -39,7 +42,7 @@ func main() {
 	socket := flag.String("socket", "/var/run/crio/crio.sock", "CRI-O's socket")
 	timeout := flag.Duration("timeout", 3*time.Minute, "bound for the whole command")
 	flag.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: cri-check [-socket PATH] [-timeout D] run|images|workload|pull ARGS (see the source's doc comment)")
+		fmt.Fprintln(os.Stderr, "usage: cri-check [-socket PATH] [-timeout D] images|workload|ready|pull|pinned|absent ARGS (see the source's doc comment)")
 	}
 	flag.Parse()
 	args := flag.Args()
@@ -61,10 +64,6 @@ func main() {
 
 	ok := true
 	switch cmd, rest := args[0], args[1:]; {
-	case cmd == "run" && len(rest) >= 2:
-		if err := c.run(ctx, rest[0], rest[1], rest[2:]); err != nil {
-			fatal(err)
-		}
 	case cmd == "images" && len(rest) > 0:
 		ok = c.images(ctx, rest)
 	case cmd == "workload" && len(rest) == 4:
@@ -73,6 +72,12 @@ func main() {
 		ok = c.pull(ctx, rest[0], rest[1])
 	case cmd == "pinned" && len(rest) == 4 && (rest[3] == "true" || rest[3] == "false"):
 		ok = c.pinned(ctx, rest[0], rest[1], rest[2], rest[3] == "true")
+	case cmd == "ready" && len(rest) == 1:
+		if err := c.ready(ctx, rest[0]); err != nil {
+			fatal(err)
+		}
+	case cmd == "absent" && len(rest) >= 2:
+		ok = c.absent(ctx, rest[0], rest[1:])
 	default:
 		flag.Usage()
 		os.Exit(2)
@@ -116,97 +121,6 @@ func repo(name string) string {
 		name = name[:i]
 	}
 	return name
-}
-
-// run starts pod with one container of image, as kubelet does with
-// imagePullPolicy: Never — ImageStatus first, and no PullImage at all. A pod
-// of that name left from an earlier run is stopped and removed first, so
-// the unit can run on every boot.
-func (c client) run(ctx context.Context, pod, image string, args []string) error {
-	st, err := c.im.ImageStatus(ctx, &cri.ImageStatusRequest{Image: &cri.ImageSpec{Image: image}})
-	if err != nil {
-		return fmt.Errorf("ImageStatus %s: %w", image, err)
-	}
-	if st.Image == nil {
-		return fmt.Errorf("image %s is not in local storage; this workload never pulls (the preloaded store should have it)", image)
-	}
-	old, err := c.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{Filter: &cri.PodSandboxFilter{
-		LabelSelector: map[string]string{"kiln-e2e/pod": pod}}})
-	if err != nil {
-		return fmt.Errorf("ListPodSandbox: %w", err)
-	}
-	for _, p := range old.Items {
-		if _, err := c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: p.Id}); err != nil {
-			return fmt.Errorf("stop old pod %s: %w", p.Id, err)
-		}
-		if _, err := c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: p.Id}); err != nil {
-			return fmt.Errorf("remove old pod %s: %w", p.Id, err)
-		}
-	}
-	logDir := filepath.Join("/var/log/pods", podNamespace+"_"+pod)
-	// The log of an earlier run must not answer for this one.
-	if err := os.Remove(filepath.Join(logDir, pod+".log")); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove the old container log: %w", err)
-	}
-	sbCfg := &cri.PodSandboxConfig{
-		Metadata:     &cri.PodSandboxMetadata{Name: pod, Namespace: podNamespace, Uid: "kiln-e2e-" + pod},
-		Hostname:     pod,
-		LogDirectory: logDir,
-		Labels:       map[string]string{"kiln-e2e/pod": pod},
-		// As kubelet sets them for a pod without shareProcessNamespace:
-		// network and IPC per pod, PID per container (then CRI-O runs no
-		// infra container, drop_infra_ctr).
-		Linux: &cri.LinuxPodSandboxConfig{SecurityContext: &cri.LinuxSandboxSecurityContext{NamespaceOptions: &cri.NamespaceOption{
-			Network: cri.NamespaceMode_POD, Ipc: cri.NamespaceMode_POD, Pid: cri.NamespaceMode_CONTAINER}}},
-	}
-	// kubelet retries a failed sandbox with the next attempt number; so do
-	// we, a few times (CRI-O cleans up a sandbox it failed to start).
-	var sb *cri.RunPodSandboxResponse
-	for attempt := uint32(0); ; attempt++ {
-		sbCfg.Metadata.Attempt = attempt
-		sb, err = c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: sbCfg})
-		if err == nil {
-			break
-		}
-		if attempt == 2 {
-			return fmt.Errorf("RunPodSandbox %s, %d attempts: %w", pod, attempt+1, err)
-		}
-		fmt.Fprintf(os.Stderr, "cri-check: RunPodSandbox %s attempt %d: %v; retrying in 5s\n", pod, attempt, err)
-		time.Sleep(5 * time.Second)
-	}
-	// CreateContainer is bounded per attempt and retried with the next
-	// attempt number, as kubelet does (seen once on a TCG second boot: a
-	// CreateContainer that never answered).
-	var ctr *cri.CreateContainerResponse
-	for attempt := uint32(0); ; attempt++ {
-		actx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		ctr, err = c.rt.CreateContainer(actx, &cri.CreateContainerRequest{
-			PodSandboxId: sb.PodSandboxId,
-			Config: &cri.ContainerConfig{
-				Metadata: &cri.ContainerMetadata{Name: pod, Attempt: attempt},
-				Image:    &cri.ImageSpec{Image: image},
-				Args:     args,
-				LogPath:  pod + ".log",
-				Labels:   map[string]string{"kiln-e2e/pod": pod},
-				Linux: &cri.LinuxContainerConfig{SecurityContext: &cri.LinuxContainerSecurityContext{NamespaceOptions: &cri.NamespaceOption{
-					Network: cri.NamespaceMode_POD, Ipc: cri.NamespaceMode_POD, Pid: cri.NamespaceMode_CONTAINER}}},
-			},
-			SandboxConfig: sbCfg,
-		})
-		cancel()
-		if err == nil {
-			break
-		}
-		if attempt == 2 || ctx.Err() != nil {
-			return fmt.Errorf("CreateContainer %s in pod %s, %d attempts: %w", image, pod, attempt+1, err)
-		}
-		fmt.Fprintf(os.Stderr, "cri-check: CreateContainer %s attempt %d: %v; retrying\n", image, attempt, err)
-	}
-	if _, err := c.rt.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
-		return fmt.Errorf("StartContainer %s: %w", ctr.ContainerId, err)
-	}
-	fmt.Printf("pod %s (%s) container %s started from %s (image %s)\n", pod, sb.PodSandboxId, ctr.ContainerId, image, st.Image.Id)
-	return nil
 }
 
 // images checks ListImages: every NAME=DIGEST present by that digest, pinned.
@@ -255,17 +169,12 @@ func describe(imgs []*cri.Image) string {
 	return s
 }
 
-// workload checks the pod started by `run`: ready, its container running
-// the image by digest, and the line the program printed in its CRI log.
+// workload checks the kubelet's pod: ready, its container running the
+// image by digest, and the line the program printed in its CRI log.
 func (c client) workload(ctx context.Context, pod, image, digest, line string) bool {
-	sbs, err := c.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{Filter: &cri.PodSandboxFilter{
-		LabelSelector: map[string]string{"kiln-e2e/pod": pod}}})
-	if err != nil || len(sbs.Items) != 1 {
-		return report("cri-workload", false, "pod %s: %d pods, err %v", pod, lenItems(sbs), err)
-	}
-	sb := sbs.Items[0]
-	if sb.State != cri.PodSandboxState_SANDBOX_READY {
-		return report("cri-workload", false, "pod %s is %s", pod, sb.State)
+	sb, err := c.readyPod(ctx, pod)
+	if err != nil {
+		return report("cri-workload", false, "%v", err)
 	}
 	ctrs, err := c.rt.ListContainers(ctx, &cri.ListContainersRequest{Filter: &cri.ContainerFilter{PodSandboxId: sb.Id}})
 	if err != nil || len(ctrs.Containers) != 1 {
@@ -303,11 +212,56 @@ func (c client) workload(ctx context.Context, pod, image, digest, line string) b
 	return report("cri-workload", true, "pod %s ready ip=%s; container running %s; log: %s", pod, ip, s.ImageRef, got)
 }
 
-func lenItems(r *cri.ListPodSandboxResponse) int {
-	if r == nil {
-		return 0
+// readyPod returns the one ready sandbox of pod (POD or POD-<node name>
+// in the kiln-e2e namespace), or says what there is instead.
+func (c client) readyPod(ctx context.Context, pod string) (*cri.PodSandbox, error) {
+	sbs, err := c.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("ListPodSandbox: %w", err)
 	}
-	return len(r.Items)
+	host, _ := os.Hostname()
+	var ready []*cri.PodSandbox
+	var other []string
+	for _, sb := range sbs.Items {
+		m := sb.GetMetadata()
+		if m.GetNamespace() != podNamespace || (m.GetName() != pod && m.GetName() != pod+"-"+strings.ToLower(host)) {
+			continue
+		}
+		if sb.State == cri.PodSandboxState_SANDBOX_READY {
+			ready = append(ready, sb)
+		} else {
+			other = append(other, fmt.Sprintf("%.12s %s", sb.Id, sb.State))
+		}
+	}
+	if len(ready) != 1 {
+		return nil, fmt.Errorf("pod %s: %d ready sandboxes (others: %v)", pod, len(ready), other)
+	}
+	return ready[0], nil
+}
+
+// ready is a release's health check of pod: its sandbox ready and every
+// container of it running (the kubelet restarts a failing one, so a crash
+// loop or an image it may not pull shows as not running).
+func (c client) ready(ctx context.Context, pod string) error {
+	sb, err := c.readyPod(ctx, pod)
+	if err != nil {
+		return err
+	}
+	ctrs, err := c.rt.ListContainers(ctx, &cri.ListContainersRequest{Filter: &cri.ContainerFilter{PodSandboxId: sb.Id}})
+	if err != nil {
+		return fmt.Errorf("ListContainers: %w", err)
+	}
+	running := 0
+	for _, ct := range ctrs.Containers {
+		if ct.State == cri.ContainerState_CONTAINER_RUNNING {
+			running++
+		}
+	}
+	if running == 0 || running != len(ctrs.Containers) {
+		return fmt.Errorf("pod %s: %d of %d containers running (the kubelet's journal says why)", pod, running, len(ctrs.Containers))
+	}
+	fmt.Printf("pod %s ready: %d containers running\n", pod, running)
+	return nil
 }
 
 // findLogLine returns the first line of a CRI container log ending in
@@ -350,6 +304,24 @@ func (c client) pull(ctx context.Context, name, digest string) bool {
 		return report(check, false, "pulled %s has repo digests %q, want %s@%s", r.ImageRef, st.Image.RepoDigests, repo(name), digest)
 	}
 	return report(check, true, "%s in %s, pinned=%v", digest, time.Since(start).Round(time.Millisecond), st.Image.Pinned)
+}
+
+// absent checks that none of images (names or IDs) is in local storage.
+func (c client) absent(ctx context.Context, check string, images []string) bool {
+	var there []string
+	for _, im := range images {
+		st, err := c.im.ImageStatus(ctx, &cri.ImageStatusRequest{Image: &cri.ImageSpec{Image: im}})
+		if err != nil {
+			return report(check, false, "ImageStatus %s: %v", im, err)
+		}
+		if st.Image != nil {
+			there = append(there, fmt.Sprintf("%s (%.19s pinned=%v)", im, st.Image.Id, st.Image.Pinned))
+		}
+	}
+	if len(there) > 0 {
+		return report(check, false, "still in local storage: %s", strings.Join(there, ", "))
+	}
+	return report(check, true, "none of %d images in local storage", len(images))
 }
 
 // pinned checks ImageStatus's pinned flag of name, which must have digest.
