@@ -96,11 +96,12 @@ refused() {
     if [ "$before" = "$after" ] && status_is staged -; then pass "$1-unchanged" "$after"; else fail "$1-unchanged" "$before -> $after: $("$AGENT" agent status | oneline)"; fi
 }
 
-# plug VERSION: ask for the stick, wait until it is staged and pulled out,
-# reboot into it.
+# plug VERSION [STICK]: ask for the stick (named VERSION unless STICK says
+# otherwise), wait until VERSION is staged and the stick pulled out, reboot
+# into it.
 plug() {
     local v=$1
-    echo "kiln-e2e: plug $v"
+    echo "kiln-e2e: plug ${2:-$v}"
     if wait_for 600 status_is staged "${v//./\\.}"; then pass staged "$v"; else fail staged "$v not staged after 600 s"; diag "kiln-import@vdb1.service"; fi
     if wait_for 180 test ! -e /sys/block/vdb; then pass stick-removed; else fail stick-removed "vdb still there after 180 s"; fi
     show_status
