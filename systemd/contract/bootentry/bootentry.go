@@ -105,10 +105,7 @@ type Name struct {
 
 // FileName is the name of an entry with tries left (0: blessed, no counter).
 func FileName(id string, triesLeft int) string {
-	if triesLeft <= 0 {
-		return id + Suffix
-	}
-	return id + "+" + strconv.Itoa(triesLeft) + Suffix
+	return Name{ID: id, Counting: triesLeft > 0, Left: max(triesLeft, 0)}.String()
 }
 
 // String is the file name.
