@@ -180,6 +180,17 @@ func (p Partition) FATList(dir string) ([]string, error) {
 	return names, nil
 }
 
+// FATRename renames file from to to on a FAT partition (e.g. a boot loader
+// entry on the ESP, as systemd-boot and systemd-bless-boot rename them).
+func (p Partition) FATRename(from, to string) error {
+	cmd := exec.Command("mren", "-i", fmt.Sprintf("%s@@%d", p.Disk, p.Offset), "::"+from, "::"+to)
+	cmd.Env = append(os.Environ(), "MTOOLS_SKIP_CHECK=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("mren %s %s on partition %q of %s: %v: %s", from, to, p.Name, p.Disk, err, out)
+	}
+	return nil
+}
+
 // Copy copies the disk image src to dst, keeping holes, so every boot can
 // start from a pristine copy of a cached base image.
 func Copy(dst, src string) error {

@@ -104,6 +104,26 @@ func TestFATList(t *testing.T) {
 	}
 }
 
+// An entry renamed as systemd-boot renames it (a '+' counter in the name)
+// is listed under its new name only; a missing one is an error.
+func TestFATRename(t *testing.T) {
+	disk := newDisk(t)
+	p, err := Find(disk, "esp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.FATRename("/loader/a.conf", "/loader/a+1.conf"); err != nil {
+		t.Fatal(err)
+	}
+	names, err := p.FATList("/loader")
+	if err != nil || !slices.Equal(names, []string{"a+1.conf"}) {
+		t.Errorf("FATList(/loader) after rename = %v, %v; want [a+1.conf]", names, err)
+	}
+	if err := p.FATRename("/loader/missing.conf", "/loader/b.conf"); err == nil {
+		t.Error("FATRename of a missing file succeeded")
+	}
+}
+
 func TestCopyKeepsHoles(t *testing.T) {
 	disk := newDisk(t)
 	dst := filepath.Join(t.TempDir(), "copy.raw")
