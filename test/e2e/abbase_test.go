@@ -5,7 +5,9 @@ package e2e
 import (
 	"bytes"
 	_ "embed"
+	"fmt"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -65,6 +67,63 @@ func TestABBase(t *testing.T) {
 	requireDetail(t, second, "boot-entry", counted)
 	requireDetail(t, second, "bless-status", "good")
 	requireEntries(t, esp, ab.Entry) // blessed: the counter is gone
+}
+
+// TestABBaseTamperedUsr: one byte of usr-a changed where squashfs never
+// looks (the superblock's mkfs_time; unsquashfs still reads the superblock)
+// and the initramfs cannot mount /usr: the verity device opens (the hash
+// tree matches the entry's root hash) but refuses the changed block, so the
+// mount fails and the boot stops in emergency mode.
+func TestABBaseTamperedUsr(t *testing.T) {
+	ab := fixture.ABBase(t)
+	disk := t.TempDir() + "/disk.raw"
+	if err := rawdisk.Copy(disk, ab.Path); err != nil {
+		t.Fatal(err)
+	}
+	usr := mustFind(t, disk, "usr-a")
+	const mkfsTime = 8 // squashfs superblock: magic, inode count, then mkfs_time
+	f, err := os.OpenFile(disk, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 1)
+	if _, err := f.ReadAt(b, usr.Offset+mkfsTime); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0xff
+	if _, err := f.WriteAt(b, usr.Offset+mkfsTime); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Without verity the slot still reads as squashfs.
+	slot := t.TempDir() + "/usr-a.sqfs"
+	if out, err := exec.Command("dd", "if="+disk, "of="+slot, "bs=1M", "iflag=skip_bytes,count_bytes",
+		fmt.Sprintf("skip=%d", usr.Offset), fmt.Sprintf("count=%d", usr.Size), "status=none").CombinedOutput(); err != nil {
+		t.Fatalf("dd: %v: %s", err, out)
+	}
+	if out, err := exec.Command("unsquashfs", "-s", slot).CombinedOutput(); err != nil {
+		t.Fatalf("unsquashfs -s on the tampered slot: %v: %s", err, out)
+	}
+	if err := guest.WriteConfig(disk, guest.CheckConfig(abbaseCheck)); err != nil {
+		t.Fatal(err)
+	}
+	res, err := vm.Run(t, disk, vm.WithName("ab-tampered-usr"), vm.WithTimeout(10*time.Minute))
+	if res == nil {
+		t.Fatal(err) // QEMU did not even start
+	}
+	if err == nil || !strings.Contains(err.Error(), `console showed "emergency mode"`) {
+		t.Fatalf("boot with a tampered usr-a: %v; want it stopped in emergency mode (console: %s)", err, res.Console)
+	}
+	t.Logf("tampered boot stopped after %s", res.Duration.Round(time.Second))
+	if len(res.Lines(vm.CheckPrefix)) > 0 {
+		t.Errorf("the tampered system reached its checks (console: %s)", res.Console)
+	}
+	// systemd 252 mounts the slot on /sysusr/usr, then binds it on /sysroot/usr.
+	if !slices.ContainsFunc(res.Lines("Failed to mount"), func(l string) bool { return strings.Contains(l, "/sysusr/usr") }) {
+		t.Errorf("console lacks systemd's line for the failed /sysusr/usr mount (console: %s)", res.Console)
+	}
 }
 
 // requireABUsr: /usr was usr-a on dm-verity with the entry's root hash.
