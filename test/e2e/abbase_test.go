@@ -133,6 +133,7 @@ func requireABUsr(t *testing.T, r *vm.Result, ab fixture.ABDisk) {
 	requireDetail(t, r, "usr-verity", ab.RootHash)
 	requireDetail(t, r, "usr-data", fixture.UsrAPartUUID)
 	requireDetail(t, r, "usr-hash", fixture.UsrAVerityPartUUID)
+	requireDetail(t, r, "esp-mount", "vfat "+fixture.ESPPartUUID)
 	requireDetail(t, r, "crio-from-usr", "/usr/bin/crio on /dev/mapper/usr")
 	requireDetail(t, r, "kubelet-from-usr", "/usr/bin/kubelet on /dev/mapper/usr")
 }

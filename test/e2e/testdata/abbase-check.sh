@@ -62,6 +62,11 @@ var=/sys/firmware/efi/efivars/LoaderEntrySelected-4a67b082-0a4c-41cf-b6c7-440b29
 # (efivarfs cannot seek: read it whole through a pipe.)
 entry=$(cat "$var" 2>/dev/null | tail -c +5 | tr -d '\0')
 if [ -n "$entry" ]; then report boot-entry PASS "$entry"; else report boot-entry FAIL "no LoaderEntrySelected"; fi
+# The ESP, where bless-boot renames entries: mounted on /efi on first use
+# by systemd-gpt-auto-generator's automount.
+ls /efi/loader/entries >/dev/null 2>&1
+esp=$(findmnt -rno FSTYPE,PARTUUID /efi 2>&1 | awk '$1 != "autofs" {print $1, $2}' | oneline)
+report esp-mount PASS "$esp"
 load=$(systemctl show -p LoadState --value systemd-bless-boot.service)
 if [ "$load" = loaded ]; then report bless-boot-unit PASS; else report bless-boot-unit FAIL "$load"; fi
 # On a counted boot, bless-boot runs once boot-complete.target is reached.
