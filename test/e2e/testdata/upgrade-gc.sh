@@ -2,12 +2,12 @@
 # The kubelet's image garbage collector against kiln's pins (gc_test.go,
 # issue 24), on every boot of one machine (preload mode copy: every image is
 # in CRI-O's writable store, where the collector can remove it). The test
-# fills the image filesystem past the kubelet's high threshold with images no
-# kept release has (made here, from random bytes: nothing comes from a
-# network), and the collector must remove only those: every image of the
-# release being tried, of the current one (the rollback target, which runs
-# nothing then) and of the previous one stays. Then the rollback runs the
-# current release offline. The negative control: without kiln's pins, the
+# fills the image filesystem past the kubelet's high threshold (a ballast
+# file, then images no kept release has, made here from random bytes:
+# nothing comes from a network), and the collector must remove only those
+# images: every image of the release being tried, of the current one (the
+# rollback target, which runs nothing then) and of the previous one stays.
+# Then the rollback runs the current release offline. The negative control: without kiln's pins, the
 # same pressure removes a release image.
 #
 # The pressure: the node's kubelet drop-in (written at boot 2) sets its hard
@@ -41,13 +41,23 @@ APP11_ID= APP10_ID=
 # (100 - available*100/capacity; ext4's reserved blocks count as used).
 usage() { stat -f -c '%a %b' /var/lib/containers/storage | awk '{print 100 - int($1 * 100 / $2)}'; }
 
-# fill PERCENT: add images of random bytes (32 MiB each, a layer of their
-# own, tagged localhost/kiln-e2e/fill:N) until the image filesystem is at
-# least PERCENT full; their IDs go to $FILLS.
+# fill PERCENT: bring the image filesystem to at least PERCENT full: a
+# ballast file (fallocate: instant, and no image, so the collector cannot
+# free it) up to one point below, then images of random bytes (32 MiB each,
+# a layer of their own, tagged localhost/kiln-e2e/fill:N; at least two)
+# until it is; their IDs go to $FILLS. Filling with images alone took
+# minutes of podman under TCG.
+BALLAST=/var/lib/kiln-e2e-ballast
 fill() {
-    local i=0 tmp=/var/tmp/kiln-e2e-fill
+    local i=0 tmp=/var/tmp/kiln-e2e-fill avail blocks bsize need have
+    read -r avail blocks bsize < <(stat -f -c '%a %b %S' /var/lib/containers/storage)
+    need=$(((blocks * ($1 - 1) / 100 - (blocks - avail)) * bsize))
+    if [ "$need" -gt 0 ]; then
+        have=$(stat -c %s "$BALLAST" 2>/dev/null || echo 0)
+        fallocate -l $((have + need)) "$BALLAST" || { fail fill "fallocate $BALLAST failed"; return; }
+    fi
     mkdir -p "$tmp"
-    while [ "$(usage)" -lt "$1" ] && [ $i -lt 40 ]; do
+    while { [ "$(usage)" -lt "$1" ] || [ $i -lt 2 ]; } && [ $i -lt 40 ]; do
         i=$((i + 1))
         head -c 32M /dev/urandom >"$tmp/data"
         tar -C "$tmp" -cf "$tmp/layer.tar" data
@@ -56,7 +66,7 @@ fill() {
         rm -f "$tmp/data" "$tmp/layer.tar"
     done
     rm -rf "$tmp"
-    if [ "$(usage)" -ge "$1" ]; then pass fill "$i images of 32 MiB: $(usage)% used (the kubelet collects above $HIGH%)"; else fail fill "$(usage)% used after $i images, want $1%"; fi
+    if [ "$(usage)" -ge "$1" ]; then pass fill "$(($(stat -c %s "$BALLAST") >> 20)) MiB of ballast and $i images of 32 MiB: $(usage)% used (the kubelet collects above $HIGH%)"; else fail fill "$(usage)% used after $i images, want $1%"; fi
 }
 
 # image_id NAME DIGEST: the image's ID (what the kubelet's log names).
@@ -118,6 +128,9 @@ case $n in
     pinned gc-kept-previous 1.0.0 true
     cri pinned gc-kept-trying "$TOOLS_REF" "$TOOLS_DIGEST" true
     cri pinned gc-kept-pause "$PAUSE_REF" "$PAUSE_DIGEST" true
+    # The rollback boot starts below the threshold, as after a real
+    # collection: the ballast is no image.
+    rm -f "$BALLAST"
     # 1.3 is not healthy: kiln-release-check rolls it back and reboots.
     echo "kiln-e2e: waiting for the health check to roll 1.3.0 back and reboot"
     sleep 600

@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -97,11 +98,13 @@ func WithQEMUArgs(args ...string) Option {
 // (default DefaultShutdownBound); see Result.Shutdowns.
 func WithShutdownBound(d time.Duration) Option { return func(c *config) { c.shutdownBound = d } }
 
-// WithReboots lets the guest reboot within the run (QEMU without
-// -no-reboot): the machine resets as real hardware does, the disk and the
-// UEFI variables stay, and Boot returns at the guest's final power-off with
-// the console of every boot.
-func WithReboots() Option { return func(c *config) { c.reboots = true } }
+// WithReboots lets the guest reboot within the run, and the test press
+// reset (Monitor.Reset): each reset ends the QEMU process and the run starts
+// a new one on the same disk and UEFI variables, with the disks that were
+// plugged in plugged in again, as a machine's reset keeps them; the console
+// log holds every boot and Boot returns at the guest's final power-off.
+// Implies WithMonitor.
+func WithReboots() Option { return func(c *config) { c.reboots, c.monitor = true, true } }
 
 // WithMonitor gives the machine a QMP socket and PCIe root ports for
 // hot-plugged disks (see OnConsole).
@@ -307,9 +310,12 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 	} else {
 		args = append(args, "-drive", "if=virtio,format=raw,file="+disk)
 	}
-	if !c.reboots {
-		args = append(args, "-no-reboot")
-	}
+	// A reset ends QEMU (-no-reboot, also for a Reset the test presses); with
+	// WithReboots the run starts a new QEMU on the same disk and UEFI
+	// variables. One process across resets hung in OVMF after a reset in CI
+	// runs (QEMU 7.2's TCG: no console byte for 25 and 42 minutes, a second
+	// system_reset did not help); a fresh process has never hung there.
+	args = append(args, "-no-reboot")
 	var qmpPath string
 	if c.monitor {
 		// A short path: unix socket names are limited to 108 bytes.
@@ -319,7 +325,9 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 		}
 		defer os.RemoveAll(dir)
 		qmpPath = filepath.Join(dir, "qmp.sock")
-		args = append(args, "-qmp", "unix:"+qmpPath+",server=on,wait=off")
+		// -S: the machine waits for the monitor's "cont", so that disks
+		// plugged in at a reset are back before the firmware looks.
+		args = append(args, "-S", "-qmp", "unix:"+qmpPath+",server=on,wait=off")
 		args = append(args, hotplugArgs()...)
 	}
 	args = append(args, c.extra...)
@@ -327,64 +335,35 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
-	cmd.WaitDelay = 10 * time.Second
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	// -serial stdio: what a callback types (Monitor.Type) reaches the
-	// guest's serial port. Without a monitor stdin stays /dev/null.
-	var stdin io.WriteCloser
-	if c.monitor {
-		if stdin, err = cmd.StdinPipe(); err != nil {
-			return nil, err
-		}
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start qemu-system-x86_64 (is qemu-system-x86 installed?): %w", err)
-	}
-
-	// Scan until the pipe closes: QEMU exited or was killed (timeout, or a
-	// failure pattern calling cancel).
 	sc := newScanner(c.failOn, t, c.name)
 	sc.start = start
+	var mon *Monitor
 	var hooks *hookRunner
-	stopWatch := func() {} // the reset watch, stopped before the hook runner
 	if c.monitor {
-		mon, err := dialMonitor(qmpPath)
-		if err != nil {
-			cancel()
-			cmd.Wait()
-			return nil, err
-		}
+		mon = newMonitor()
 		defer mon.close()
-		mon.console = stdin
 		hooks = newHookRunner(mon, c.hooks, cancel)
 		sc.onLine = hooks.line
-		if c.reboots {
-			watch := &resetWatch{silence: resetSilence, press: func(silent time.Duration) {
-				t.Logf("vm: %s: the firmware printed nothing for %s after a reset: pressing reset again", c.name, silent)
-				hooks.queue <- func() error { return mon.systemReset() }
-			}, answered: func(after time.Duration) {
-				t.Logf("vm: %s: the firmware answered %s after a reset", c.name, after.Round(100*time.Millisecond))
-			}}
-			sc.onLine = func(l string) { watch.line(l); hooks.line(l) }
-			mon.onReset = watch.reset
-			stopWatch = watch.stop
-		}
 	}
 	var console io.Writer = logFile
 	if len(c.prompts) > 0 {
 		console = io.MultiWriter(logFile, &promptWatcher{prompts: c.prompts, fire: hooks.queueHook})
 	}
-	sc.scan(io.TeeReader(stdout, console), cancel)
-	stopWatch()
+
+	var stderr strings.Builder
+	var waitErr error
+	for starts := 1; ; starts++ {
+		if starts > 1 {
+			fmt.Fprintf(logFile, "# the machine reset: qemu-system-x86_64 starts again (%s into the run)\n", time.Since(start).Round(time.Second))
+		}
+		var again bool
+		again, waitErr = c.runQEMU(ctx, cancel, args, qmpPath, mon, hooks, sc, console, &stderr)
+		if !again || waitErr != nil || ctx.Err() != nil || sc.failedOn != "" || hooks.failed() {
+			break
+		}
+	}
 	hookErr := hooks.stop()
-	waitErr := cmd.Wait()
 	res := &Result{Console: logPath, Duration: time.Since(start), lines: sc.lines, at: sc.at}
 
 	tail := func() string {
@@ -412,6 +391,65 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 		return res, fmt.Errorf("%w; full console log: %s", err, logPath)
 	}
 	return res, nil
+}
+
+// runQEMU runs one QEMU process of the run until it exits, and says
+// whether it exited on a reset the run goes on after (WithReboots).
+func (c config) runQEMU(ctx context.Context, cancel func(), args []string, qmpPath string, mon *Monitor,
+	hooks *hookRunner, sc *scanner, console io.Writer, stderr *strings.Builder) (again bool, err error) {
+	if qmpPath != "" {
+		os.Remove(qmpPath) // the last QEMU's socket
+	}
+	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
+	cmd.WaitDelay = 10 * time.Second
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return false, err
+	}
+	// -serial stdio: what a callback types (Monitor.Type) reaches the
+	// guest's serial port. Without a monitor stdin stays /dev/null.
+	if mon != nil {
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			return false, err
+		}
+		mon.setConsole(stdin)
+	}
+	stderr.Reset()
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		return false, fmt.Errorf("start qemu-system-x86_64 (is qemu-system-x86 installed?): %w", err)
+	}
+	if mon != nil {
+		err := mon.attach(qmpPath)
+		if err == nil {
+			err = mon.replug()
+		}
+		if err == nil {
+			_, err = mon.Execute("cont", nil)
+		}
+		if err != nil {
+			cancel()
+			cmd.Wait()
+			return false, err
+		}
+	}
+	// Scan until the pipe closes: QEMU exited or was killed (timeout, or a
+	// failure pattern calling cancel).
+	sc.scan(io.TeeReader(stdout, console), cancel)
+	hooks.idle() // what this machine's console asked for is done (or failed)
+	if err := cmd.Wait(); err != nil {
+		return false, err
+	}
+	if mon == nil || !c.reboots {
+		return false, nil
+	}
+	switch r := mon.exitReason(); r {
+	case "guest-reset", "host-qmp-system-reset":
+		return true, nil
+	default:
+		return false, nil
+	}
 }
 
 // scanner splits the console into clean lines and watches for failures.
@@ -520,30 +558,60 @@ func copyFile(dst, src string) error {
 	return out.Close()
 }
 
+// queued is a callback, or a barrier (idle) that runs even after a failure.
+type queued struct {
+	fn      func() error
+	barrier bool
+}
+
 // hookRunner runs OnConsole callbacks in order on a goroutine of its own.
 type hookRunner struct {
 	hooks []hook
 	mon   *Monitor
-	queue chan func() error
+	queue chan queued
 	done  chan struct{}
+	mu    sync.Mutex
 	err   error
 }
 
 func newHookRunner(mon *Monitor, hooks []hook, cancel func()) *hookRunner {
-	h := &hookRunner{hooks: hooks, mon: mon, queue: make(chan func() error, 256), done: make(chan struct{})}
+	h := &hookRunner{hooks: hooks, mon: mon, queue: make(chan queued, 256), done: make(chan struct{})}
 	go func() {
 		defer close(h.done)
-		for f := range h.queue {
-			if h.err != nil {
+		for q := range h.queue {
+			if h.failed() && !q.barrier {
 				continue
 			}
-			if err := f(); err != nil {
+			if err := q.fn(); err != nil {
+				h.mu.Lock()
 				h.err = err
+				h.mu.Unlock()
 				cancel()
 			}
 		}
 	}()
 	return h
+}
+
+// failed says whether a callback failed (the run ends).
+func (h *hookRunner) failed() bool {
+	if h == nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err != nil
+}
+
+// idle waits until every callback queued so far has run (or was skipped
+// after a failure).
+func (h *hookRunner) idle() {
+	if h == nil {
+		return
+	}
+	done := make(chan struct{})
+	h.queue <- queued{fn: func() error { close(done); return nil }, barrier: true}
+	<-done
 }
 
 func (h *hookRunner) line(l string) {
@@ -555,7 +623,7 @@ func (h *hookRunner) line(l string) {
 }
 
 func (h *hookRunner) queueHook(hk hook, l string) {
-	h.queue <- func() error { return hk.fn(h.mon, l) }
+	h.queue <- queued{fn: func() error { return hk.fn(h.mon, l) }}
 }
 
 // promptWatcher sees the console's raw bytes as they arrive and fires an
