@@ -72,6 +72,9 @@ type Contents struct {
 	Files []File `json:"files"`
 	// Registry settings the node's units need.
 	Registry Registry `json:"registry"`
+	// OSSlots is the OS's A/B slots, when the base has them (absent, not
+	// null, when it has none: such a disk's kiln.json is as before).
+	OSSlots *OSSlots `json:"osSlots,omitempty"`
 }
 
 // Image is one container image on the partition.
@@ -121,6 +124,11 @@ func Decode(r io.Reader) (*Contents, error) {
 	}
 	if c.SchemaVersion != ContentsVersion {
 		return nil, fmt.Errorf("%s: schema version %d, this kiln reads %d", ContentsFile, c.SchemaVersion, ContentsVersion)
+	}
+	if c.OSSlots != nil {
+		if err := c.OSSlots.Check(); err != nil {
+			return nil, fmt.Errorf("%s: %w", ContentsFile, err)
+		}
 	}
 	return &c, nil
 }

@@ -48,10 +48,18 @@ type Entry struct {
 // the counter; no '/', no space).
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
+// CheckID says whether id can name an entry.
+func CheckID(id string) error {
+	if !idPattern.MatchString(id) {
+		return fmt.Errorf("boot entry ID %q: want letters, digits, '.', '_' and '-' (at most 128)", id)
+	}
+	return nil
+}
+
 // Check says whether the entry can be written as it is.
 func (e *Entry) Check() error {
-	if !idPattern.MatchString(e.ID) {
-		return fmt.Errorf("boot entry ID %q: want letters, digits, '.', '_' and '-' (at most 128)", e.ID)
+	if err := CheckID(e.ID); err != nil {
+		return err
 	}
 	if e.Linux == "" {
 		return fmt.Errorf("boot entry %s: no kernel", e.ID)
@@ -94,6 +102,52 @@ func (e *Entry) Encode(w io.Writer) error {
 	line("options", strings.Join(e.Options, " "))
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// MaxSize bounds an entry file Decode reads (systemd-boot's are a few
+// hundred bytes).
+const MaxSize = 64 << 10
+
+// Decode reads the entry in the file named name (its ID comes from the name,
+// counter removed) as systemd-boot does: one "key value" a line, '#'
+// comments, every "initrd" kept in order, the "options" lines joined. Keys
+// kiln does not use (machine-id, sort-key, devicetree, …) are skipped.
+func Decode(name string, r io.Reader) (*Entry, error) {
+	n, err := ParseFileName(name)
+	if err != nil {
+		return nil, err
+	}
+	b, err := io.ReadAll(io.LimitReader(r, MaxSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("boot entry %s: %w", name, err)
+	}
+	if len(b) > MaxSize {
+		return nil, fmt.Errorf("boot entry %s: larger than %d bytes", name, MaxSize)
+	}
+	e := &Entry{ID: n.ID}
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		k, v := line, ""
+		if i := strings.IndexAny(line, " \t"); i >= 0 {
+			k, v = line[:i], strings.TrimSpace(line[i+1:])
+		}
+		switch k {
+		case "title":
+			e.Title = v
+		case "version":
+			e.Version = v
+		case "linux":
+			e.Linux = v
+		case "initrd":
+			e.Initrd = append(e.Initrd, v)
+		case "options":
+			e.Options = append(e.Options, strings.Fields(v)...)
+		}
+	}
+	return e, nil
 }
 
 // Name is an entry's file name taken apart.
@@ -196,4 +250,34 @@ func (u UsrVerity) Options() ([]string, error) {
 		"systemd.verity_usr_data=PARTUUID=" + strings.ToLower(u.DataPartUUID),
 		"systemd.verity_usr_hash=PARTUUID=" + strings.ToLower(u.HashPartUUID),
 	}, nil
+}
+
+// ParseUsrVerity finds the parameters Options writes in a command line:
+// ok is false when none of them is there (an entry that does not mount a
+// slot), an error names what is missing or malformed when only some are.
+func ParseUsrVerity(options []string) (u UsrVerity, ok bool, err error) {
+	for _, o := range options {
+		k, v, _ := strings.Cut(o, "=")
+		switch k {
+		case "usrhash":
+			u.RootHash, ok = v, true
+		case "systemd.verity_usr_data":
+			u.DataPartUUID, ok = strings.TrimPrefix(v, "PARTUUID="), true
+		case "systemd.verity_usr_hash":
+			u.HashPartUUID, ok = strings.TrimPrefix(v, "PARTUUID="), true
+		case "mount.usrfstype":
+			u.FSType = v
+		}
+	}
+	if !ok {
+		return UsrVerity{}, false, nil
+	}
+	if u.FSType == "" {
+		u.FSType = "auto"
+	}
+	if _, err := u.Options(); err != nil {
+		return UsrVerity{}, true, fmt.Errorf("%w (an entry that mounts /usr from a slot needs usrhash=, systemd.verity_usr_data=PARTUUID= and systemd.verity_usr_hash=PARTUUID=)", err)
+	}
+	u.DataPartUUID, u.HashPartUUID = strings.ToLower(u.DataPartUUID), strings.ToLower(u.HashPartUUID)
+	return u, true, nil
 }

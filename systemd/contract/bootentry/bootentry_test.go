@@ -121,3 +121,45 @@ func TestUsrVerityRefuses(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestDecodeRoundTrip: what Encode writes, Decode reads back; the ID comes
+// from the file name with its counter removed.
+func TestDecodeRoundTrip(t *testing.T) {
+	e := release11(t)
+	var b bytes.Buffer
+	if err := e.Encode(&b); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Decode(FileName(e.ID, 3), strings.NewReader("# written by kiln\n"+b.String()+"machine-id 0123\noptions quiet\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := e
+	want.Options = append(append([]string{}, e.Options...), "quiet")
+	if got.ID != want.ID || got.Title != want.Title || got.Version != want.Version || got.Linux != want.Linux ||
+		strings.Join(got.Initrd, ",") != strings.Join(want.Initrd, ",") || strings.Join(got.Options, " ") != strings.Join(want.Options, " ") {
+		t.Errorf("Decode = %+v, want %+v", got, want)
+	}
+	if _, err := Decode("loader.conf.bak", strings.NewReader("")); !errors.Is(err, ErrNotEntry) {
+		t.Errorf("not an entry's name: %v", err)
+	}
+}
+
+func TestParseUsrVerity(t *testing.T) {
+	e := release11(t)
+	u, ok, err := ParseUsrVerity(e.Options)
+	if err != nil || !ok {
+		t.Fatalf("ParseUsrVerity = %v, %v", ok, err)
+	}
+	want := UsrVerity{RootHash: strings.Repeat("de1a0ac3", 8), DataPartUUID: "6e109e5e-b4c3-4016-9df3-64c738df42f5",
+		HashPartUUID: "a48285ab-a349-4083-ae18-e26e32f0e64f", FSType: "squashfs"}
+	if u != want {
+		t.Errorf("ParseUsrVerity = %+v, want %+v", u, want)
+	}
+	if _, ok, err := ParseUsrVerity([]string{"root=LABEL=root", "rw"}); ok || err != nil {
+		t.Errorf("no slot: %v, %v", ok, err)
+	}
+	if _, _, err := ParseUsrVerity([]string{"usrhash=" + want.RootHash}); err == nil || !strings.Contains(err.Error(), "systemd.verity_usr_data=PARTUUID=") {
+		t.Errorf("root hash alone: %v", err)
+	}
+}
