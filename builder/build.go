@@ -19,7 +19,9 @@ import (
 	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
+	"github.com/kiln-appliance/kiln/partitions/base"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
+	"github.com/kiln-appliance/kiln/partitions/osslots"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
@@ -62,6 +64,7 @@ type build struct {
 	work      string // staging directory inside the cache directory
 	root      string // the image partition's tree, under work
 
+	osSlots  *contract.OSSlots // the base's A/B OS slots, nil when it has none
 	images   []fetchedImage
 	inPlace  map[v1.Hash]inPlaceBlob // blobs packed from their source, not the cache
 	contents *contract.Contents
@@ -87,6 +90,7 @@ func Build(ctx context.Context, recipePath string, o Options) (*Result, error) {
 	steps := []func(context.Context) error{
 		b.createOutput, // first: an unwritable output fails now, not after an hour of fetching
 		b.sweepLeftovers,
+		b.readOSSlots, // before any fetch: a base that cannot be upgraded slot by slot fails now
 		b.lockImages,
 		b.fetchImages,
 		b.stagePartition,
@@ -182,6 +186,26 @@ func (b *build) lockImages(ctx context.Context) error {
 	b.lockBytes, err = lock.Encode()
 	b.lock = lock
 	return err
+}
+
+// readOSSlots finds the base's A/B OS slots (osslots.Read): kiln.json
+// records them for the node.
+func (b *build) readOSSlots(context.Context) error {
+	r := b.Recipe
+	path := r.Resolve(r.Base.Path)
+	l, _, err := base.ReadLayout(path)
+	if err != nil {
+		return err
+	}
+	s, err := osslots.Read(path, l, "")
+	if err != nil {
+		return r.Errorf("base.path", "base image %s: %v", path, err)
+	}
+	if s != nil && s.Arch != r.Arch {
+		return r.Errorf("base.path", "base image %s: its OS slots are for %s (usr partition types), the recipe's arch is %s", path, s.Arch, r.Arch)
+	}
+	b.osSlots = s
+	return nil
 }
 
 // commit makes the finished disk the output (output.File.Commit). After

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
+	"github.com/kiln-appliance/kiln/partitions/osslots"
 	"github.com/kiln-appliance/kiln/partitions/seal"
 	"github.com/kiln-appliance/kiln/partitions/squashfs"
 	"github.com/kiln-appliance/kiln/systemd/contract"
@@ -24,6 +25,13 @@ type Report struct {
 	Disk     string             `json:"disk"`
 	Layout   *gpt.Layout        `json:"layout"`
 	Contents *contract.Contents `json:"contents,omitempty"`
+	// OSSlots is the OS's A/B slots (kiln.json's on a built disk, read
+	// from the partition table and the ESP on a base); null when there are
+	// none: a release changes images and files only.
+	OSSlots *contract.OSSlots `json:"osSlots"`
+	// OSSlotsError says why a base's slots cannot be used (a build from
+	// it is refused with it).
+	OSSlotsError string `json:"osSlotsError,omitempty"`
 	// Sizes of the image partition's parts (oci, storage, bin), bytes,
 	// hard-linked files counted once per path as kiln.json lists them.
 	Sizes map[string]int64 `json:"sizes,omitempty"`
@@ -51,7 +59,11 @@ func Inspect(disk string) (rep *Report, err error) {
 	}
 	rep = &Report{Disk: disk, Layout: layout}
 	if _, ok := layout.Find(contract.PartitionName); !ok {
-		return rep, nil // a plain base image: nothing of kiln's on it
+		// A plain base image: nothing of kiln's on it.
+		if rep.OSSlots, err = osslots.Read(disk, layout, ""); err != nil {
+			rep.OSSlotsError = err.Error()
+		}
+		return rep, nil
 	}
 	fsys, closer, err := squashfs.OpenImagePartition(disk)
 	if err != nil {
@@ -67,6 +79,7 @@ func Inspect(disk string) (rep *Report, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", disk, err)
 	}
+	rep.OSSlots = rep.Contents.OSSlots
 	rep.Sizes = map[string]int64{}
 	for _, file := range rep.Contents.Files {
 		top, _, _ := strings.Cut(file.Path, "/")

@@ -106,6 +106,7 @@ func (b *build) describe() (*contract.Contents, error) {
 			AlwaysOn:   r.Registry.AlwaysOn,
 			MirrorTags: r.Registry.MirrorsTags(),
 		},
+		OSSlots: b.osSlots,
 	}
 	hosts := map[string]bool{}
 	for _, fi := range b.images {

@@ -17,6 +17,7 @@ import (
 	"github.com/kiln-appliance/kiln/builder/reflashstick"
 	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/version"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
 func init() { subcommands = append(subcommands, newInspectCommand, newVerifyCommand) }
@@ -54,13 +55,7 @@ func newInspectCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if format == "json" {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(rep)
-			}
-			printReport(cmd.OutOrStdout(), rep)
-			return nil
+			return printDisk(cmd.OutOrStdout(), rep, format)
 		},
 	}
 	cmd.Flags().StringVarP(&format, "output", "o", "text", "output format: text or json")
@@ -132,6 +127,55 @@ func printChecks(w io.Writer, path string, checked, unchecked []string, exactly 
 	}
 }
 
+func printDisk(w io.Writer, rep *builder.Report, format string) error {
+	if format == "json" {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	printReport(w, rep)
+	return nil
+}
+
+// osSlotsLine says in one line whether the disk's OS can be upgraded, and
+// where.
+func osSlotsLine(rep *builder.Report) string {
+	s := rep.OSSlots
+	switch {
+	case rep.OSSlotsError != "":
+		return "OS slots: unusable, a build from this base is refused: " + rep.OSSlotsError
+	case s == nil:
+		return "OS upgrades: none (the base has no A/B slots; a release changes images and files only)"
+	}
+	var says [2]string
+	for i, sl := range s.Slots {
+		switch {
+		case sl.Name == s.Active:
+			says[i] = fmt.Sprintf("%s (active, entry %s, root hash %s…)", sl.Usr.Name, s.Entry, s.RootHash[:12])
+		case slotFilesystem(rep, sl) == "":
+			says[i] = sl.Usr.Name + " (empty)"
+		default:
+			says[i] = fmt.Sprintf("%s (inactive, %s)", sl.Usr.Name, slotFilesystem(rep, sl))
+		}
+	}
+	a, b := s.Slots[0].Usr.Size, s.Slots[1].Usr.Size
+	if a == b {
+		return fmt.Sprintf("OS slots: %s and %s, %s each", says[0], says[1], human.Bytes(a))
+	}
+	return fmt.Sprintf("OS slots: %s, %s and %s, %s", says[0], human.Bytes(a), says[1], human.Bytes(b))
+}
+
+// slotFilesystem is what the disk's partition table says the slot's usr
+// partition holds ("" for nothing kiln recognises, e.g. zeros).
+func slotFilesystem(rep *builder.Report, sl contract.OSSlot) string {
+	for _, p := range rep.Layout.Partitions {
+		if strings.EqualFold(p.GUID, sl.Usr.PartUUID) {
+			return p.Filesystem
+		}
+	}
+	return ""
+}
+
 func printReport(w io.Writer, rep *builder.Report) {
 	l := rep.Layout
 	fmt.Fprintf(w, "Disk %s: %s, GPT, disk GUID %s\n\n", rep.Disk, human.Bytes(l.Size), l.GUID)
@@ -141,6 +185,7 @@ func printReport(w io.Writer, rep *builder.Report) {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Number, p.Name, human.Bytes(p.Offset), human.Bytes(p.Size), p.Filesystem, p.Label, p.GUID)
 	}
 	tw.Flush()
+	fmt.Fprintf(w, "\n%s\n", osSlotsLine(rep))
 	c := rep.Contents
 	if c == nil {
 		fmt.Fprintln(w, "\nNo kiln image partition.")

@@ -4,10 +4,12 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/bundle"
 	"github.com/kiln-appliance/kiln/builder/reflashstick"
 	"github.com/kiln-appliance/kiln/internal/version"
@@ -74,7 +76,34 @@ func TestInspectGolden(t *testing.T) {
 	bare := *stick
 	bare.Disk.Contents, bare.Agent.Version, bare.Kiln, bare.Target, bare.Unattended = nil, nil, nil, recovery.Target{}, true
 
+	// A base in A/B slots (the e2e fixture's layout), one whose slots are
+	// refused, and a built disk of a base without slots.
+	part := func(n int, name, typ, fs string, mib int64) gpt.Partition {
+		guid := fmt.Sprintf("6B696C6E-6532-4500-8000-%012d", n)
+		return gpt.Partition{Number: n, Name: name, Type: typ, GUID: guid, Offset: int64(n) << 20, Size: mib << 20, Filesystem: fs}
+	}
+	usr, usrVerity := contract.UsrPartTypes["amd64"], contract.UsrVerityPartTypes["amd64"]
+	abLayout := &gpt.Layout{Size: 1 << 30, SectorSize: 512, GUID: "6B696C6E-6532-4500-8000-0000000000AB", Partitions: []gpt.Partition{
+		part(1, "EFI-SYSTEM", "C12A7328-F81F-11D2-BA4B-00A0C93EC93B", "vfat", 128), part(2, "boot", "0FC63DAF-8483-4772-8E79-3D69D8477DE4", "ext4", 64),
+		part(3, "usr-a", usr, "squashfs", 272), part(4, "usr-a-verity", usrVerity, "", 6),
+		part(5, "usr-b", usr, "", 272), part(6, "usr-b-verity", usrVerity, "", 6), part(7, "root", "4F68BCE3-E8CD-4DB1-96E7-FBCAF984B709", "ext4", 256),
+	}}
+	slotPart := func(p gpt.Partition) contract.SlotPartition {
+		return contract.SlotPartition{Name: p.Name, PartUUID: strings.ToLower(p.GUID), Size: p.Size}
+	}
+	ps := abLayout.Partitions
+	abBase := &builder.Report{Disk: "ab-base.raw", Layout: abLayout, OSSlots: &contract.OSSlots{
+		Arch: "amd64", Active: contract.SlotA, Entry: "kiln-1.0", RootHash: strings.Repeat("b2e4228c", 8),
+		Slots: [2]contract.OSSlot{{Name: contract.SlotA, Usr: slotPart(ps[2]), UsrVerity: slotPart(ps[3])}, {Name: contract.SlotB, Usr: slotPart(ps[4]), UsrVerity: slotPart(ps[5])}},
+	}}
+	refused := &builder.Report{Disk: "ab-base-3.raw", Layout: abLayout,
+		OSSlotsError: `the base has 3 usr partitions (3 "usr-a", 5 "usr-b", 8 "usr-c"), where A/B slots are two: give it two of the same size, or none (no OS upgrades)`}
+	plain := &builder.Report{Disk: "disk.raw", Layout: stick.Layout, Contents: stick.Disk.Contents, Sizes: map[string]int64{"bin": 11 << 20}}
+
 	for name, print := range map[string]func(*bytes.Buffer, string) error{
+		"disk-ab-base":         func(w *bytes.Buffer, f string) error { return printDisk(w, abBase, f) },
+		"disk-ab-base-refused": func(w *bytes.Buffer, f string) error { return printDisk(w, refused, f) },
+		"disk-no-slots":        func(w *bytes.Buffer, f string) error { return printDisk(w, plain, f) },
 		"bundle-delta":          func(w *bytes.Buffer, f string) error { return printBundle(w, delta, f) },
 		"bundle-schema1":        func(w *bytes.Buffer, f string) error { return printBundle(w, &old, f) },
 		"reflash-stick":         func(w *bytes.Buffer, f string) error { return printReflashStick(w, stick, f) },
