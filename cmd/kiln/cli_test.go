@@ -89,6 +89,11 @@ func makeInputs(t *testing.T) {
 	if err := basedisk.Write(filepath.Join(dir, "noboot.raw"), basedisk.WithoutBoot()); err != nil {
 		t.Fatal(err)
 	}
+	for name, b := range map[string]int64{"ab.raw": 8, "ab-small-b.raw": 7} {
+		if err := basedisk.Write(filepath.Join(dir, name), basedisk.WithABSlots(8<<20, b<<20, abRootHash)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	inputs.digests = map[string]string{}
 	for _, ref := range []string{servedRef, preloadedRef} {
 		d, err := images.HelloImage(filepath.Join(dir, "oci"), ref, "amd64", "arm64")
@@ -102,6 +107,9 @@ func makeInputs(t *testing.T) {
 	}
 	inputs.dir = dir
 }
+
+// abRootHash is usr-a's root hash in the A/B bases' boot loader entry.
+const abRootHash = "b2e4228ca6fb34ff3dbf3e8ddd0fe4ad4a1eac87cf737b97295d7d321a118471"
 
 const recipeTemplate = `apiVersion: kiln.dev/v1alpha1
 kind: Appliance
@@ -233,6 +241,9 @@ func TestBuildDiskIsRealAndReadable(t *testing.T) {
 	if len(rep.Contents.Images) != 2 {
 		t.Fatalf("kiln.json lists %d images, want 2", len(rep.Contents.Images))
 	}
+	if rep.OSSlots != nil || rep.Contents.OSSlots != nil || !strings.Contains(lockOut, `"osSlots": null`) {
+		t.Errorf("a base without slots: inspect says OS slots %+v, kiln.json %+v", rep.OSSlots, rep.Contents.OSSlots)
+	}
 	for _, img := range rep.Contents.Images {
 		if img.Digest == inputs.digests[img.Name] {
 			t.Errorf("%s: locked the index digest %s, want the amd64 manifest", img.Name, img.Digest)
@@ -290,10 +301,56 @@ func TestBuildDiskIsRealAndReadable(t *testing.T) {
 
 	mustKiln(t, f, "verify", disk)
 	text := mustKiln(t, f, "inspect", disk)
-	for _, want := range []string{"kiln-images", servedRef, preloadedRef, "oci/", "storage/"} {
+	for _, want := range []string{"kiln-images", servedRef, preloadedRef, "oci/", "storage/",
+		"\nOS upgrades: none (the base has no A/B slots; a release changes images and files only)\n"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("inspect output lacks %q:\n%s", want, text)
 		}
+	}
+}
+
+// TestBuildABBase: a base with the OS in A/B slots (usr and usr-verity
+// partitions, the release's entry on the ESP naming usr-a and its root
+// hash): inspect says so of the base, the build keeps the slots' partitions
+// and records them in kiln.json, where the node reads them, and inspect
+// says so of the disk.
+func TestBuildABBase(t *testing.T) {
+	f := newFixture(t, "ab.raw", "fit", "false")
+	base := filepath.Join(inputs.dir, "ab.raw")
+	line := "\nOS slots: usr-a (active, entry kiln-1.0, root hash b2e4228ca6fb…) and usr-b (empty), 8.0 MiB each\n"
+	if out := mustKiln(t, f, "inspect", base); !strings.Contains(out, line) {
+		t.Errorf("inspect of the base lacks %q:\n%s", line, out)
+	}
+	disk := filepath.Join(f.dir, "out.raw")
+	mustKiln(t, f, "build", f.recipe, "-o", disk)
+	run(t, "sgdisk", "-v", disk)
+	if out := mustKiln(t, f, "inspect", disk); !strings.Contains(out, line) {
+		t.Errorf("inspect of the disk lacks %q:\n%s", line, out)
+	}
+	var rep builder.Report
+	if err := json.Unmarshal([]byte(mustKiln(t, f, "inspect", "-o", "json", disk)), &rep); err != nil {
+		t.Fatal(err)
+	}
+	s := rep.Contents.OSSlots
+	if s == nil {
+		t.Fatal("kiln.json has no osSlots")
+	}
+	if s.Arch != "amd64" || s.Active != contract.SlotA || s.Entry != basedisk.ABEntry || s.RootHash != abRootHash {
+		t.Errorf("kiln.json: %+v", s)
+	}
+	for i, want := range [][2]string{{basedisk.UsrAGUID, basedisk.UsrAVerityGUID}, {basedisk.UsrBGUID, basedisk.UsrBVerityGUID}} {
+		sl := s.Slots[i]
+		for j, p := range []contract.SlotPartition{sl.Usr, sl.UsrVerity} {
+			got, ok := rep.Layout.Find(p.Name)
+			if p.PartUUID != strings.ToLower(want[j]) || !ok || got.GUID != want[j] || got.Size != p.Size {
+				t.Errorf("slot %s: %+v; on the disk: %+v", sl.Name, p, got)
+			}
+		}
+	}
+	// The node reads the same from the partition, as the kernel mounts it.
+	c, err := contract.Read(mountImagePartition(t, disk))
+	if err != nil || c.OSSlots == nil || *c.OSSlots != *s {
+		t.Errorf("kiln.json on the partition: %+v, %v", c, err)
 	}
 }
 
@@ -398,6 +455,11 @@ func TestBadInput(t *testing.T) {
 			name: "base without boot partition",
 			base: "noboot.raw",
 			want: []string{"boot"},
+		},
+		{
+			name: "A/B base whose slot B is smaller than A",
+			base: "ab-small-b.raw",
+			want: []string{"appliance.yaml:7:", `"usr-b" (7.0 MiB) is smaller than "usr-a" (8.0 MiB)`},
 		},
 		{
 			name: "image not found",

@@ -101,9 +101,9 @@ func TestInspectGolden(t *testing.T) {
 	plain := &builder.Report{Disk: "disk.raw", Layout: stick.Layout, Contents: stick.Disk.Contents, Sizes: map[string]int64{"bin": 11 << 20}}
 
 	for name, print := range map[string]func(*bytes.Buffer, string) error{
-		"disk-ab-base":         func(w *bytes.Buffer, f string) error { return printDisk(w, abBase, f) },
-		"disk-ab-base-refused": func(w *bytes.Buffer, f string) error { return printDisk(w, refused, f) },
-		"disk-no-slots":        func(w *bytes.Buffer, f string) error { return printDisk(w, plain, f) },
+		"disk-ab-base":          func(w *bytes.Buffer, f string) error { return printDisk(w, abBase, f) },
+		"disk-ab-base-refused":  func(w *bytes.Buffer, f string) error { return printDisk(w, refused, f) },
+		"disk-no-slots":         func(w *bytes.Buffer, f string) error { return printDisk(w, plain, f) },
 		"bundle-delta":          func(w *bytes.Buffer, f string) error { return printBundle(w, delta, f) },
 		"bundle-schema1":        func(w *bytes.Buffer, f string) error { return printBundle(w, &old, f) },
 		"reflash-stick":         func(w *bytes.Buffer, f string) error { return printReflashStick(w, stick, f) },

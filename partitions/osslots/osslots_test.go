@@ -158,7 +158,7 @@ func TestRead(t *testing.T) {
 			err: "boot loader entries kiln-0.9, kiln-1.0 all have a version"},
 		{name: "entry names a slot's usr with the other's verity", parts: ab,
 			entries: map[string]string{"kiln-1.0.conf": strings.Replace(entry("1.0", 3, rootHash), "PARTUUID="+uuid(4), "PARTUUID="+uuid(6), 1)},
-			err: `boot loader entry kiln-1.0 mounts "usr-a" (PARTUUID ` + uuid(3) + `) with the hash tree of PARTUUID ` + uuid(6)},
+			err:     `boot loader entry kiln-1.0 mounts "usr-a" (PARTUUID ` + uuid(3) + `) with the hash tree of PARTUUID ` + uuid(6)},
 		{name: "entry names no slot", parts: ab, entries: map[string]string{"kiln-1.0.conf": entry("1.0", 1, rootHash)},
 			err: "boot loader entry kiln-1.0 mounts /usr from PARTUUID " + uuid(1) + ", which is neither slot's usr partition"},
 	} {
