@@ -193,11 +193,11 @@ func (b *build) lockImages(ctx context.Context) error {
 func (b *build) readOSSlots(context.Context) error {
 	r := b.Recipe
 	path := r.Resolve(r.Base.Path)
-	l, _, err := base.ReadLayout(path)
+	l, raw, err := base.ReadLayout(path)
 	if err != nil {
 		return err
 	}
-	s, err := osslots.Read(path, l, "")
+	s, err := osslots.Read(path, l, raw, "")
 	if err != nil {
 		return r.Errorf("base.path", "base image %s: %v", path, err)
 	}

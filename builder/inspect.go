@@ -60,7 +60,7 @@ func Inspect(disk string) (rep *Report, err error) {
 	rep = &Report{Disk: disk, Layout: layout}
 	if _, ok := layout.Find(contract.PartitionName); !ok {
 		// A plain base image: nothing of kiln's on it.
-		if rep.OSSlots, err = osslots.Read(disk, layout, ""); err != nil {
+		if rep.OSSlots, err = osslots.Read(disk, layout, true, ""); err != nil {
 			rep.OSSlotsError = err.Error()
 		}
 		return rep, nil

@@ -26,12 +26,13 @@ import (
 // ESPType is the EFI system partition's type GUID.
 const ESPType = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
 
-// Read returns the OS slots of the base image at path (raw or compressed),
-// whose partition table is l: nil when it has no usr partition. A base
-// that has some but cannot be upgraded slot by slot is an error that names
-// the partitions and what is wrong. Temporary files go to tempDir ("":
-// $TMPDIR).
-func Read(path string, l *gpt.Layout, tempDir string) (*contract.OSSlots, error) {
+// Read returns the OS slots of the base image at path, whose partition
+// table is l: nil when it has no usr partition. A base that has some but
+// cannot be upgraded slot by slot is an error that names the partitions and
+// what is wrong. raw says path holds the disk's bytes as they are (a file
+// or a device), else it is compressed (base.Open reads it) and the ESP is
+// copied out to tempDir ("": $TMPDIR) to be read.
+func Read(path string, l *gpt.Layout, raw bool, tempDir string) (*contract.OSSlots, error) {
 	s, err := FromLayout(l)
 	if s == nil || err != nil {
 		return nil, err
@@ -40,7 +41,7 @@ func Read(path string, l *gpt.Layout, tempDir string) (*contract.OSSlots, error)
 	if err != nil {
 		return nil, err
 	}
-	entries, err := readEntries(path, esp, tempDir)
+	entries, err := readEntries(path, esp, raw, tempDir)
 	if err != nil {
 		return nil, err
 	}
@@ -212,15 +213,17 @@ func activate(s *contract.OSSlots, entries map[string][]byte, esp gpt.Partition)
 // readEntries reads every file of the ESP's loader/entries with mtools,
 // from the disk file itself when the base is raw (mtools' "@@offset"), from
 // a copy of the ESP's bytes when it is compressed.
-func readEntries(path string, esp gpt.Partition, tempDir string) (map[string][]byte, error) {
+func readEntries(path string, esp gpt.Partition, raw bool, tempDir string) (map[string][]byte, error) {
 	dir, err := os.MkdirTemp(tempDir, "kiln-esp-")
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	img, err := espImage(path, esp, dir)
-	if err != nil {
-		return nil, err
+	img := fmt.Sprintf("%s@@%d", path, esp.Offset)
+	if !raw {
+		if img, err = copyESP(path, esp, dir); err != nil {
+			return nil, err
+		}
 	}
 	cmd := exec.Command("mcopy", "-s", "-n", "-i", img, "::/"+bootentry.Dir, dir)
 	cmd.Env = append(os.Environ(), "MTOOLS_SKIP_CHECK=1")
@@ -249,16 +252,13 @@ func readEntries(path string, esp gpt.Partition, tempDir string) (map[string][]b
 	return entries, nil
 }
 
-// espImage names the ESP for mtools' -i.
-func espImage(path string, esp gpt.Partition, dir string) (string, error) {
+// copyESP copies the ESP of the compressed base at path into dir.
+func copyESP(path string, esp gpt.Partition, dir string) (string, error) {
 	d, err := base.Open(path, "")
 	if err != nil {
 		return "", err
 	}
 	defer d.Close()
-	if d.Format == base.Raw {
-		return fmt.Sprintf("%s@@%d", path, esp.Offset), nil
-	}
 	img := filepath.Join(dir, "esp.img")
 	f, err := os.Create(img)
 	if err != nil {

@@ -165,11 +165,11 @@ func TestRead(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel() // sgdisk sleeps a second after writing
 			p := disk(t, tc.parts, tc.entries)
-			l, _, err := base.ReadLayout(p)
-			if err != nil {
-				t.Fatal(err)
+			l, raw, err := base.ReadLayout(p)
+			if err != nil || !raw {
+				t.Fatal(raw, err)
 			}
-			got, err := Read(p, l, t.TempDir())
+			got, err := Read(p, l, raw, t.TempDir())
 			switch {
 			case tc.err != "":
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
@@ -200,11 +200,11 @@ func TestReadCompressed(t *testing.T) {
 	if err := basedisk.Compress(p, zst, "zstd"); err != nil {
 		t.Fatal(err)
 	}
-	l, _, err := base.ReadLayout(zst)
-	if err != nil {
-		t.Fatal(err)
+	l, raw, err := base.ReadLayout(zst)
+	if err != nil || raw {
+		t.Fatal(raw, err)
 	}
-	got, err := Read(zst, l, t.TempDir())
+	got, err := Read(zst, l, raw, t.TempDir())
 	if err != nil || got == nil || got.RootHash != rootHash || got.Entry != "kiln-1.0" {
 		t.Fatalf("Read = %+v, %v", got, err)
 	}
