@@ -97,7 +97,7 @@ func TestInspectGolden(t *testing.T) {
 		Slots: [2]contract.OSSlot{{Name: contract.SlotA, Usr: slotPart(ps[2]), UsrVerity: slotPart(ps[3])}, {Name: contract.SlotB, Usr: slotPart(ps[4]), UsrVerity: slotPart(ps[5])}},
 	}}
 	refused := &builder.Report{Disk: "ab-base-3.raw", Layout: abLayout,
-		OSSlotsError: `the base has 3 usr partitions (3 "usr-a", 5 "usr-b", 8 "usr-c"), where A/B slots are two: give it two of the same size, or none (no OS upgrades)`}
+		OSSlotsError: `the base has 3 usr partitions (3 "usr-a", 5 "usr-b", 8 "usr-c"), where A/B slots are two: give it two (B no smaller than A), or none (no OS upgrades)`}
 	plain := &builder.Report{Disk: "disk.raw", Layout: stick.Layout, Contents: stick.Disk.Contents, Sizes: map[string]int64{"bin": 11 << 20}}
 
 	for name, print := range map[string]func(*bytes.Buffer, string) error{

@@ -77,7 +77,7 @@ func FromLayout(l *gpt.Layout) (*contract.OSSlots, error) {
 		return nil, nil
 	}
 	if len(usr) != 2 {
-		return nil, fmt.Errorf("the base has %d usr partitions (%s), where A/B slots are two: give it two of the same size, or none (no OS upgrades)",
+		return nil, fmt.Errorf("the base has %d usr partitions (%s), where A/B slots are two: give it two (B no smaller than A), or none (no OS upgrades)",
 			len(usr), names(usr))
 	}
 	s := &contract.OSSlots{Arch: arch}
