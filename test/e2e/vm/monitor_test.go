@@ -14,30 +14,7 @@ import (
 // hot-plug port shows up read-only in QEMU's block list, a second one takes
 // the next port, an unknown device is an error that names it, reset answers.
 func TestMonitorPlugsDisk(t *testing.T) {
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "qmp.sock")
-	stick := filepath.Join(dir, "stick.img")
-	if err := os.WriteFile(stick, make([]byte, 1<<20), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	args := append([]string{"-accel", "tcg", "-machine", "q35", "-S", "-nodefaults", "-display", "none",
-		"-qmp", "unix:" + sock + ",server=on,wait=off"}, hotplugArgs()...)
-	cmd := exec.Command("qemu-system-x86_64", args...)
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start qemu-system-x86_64 (is qemu-system-x86 installed?): %v", err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	m, err := dialMonitor(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.close()
-
-	for _, id := range []string{"stick-a", "stick-b"} {
-		if err := m.PlugDisk(id, stick); err != nil {
-			t.Fatal(err)
-		}
-	}
+	m, _, _ := stoppedWithSticks(t)
 	if m.ports["stick-a"] == m.ports["stick-b"] {
 		t.Errorf("two disks on one port: %v", m.ports)
 	}
@@ -74,29 +51,37 @@ func startStopped(t *testing.T, sock string) *exec.Cmd {
 	return cmd
 }
 
-// TestMonitorResetStartsAgain: a reset ends the QEMU process (-no-reboot)
-// and the monitor says it was a reset; the next QEMU gets the same Monitor,
-// and the stick that was in at the reset is plugged in again at the same
-// port; a stick pulled out before the reset stays out. A power-off is not
-// a reset.
-func TestMonitorResetStartsAgain(t *testing.T) {
+// stoppedWithSticks starts a stopped QEMU (startStopped), connects a
+// Monitor and plugs two sticks of one image file in, stick-a and stick-b.
+func stoppedWithSticks(t *testing.T) (*Monitor, *exec.Cmd, string) {
+	t.Helper()
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "qmp.sock")
 	stick := filepath.Join(dir, "stick.img")
 	if err := os.WriteFile(stick, make([]byte, 1<<20), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	first := startStopped(t, sock)
+	cmd := startStopped(t, sock)
 	m, err := dialMonitor(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.close()
+	t.Cleanup(func() { m.close() })
 	for _, id := range []string{"stick-a", "stick-b"} {
 		if err := m.PlugDisk(id, stick); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return m, cmd, sock
+}
+
+// TestMonitorResetStartsAgain: a reset ends the QEMU process (-no-reboot)
+// and the monitor says it was a reset; the next QEMU gets the same Monitor,
+// and the stick that was in at the reset is plugged in again at the same
+// port; a stick pulled out before the reset stays out. A power-off is not
+// a reset.
+func TestMonitorResetStartsAgain(t *testing.T) {
+	m, first, sock := stoppedWithSticks(t)
 	port := m.ports["stick-b"]
 	// Pulled out while stopped: QEMU removes the device at once only for a
 	// running guest, so forget it the way UnplugDisk does after the event.
