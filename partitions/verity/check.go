@@ -49,24 +49,30 @@ func Check(ctx context.Context, part io.ReaderAt, v Verity) error {
 	if !bytes.Equal(sb[:sbSize], superblock(v.DataBlocks, salt, id)) || !bytes.Equal(sb[sbSize:], make([]byte, Block-sbSize)) {
 		return &Error{-1, fmt.Sprintf("verity superblock at byte %d of the partition is damaged", v.HashOffset)}
 	}
+	return checkTree(ctx, part, part, v.HashOffset+Block, v.DataBlocks, salt, v.RootHash)
+}
+
+// checkTree checks dataBlocks blocks of data against the tree at treeOff of
+// tree (top level first, as Tree.Write and veritysetup lay it out) and the
+// tree against rootHash.
+func checkTree(ctx context.Context, data, tree io.ReaderAt, treeOff, dataBlocks int64, salt []byte, rootHash string) error {
 	// Top down: the root hash proves the top block, each level the one
 	// below, so a mismatch of data and level 0 means the data is damaged.
-	tree := v.HashOffset + Block
-	sizes, offsets := levels(v.DataBlocks)
+	sizes, offsets := levels(dataBlocks)
 	top := make([]byte, Block)
-	if _, err := part.ReadAt(top, tree+offsets[len(sizes)-1]*Block); err != nil {
+	if _, err := tree.ReadAt(top, treeOff+offsets[len(sizes)-1]*Block); err != nil {
 		return &Error{-1, fmt.Sprintf("read verity tree: %v", err)}
 	}
-	if got := hex.EncodeToString(saltedHash(salt, top)); got != v.RootHash {
-		return &Error{-1, fmt.Sprintf("the verity tree's root hash is %s, the record says %s: the tree's top block or the record is damaged, or they belong to different builds", got, v.RootHash)}
+	if got := hex.EncodeToString(saltedHash(salt, top)); got != rootHash {
+		return &Error{-1, fmt.Sprintf("the verity tree's root hash is %s, the record says %s: the tree's top block or the record is damaged, or they belong to different builds", got, rootHash)}
 	}
 	for i := len(sizes) - 1; i >= 0; i-- {
-		l := level{src: part, n: v.DataBlocks, salt: salt, hashes: tree + offsets[i]*Block}
+		l := level{src: data, n: dataBlocks, salt: salt, hashes: treeOff + offsets[i]*Block}
 		if i > 0 {
-			l.off, l.n = tree+offsets[i-1]*Block, sizes[i-1]
+			l.src, l.off, l.n = tree, treeOff+offsets[i-1]*Block, sizes[i-1]
 		}
 		stored, srcOff, n := l.hashes, l.off, l.n
-		bad, err := l.check(ctx, part)
+		bad, err := l.check(ctx, tree)
 		switch {
 		case err != nil:
 			return err

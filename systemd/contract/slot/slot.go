@@ -232,16 +232,29 @@ func (x *Index) Locate() map[[sha256.Size]byte]Located {
 // Lacking is the Pack's contents for a delta from base to x: each chunk of x
 // whose digest base does not have, once, in the order x first names it, at
 // its offset in the pack. A nil base lacks everything.
-func Lacking(x, base *Index) []Located {
-	var have map[[sha256.Size]byte]Located
-	if base != nil {
-		have = base.Locate()
+func Lacking(x, base *Index) []Located { return LackingAny(x, base) }
+
+// LackingAny is the Pack's contents for a delta that applies to several
+// bases (a node of any of them takes it): each chunk of x whose digest one
+// of bases lacks, once, in the order x first names it. A nil base lacks
+// everything; so do no bases at all (a full pack). With one base it is
+// Lacking.
+func LackingAny(x *Index, bases ...*Index) []Located {
+	have := map[[sha256.Size]byte]int{} // how many bases hold each digest
+	for _, b := range bases {
+		if b == nil {
+			have = nil
+			break
+		}
+		for d := range b.Locate() {
+			have[d]++
+		}
 	}
 	seen := make(map[[sha256.Size]byte]bool)
 	var out []Located
 	var off int64
 	for _, c := range x.Chunks {
-		if _, ok := have[c.Digest]; ok || seen[c.Digest] {
+		if (len(bases) > 0 && have[c.Digest] == len(bases)) || seen[c.Digest] {
 			continue
 		}
 		seen[c.Digest] = true

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -127,6 +128,42 @@ func TestLacking(t *testing.T) {
 	}
 	if loc := x.Locate()[c.Digest]; loc.Offset != int64(d.Size+a.Size+d.Size) {
 		t.Errorf("Locate(c) = %d", loc.Offset)
+	}
+}
+
+// A delta for two bases carries what either lacks: a node of each finds
+// every chunk it lacks in the pack.
+func TestLackingAny(t *testing.T) {
+	a, b, c, d := chunk('a', 16<<10), chunk('b', 20<<10), chunk('c', 30<<10), chunk('d', 17<<10)
+	x := index(a, b, c, d)
+	digests := func(ls []Located) (s []byte) {
+		for _, l := range ls {
+			for _, ch := range []Chunk{a, b, c, d} {
+				if ch.Digest == l.Digest {
+					s = append(s, "abcd"[slices.Index([]Chunk{a, b, c, d}, ch)])
+				}
+			}
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		name  string
+		bases []*Index
+		want  string
+	}{
+		{"no base", nil, "abcd"},
+		{"one base", []*Index{index(a, c)}, "bd"},
+		{"two bases", []*Index{index(a, c), index(a, b)}, "bcd"},
+		{"a base of unknown content", []*Index{index(a, b, c, d), nil}, "abcd"},
+		{"bases that hold it all", []*Index{x, index(d, c, b, a)}, ""},
+	} {
+		got := LackingAny(x, tc.bases...)
+		if string(digests(got)) != tc.want {
+			t.Errorf("%s: LackingAny = %s, want %s", tc.name, digests(got), tc.want)
+		}
+		if len(tc.bases) == 1 && !slices.Equal(got, Lacking(x, tc.bases[0])) {
+			t.Errorf("%s: LackingAny of one base differs from Lacking", tc.name)
+		}
 	}
 }
 
