@@ -2,7 +2,6 @@ package builder
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 
@@ -26,9 +25,6 @@ type RunOptions struct {
 	// when the recipe's arch is the host's.
 	Agent           string
 	SourceDateEpoch int64 // 0: $SOURCE_DATE_EPOCH, else DefaultSourceDateEpoch
-	// NoBase: the run does not read the recipe's base image (a bundle), so
-	// its path is not checked.
-	NoBase bool
 }
 
 // StartRun loads the recipe at recipePath and checks the files it names
@@ -42,7 +38,7 @@ func StartRun(ctx context.Context, recipePath string, o RunOptions) (*Run, error
 	if err != nil {
 		return nil, err
 	}
-	if err := checkFiles(r, o.NoBase); err != nil {
+	if err := r.CheckFiles(); err != nil {
 		return nil, err
 	}
 	agent, err := FindAgent(ctx, o.Agent, r.Arch)
@@ -50,26 +46,6 @@ func StartRun(ctx context.Context, recipePath string, o RunOptions) (*Run, error
 		return nil, err
 	}
 	return &Run{Recipe: r, Epoch: epoch, Agent: agent}, nil
-}
-
-// checkFiles checks the files the recipe names, but for the base image
-// when noBase.
-func checkFiles(r *recipes.Recipe, noBase bool) error {
-	err := r.CheckFiles()
-	var list recipes.ErrorList
-	if !noBase || !errors.As(err, &list) {
-		return err
-	}
-	var keep recipes.ErrorList
-	for _, e := range list {
-		if e.Field != "base.path" {
-			keep = append(keep, e)
-		}
-	}
-	if len(keep) > 0 {
-		return keep
-	}
-	return nil
 }
 
 // Inputs are the files the run reads (the recipe, its lock, the files it

@@ -39,6 +39,17 @@ type base struct {
 	// the release says it was made before schema 2 (a kiln.json without
 	// the kiln record, a schema 1 bundle), else this kiln's.
 	schema int
+
+	// Where its OS is told (read only when the new release has one, by
+	// loadOS): the slots its kiln.json records (a disk, a kiln.json), the
+	// disk, a bundle's manifest and where its filesystem starts, a lock's
+	// recipe's base image.
+	slots    *contract.OSSlots
+	disk     string
+	manifest *bundle.Manifest
+	fsOffset int64
+	lockBase string
+	os       *baseOS
 }
 
 // loadBase reads a --from argument: a kiln disk, its kiln.json, a bundle
@@ -98,6 +109,7 @@ func baseFromDisk(p string, l *gpt.Layout) (*base, error) {
 		return nil, err
 	}
 	b := baseOfContents(c)
+	b.disk = p
 	b.trust, err = diskTrust(p)
 	return b, err
 }
@@ -158,7 +170,7 @@ func baseFromContents(p string) (*base, error) {
 // (Images only preloaded are in containers/storage, not as blobs, so a
 // delta carries their blobs again.)
 func baseOfContents(c *contract.Contents) *base {
-	b := &base{recipe: c.Recipe, arch: c.Arch, release: contract.ReleaseID{Version: c.Version, LockDigest: c.LockDigest}, blobs: map[string]bool{}, schema: bundle.SchemaVersion}
+	b := &base{recipe: c.Recipe, arch: c.Arch, release: contract.ReleaseID{Version: c.Version, LockDigest: c.LockDigest}, blobs: map[string]bool{}, schema: bundle.SchemaVersion, slots: c.OSSlots}
 	if c.Kiln == (version.Info{}) {
 		b.schema = 1
 	}
@@ -191,7 +203,14 @@ func baseFromBundle(p string, offset int64) (*base, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &base{recipe: m.Recipe, arch: m.Arch, release: contract.ReleaseID{Version: m.Version, LockDigest: m.LockDigest}, blobs: map[string]bool{}, agent: m.Agent.Digest, schema: m.SchemaVersion}
+	// A schema 1 bundle was made for agents before schema 2; any later one
+	// by a kiln whose agent reads its own schema, as a kiln.json's.
+	schema := bundle.SchemaVersion
+	if m.SchemaVersion == 1 {
+		schema = 1
+	}
+	b := &base{recipe: m.Recipe, arch: m.Arch, release: contract.ReleaseID{Version: m.Version, LockDigest: m.LockDigest}, blobs: map[string]bool{}, agent: m.Agent.Digest, schema: schema,
+		manifest: m, fsOffset: offset + h.Size}
 	for _, bl := range m.Blobs {
 		b.blobs[bl.Digest] = true
 	}
@@ -235,7 +254,8 @@ func (b *bundler) baseFromLock(ctx context.Context, p string) (*base, error) {
 	if err != nil {
 		return nil, builder.LockError(lock, err)
 	}
-	rel := &base{recipe: r.Name, arch: r.Arch, release: contract.ReleaseID{Version: r.Version, LockDigest: digestOf(lockBytes)}, blobs: map[string]bool{}, schema: bundle.SchemaVersion}
+	rel := &base{recipe: r.Name, arch: r.Arch, release: contract.ReleaseID{Version: r.Version, LockDigest: digestOf(lockBytes)}, blobs: map[string]bool{}, schema: bundle.SchemaVersion,
+		lockBase: r.Resolve(r.Base.Path)}
 	for _, img := range imgs {
 		rel.blobs[img.Descriptor.Digest.String()] = true
 		for _, d := range img.Blobs() {
@@ -256,4 +276,65 @@ func recipeBeside(lockPath string) (*recipes.Recipe, error) {
 		}
 	}
 	return nil, errors.New("no recipe beside the lock file (" + path.Base(stem) + ".yaml): a lock alone does not say which release it is")
+}
+
+// loadOS learns what the base's nodes hold of the OS, for a bundle with an
+// OS section: what their active usr slot holds (cut from a disk or a lock's
+// base, read from a bundle), or at least its root hash (a kiln.json), and
+// their kernel and initramfs; that they have no slots at all; or nothing
+// (a bundle made before OS sections), which makes the pack carry it all.
+func (b *bundler) loadOS(ctx context.Context, rel *base) (*baseOS, error) {
+	switch {
+	case rel.manifest != nil:
+		m := rel.manifest
+		if m.OS == nil {
+			return &baseOS{none: m.SchemaVersion >= bundle.OSSchemaVersion}, nil
+		}
+		f, err := inputfile.Open(rel.from)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		x, err := m.ReadSlotIndex(f, rel.fsOffset, m.OS.Usr.Index)
+		if err != nil {
+			return nil, err
+		}
+		o := &baseOS{rootHash: m.OS.Usr.Verity.RootHash, index: x, boot: map[string]bool{}}
+		for _, bf := range append([]bundle.BootFile{m.OS.Entry.Kernel}, m.OS.Entry.Initrd...) {
+			o.boot[bf.Digest] = true
+		}
+		return o, nil
+	case rel.lockBase != "":
+		if _, err := os.Stat(rel.lockBase); err != nil {
+			return &baseOS{}, nil // not at hand: nothing known
+		}
+		return b.readBaseOS(ctx, rel.lockBase, "")
+	case rel.slots == nil:
+		return &baseOS{none: true}, nil
+	case rel.disk != "":
+		return b.readBaseOS(ctx, rel.disk, rel.slots.RootHash)
+	default: // a kiln.json
+		return &baseOS{rootHash: rel.slots.RootHash}, nil
+	}
+}
+
+// readBaseOS reads the OS of a base's disk (its kiln.json saying rootHash,
+// when not "").
+func (b *bundler) readBaseOS(ctx context.Context, disk, rootHash string) (*baseOS, error) {
+	dir, err := b.workDir("base-os")
+	if err != nil {
+		return nil, err
+	}
+	rel, err := readOSRelease(ctx, disk, dir)
+	if err != nil {
+		return nil, err
+	}
+	if rel == nil {
+		return osOfRelease(nil), nil
+	}
+	rel.closer()
+	if rootHash != "" && rel.verity.RootHash != rootHash {
+		return nil, fmt.Errorf("its kiln.json says its OS slot's root hash is %s, its boot entry %s", rootHash, rel.verity.RootHash)
+	}
+	return osOfRelease(rel), nil
 }

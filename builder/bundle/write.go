@@ -32,6 +32,7 @@ import (
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/slot"
 )
 
 // workDirPrefix names the staging trees in the cache directory.
@@ -81,13 +82,16 @@ func Write(ctx context.Context, recipePath string, o Options) (*Result, error) {
 	}
 	defer b.cleanup()
 	for _, step := range []func(context.Context) error{
+		b.makeWorkDir,
+		b.readOS,
 		b.loadBases,
 		b.fetchImages,
 		b.describeRelease,
 		b.describeImages,
+		b.describeOS,
 		b.describeAgent,
-		b.makeWorkDir,
 		b.stageImages,
+		b.stageOS,
 		b.stageFiles,
 		b.writeBundle,
 		b.commit,
@@ -120,12 +124,17 @@ type bundler struct {
 	tree   string          // the bundle's filesystem, under work
 	out    *output.File
 	size   int64
+
+	os        *osRelease             // the new release's OS, nil when its base has no slots
+	osIndexes map[string]*slot.Index // the slot indexes the stick carries, by digest
+	packBases []*slot.Index          // what each base's active slot holds (nil: not known)
+	closers   []func()
 }
 
 // newBundler reads and checks everything that needs no long work: the
-// signing key, the recipe and the files it names (not the base image: a
-// bundle carries none), the agent, the lock, and the output against all of
-// them.
+// signing key, the recipe and the files it names (the base image too: it is
+// the release's OS, which a bundle carries when it has A/B slots), the
+// agent, the lock, and the output against all of them.
 func newBundler(ctx context.Context, recipePath string, o Options) (*bundler, error) {
 	if o.Log == nil {
 		o.Log = io.Discard
@@ -146,7 +155,7 @@ func newBundler(ctx context.Context, recipePath string, o Options) (*bundler, er
 	if err != nil {
 		return nil, err
 	}
-	run, err := builder.StartRun(ctx, recipePath, builder.RunOptions{Agent: o.Agent, SourceDateEpoch: o.SourceDateEpoch, NoBase: true})
+	run, err := builder.StartRun(ctx, recipePath, builder.RunOptions{Agent: o.Agent, SourceDateEpoch: o.SourceDateEpoch})
 	if err != nil {
 		return nil, err
 	}
@@ -180,10 +189,21 @@ func newBundler(ctx context.Context, recipePath string, o Options) (*bundler, er
 // cleanup removes the staging tree and, unless commit ran, the temporary
 // output.
 func (b *bundler) cleanup() {
+	for _, c := range b.closers {
+		c()
+	}
 	if b.work != "" {
 		os.RemoveAll(b.work)
 	}
 	b.out.Discard()
+}
+
+// onCleanup runs fn when the run ends.
+func (b *bundler) onCleanup(fn func()) { b.closers = append(b.closers, fn) }
+
+// workDir is a new directory in the staging directory.
+func (b *bundler) workDir(name string) (string, error) {
+	return os.MkdirTemp(b.work, name+"-")
 }
 
 // loadBases reads the releases given with --from, and checks that the new
@@ -196,6 +216,14 @@ func (b *bundler) loadBases(ctx context.Context) error {
 		}
 		if err := checkBase(b.Recipe, rel); err != nil {
 			return err
+		}
+		if b.os != nil {
+			if rel.os, err = b.loadOS(ctx, rel); err != nil {
+				return fmt.Errorf("--from %s: its OS: %w", f, err)
+			}
+			if rel.os.none {
+				return fmt.Errorf("--from %s: its nodes have no OS slots (their base had none), so they cannot take the OS of %s %s: reflash them with it (kiln reflash-stick)", f, b.Recipe.Name, b.Recipe.Version)
+			}
 		}
 		b.bases = append(b.bases, rel)
 	}
@@ -229,7 +257,7 @@ func (b *bundler) fetch(ctx context.Context, r *recipes.Recipe, images []recipes
 func (b *bundler) describeRelease(context.Context) error {
 	r := b.Recipe
 	m := &bundle.Manifest{
-		SchemaVersion: bundle.SchemaVersion,
+		SchemaVersion: bundle.NoOSSchemaVersion,
 		Recipe:        r.Name,
 		Version:       r.Version,
 		Arch:          r.Arch,
@@ -248,6 +276,17 @@ func (b *bundler) describeRelease(context.Context) error {
 		// lacks only the records of which kiln made it and which agent
 		// it carries.
 		m.SchemaVersion = min(m.SchemaVersion, rel.schema)
+	}
+	if b.os != nil {
+		// An OS section needs schema 3; nodes whose agent reads less
+		// would refuse it anyway (as made by a newer kiln).
+		m.SchemaVersion = bundle.OSSchemaVersion
+		for _, rel := range b.bases {
+			if rel.schema < bundle.OSSchemaVersion {
+				return fmt.Errorf("--from %s: its nodes run an agent that reads bundle schemas up to %d, and the OS of %s %s needs schema %d: upgrade them first with a bundle made by a kiln of their time, whose release brings a newer agent",
+					rel.from, rel.schema, r.Name, r.Version, bundle.OSSchemaVersion)
+			}
+		}
 	}
 	if m.SchemaVersion == 1 {
 		m.Kiln, m.AgentVersion = version.Info{}, version.Info{}
@@ -329,12 +368,12 @@ func (b *bundler) describeAgent(context.Context) error {
 		}
 		m.Trust = append(m.Trust, tk)
 	}
-	if m.Space.CopyBytes == 0 && len(r.Release.Files) == 0 {
+	if m.Space.CopyBytes == 0 && len(r.Release.Files) == 0 && !b.osChanges() {
 		var from []string
 		for _, rel := range b.bases {
 			from = append(from, rel.release.Version)
 		}
-		return fmt.Errorf("the bundle would be empty: %s %s has no blob that %s lacks and no release files; nothing to upgrade", r.Name, r.Version, strings.Join(from, ", "))
+		return fmt.Errorf("the bundle would be empty: %s %s has no blob or OS change that %s lacks and no release files; nothing to upgrade", r.Name, r.Version, strings.Join(from, ", "))
 	}
 	return nil
 }
@@ -466,6 +505,11 @@ func (b *bundler) writeBundle(ctx context.Context) error {
 	}
 	if err := m.Validate(); err != nil {
 		return fmt.Errorf("kiln bug: %w", err)
+	}
+	if m.OS != nil {
+		if _, err := m.CheckOS(out, start+hdrSize); err != nil {
+			return fmt.Errorf("kiln bug: %w", err)
+		}
 	}
 	env, err := bundle.Sign(m, priv)
 	if err != nil {

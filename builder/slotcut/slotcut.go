@@ -63,14 +63,14 @@ func CutWith(r io.Reader, p slot.Params) (*slot.Index, error) {
 }
 
 // WritePack writes the chunks of image (which x describes) that the delta
-// from base carries, in slot.Lacking's order, checking each against x as it
-// reads it: a pack never holds bytes its index does not name. It returns
-// the bytes written.
-func WritePack(w io.Writer, image io.ReaderAt, x, base *slot.Index) (int64, error) {
+// from bases carries (every chunk one of them lacks; nil lacks all), in
+// slot.LackingAny's order, checking each against x as it reads it: a pack
+// never holds bytes its index does not name. It returns the bytes written.
+func WritePack(w io.Writer, image io.ReaderAt, x *slot.Index, bases ...*slot.Index) (int64, error) {
 	at := x.Locate()
 	var n int64
 	buf := make([]byte, x.Params.MaxSize)
-	for _, c := range slot.Lacking(x, base) {
+	for _, c := range slot.LackingAny(x, bases...) {
 		b := buf[:c.Size]
 		off := at[c.Digest].Offset
 		if _, err := image.ReadAt(b, off); err != nil {

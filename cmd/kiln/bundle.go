@@ -53,6 +53,9 @@ a full bundle that applies to any earlier release. See docs/bundles.md.`,
 			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s (%s %s %s bundle, %s; %s of blobs; signed by %s)\nagent: %s\n",
 				res.Output, m.Recipe, m.Version, m.Kind, human.Bytes(res.Size), human.Bytes(m.Space.CopyBytes), res.KeyID,
 				agentLine(res.Agent, m.Agent, m.AgentOnStick))
+			if m.OS != nil {
+				fmt.Fprintf(cmd.ErrOrStderr(), "%s\n%s\n", osLine(m), bootLine(m.OS.Entry))
+			}
 			return nil
 		},
 	}
@@ -109,6 +112,9 @@ func printBundle(w io.Writer, rep *bundle.Report, format string) error {
 		fmt.Fprintf(w, "Made by: not recorded (manifest schema %d)\n", m.SchemaVersion)
 	}
 	fmt.Fprintf(w, "Agent: %s\n", agentLine(m.AgentVersion, m.Agent, m.AgentOnStick))
+	if m.OS != nil {
+		fmt.Fprintf(w, "%s\n%s\n", osLine(m), bootLine(m.OS.Entry))
+	}
 	fmt.Fprintf(w, "Space on the node: %s of blobs to copy, %s unpacked\n\n", human.Bytes(m.Space.CopyBytes), human.Bytes(m.Space.UnpackedBytes))
 	onStick := map[string]bool{}
 	for _, b := range m.Blobs {
@@ -158,4 +164,36 @@ func agentLine(v version.Info, f bundlefmt.File, onStick bool) string {
 		where = "not on the stick: every node it applies to runs this very agent, and keeps it"
 	}
 	return fmt.Sprintf("%s, %s, %s", which, human.Bytes(f.Size), where)
+}
+
+// osLine says what the bundle carries of the release's OS slot: "OS: usr
+// slot 180.0 MiB (root hash 3f2a9c1b4d5e…), 12.3 MiB of its chunks on the
+// stick".
+func osLine(m *bundlefmt.Manifest) string {
+	u := m.OS.Usr
+	pack := "none of its chunks on the stick: every node it applies to holds them all"
+	if u.Pack != nil {
+		pack = human.Bytes(u.Pack.Size) + " of its chunks on the stick"
+		if m.Kind == bundlefmt.KindDelta {
+			pack += ", the rest from the node's active slot"
+		}
+	}
+	return fmt.Sprintf("OS: usr slot %s (root hash %s…), %s", human.Bytes(u.Size), u.Verity.RootHash[:min(12, len(u.Verity.RootHash))], pack)
+}
+
+// bootLine says which boot entry the release installs and whether its
+// kernel and initramfs are on the stick.
+func bootLine(e bundlefmt.BootEntry) string {
+	file := func(what string, f bundlefmt.BootFile) string {
+		where := "on the stick"
+		if !f.OnStick {
+			where = "the node's own"
+		}
+		return fmt.Sprintf("%s %s %s (%s)", what, f.Name, human.Bytes(f.Size), where)
+	}
+	s := fmt.Sprintf("Boot entry: version %s, %s", e.Version, file("kernel", e.Kernel))
+	for _, f := range e.Initrd {
+		s += ", " + file("initramfs", f)
+	}
+	return s
 }

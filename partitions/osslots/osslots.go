@@ -33,22 +33,30 @@ const ESPType = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
 // or a device), else it is compressed (base.Open reads it) and the ESP is
 // copied out to tempDir ("": $TMPDIR) to be read.
 func Read(path string, l *gpt.Layout, raw bool, tempDir string) (*contract.OSSlots, error) {
+	s, _, err := ReadBoot(path, l, raw, tempDir)
+	return s, err
+}
+
+// ReadBoot is Read, and the boot loader entry of the base's release (the
+// one OSSlots.Entry names).
+func ReadBoot(path string, l *gpt.Layout, raw bool, tempDir string) (*contract.OSSlots, *bootentry.Entry, error) {
 	s, err := FromLayout(l)
 	if s == nil || err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	esp, err := findESP(l)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	entries, err := readEntries(path, esp, raw, tempDir)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if err := activate(s, entries, esp); err != nil {
-		return nil, err
+	e, err := activate(s, entries, esp)
+	if err != nil {
+		return nil, nil, err
 	}
-	return s, s.Check()
+	return s, e, s.Check()
 }
 
 // FromLayout pairs the usr and usr-verity partitions of l into slots A and B
@@ -150,9 +158,11 @@ func findESP(l *gpt.Layout) (gpt.Partition, error) {
 // activate sets the slot the base's release boots, from the entries that
 // mount a slot: they must all boot the same slot with the same root hash
 // (a base is one release), and one of them, the release's, has a version
-// (the others are e.g. a first-boot variant of it).
-func activate(s *contract.OSSlots, entries map[string][]byte, esp gpt.Partition) error {
+// (the others are e.g. a first-boot variant of it). It returns the release's
+// entry.
+func activate(s *contract.OSSlots, entries map[string][]byte, esp gpt.Partition) (*bootentry.Entry, error) {
 	var booting, release []string // IDs of the entries that mount a slot, of those with a version
+	byID := map[string]*bootentry.Entry{}
 	var usr *bootentry.UsrVerity
 	var first string
 	for _, name := range slices.Sorted(maps.Keys(entries)) {
@@ -161,52 +171,53 @@ func activate(s *contract.OSSlots, entries map[string][]byte, esp gpt.Partition)
 			continue
 		}
 		if err != nil {
-			return err
+			return nil, err
 		}
 		u, ok, err := bootentry.ParseUsrVerity(e.Options)
 		if err != nil {
-			return fmt.Errorf("boot loader entry %s on the ESP: %w", name, err)
+			return nil, fmt.Errorf("boot loader entry %s on the ESP: %w", name, err)
 		}
 		if !ok {
 			continue
 		}
 		if usr != nil && (u.RootHash != usr.RootHash || u.DataPartUUID != usr.DataPartUUID || u.HashPartUUID != usr.HashPartUUID) {
-			return fmt.Errorf("boot loader entries %s and %s boot different /usr (usrhash=, systemd.verity_usr_data=, systemd.verity_usr_hash=): a base is one release, and one slot", first, name)
+			return nil, fmt.Errorf("boot loader entries %s and %s boot different /usr (usrhash=, systemd.verity_usr_data=, systemd.verity_usr_hash=): a base is one release, and one slot", first, name)
 		}
 		if usr == nil {
 			usr, first = &u, name
 		}
 		booting = append(booting, e.ID)
+		byID[e.ID] = e
 		if e.Version != "" {
 			release = append(release, e.ID)
 		}
 	}
 	if usr == nil {
-		return fmt.Errorf("the base has usr slots but no boot loader entry in %s on its ESP (partition %d %q) mounts one (usrhash=, systemd.verity_usr_data=PARTUUID=, systemd.verity_usr_hash=PARTUUID=)",
+		return nil, fmt.Errorf("the base has usr slots but no boot loader entry in %s on its ESP (partition %d %q) mounts one (usrhash=, systemd.verity_usr_data=PARTUUID=, systemd.verity_usr_hash=PARTUUID=)",
 			bootentry.Dir, esp.Number, esp.Name)
 	}
 	switch {
 	case len(release) == 1:
 		s.Entry = release[0]
 	case len(release) > 1:
-		return fmt.Errorf("boot loader entries %s all have a version: a base is one release, whose entry is the one with a version", strings.Join(release, ", "))
+		return nil, fmt.Errorf("boot loader entries %s all have a version: a base is one release, whose entry is the one with a version", strings.Join(release, ", "))
 	case len(booting) == 1:
 		s.Entry = booting[0]
 	default:
-		return fmt.Errorf("none of the boot loader entries %s has a version: the release's entry needs one (systemd-boot boots the highest version first)", strings.Join(booting, ", "))
+		return nil, fmt.Errorf("none of the boot loader entries %s has a version: the release's entry needs one (systemd-boot boots the highest version first)", strings.Join(booting, ", "))
 	}
 	for i, sl := range s.Slots {
 		if sl.Usr.PartUUID != usr.DataPartUUID {
 			continue
 		}
 		if sl.UsrVerity.PartUUID != usr.HashPartUUID {
-			return fmt.Errorf("boot loader entry %s mounts %q (PARTUUID %s) with the hash tree of PARTUUID %s, not its own %q (%s)",
+			return nil, fmt.Errorf("boot loader entry %s mounts %q (PARTUUID %s) with the hash tree of PARTUUID %s, not its own %q (%s)",
 				s.Entry, sl.Usr.Name, sl.Usr.PartUUID, usr.HashPartUUID, sl.UsrVerity.Name, sl.UsrVerity.PartUUID)
 		}
 		s.Active, s.RootHash = []string{contract.SlotA, contract.SlotB}[i], usr.RootHash
-		return nil
+		return byID[s.Entry], nil
 	}
-	return fmt.Errorf("boot loader entry %s mounts /usr from PARTUUID %s, which is neither slot's usr partition (%q %s, %q %s)",
+	return nil, fmt.Errorf("boot loader entry %s mounts /usr from PARTUUID %s, which is neither slot's usr partition (%q %s, %q %s)",
 		s.Entry, usr.DataPartUUID, s.Slots[0].Usr.Name, s.Slots[0].Usr.PartUUID, s.Slots[1].Usr.Name, s.Slots[1].Usr.PartUUID)
 }
 
@@ -250,6 +261,46 @@ func readEntries(path string, esp gpt.Partition, raw bool, tempDir string) (map[
 		entries[f.Name()] = b
 	}
 	return entries, nil
+}
+
+// CopyFromESP copies the files at paths on the base's ESP (absolute, as a
+// boot loader entry names them: "/kiln/1.0/vmlinuz") into dst, each under
+// its base name, with mtools as readEntries reads; it returns the copies'
+// paths in the order of paths. The base names must differ.
+func CopyFromESP(path string, l *gpt.Layout, raw bool, tempDir, dst string, paths []string) ([]string, error) {
+	esp, err := findESP(l)
+	if err != nil {
+		return nil, err
+	}
+	img := fmt.Sprintf("%s@@%d", path, esp.Offset)
+	if !raw {
+		dir, err := os.MkdirTemp(tempDir, "kiln-esp-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		if img, err = copyESP(path, esp, dir); err != nil {
+			return nil, err
+		}
+	}
+	var out []string
+	for _, p := range paths {
+		local := filepath.Join(dst, filepath.Base(p))
+		if slices.Contains(out, local) {
+			return nil, fmt.Errorf("the boot loader entry names two files called %s", filepath.Base(p))
+		}
+		cmd := exec.Command("mcopy", "-n", "-i", img, "::"+p, local)
+		cmd.Env = append(os.Environ(), "MTOOLS_SKIP_CHECK=1")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			if errors.Is(err, exec.ErrNotFound) {
+				return nil, fmt.Errorf("read the base's ESP: %w (install mtools)", err)
+			}
+			return nil, fmt.Errorf("the base's boot loader entry names %s, which its ESP (partition %d %q) does not hold: mcopy: %s",
+				p, esp.Number, esp.Name, strings.TrimSpace(string(b)))
+		}
+		out = append(out, local)
+	}
+	return out, nil
 }
 
 // copyESP copies the ESP of the compressed base at path into dir.

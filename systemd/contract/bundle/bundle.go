@@ -10,12 +10,12 @@
 //	0        header: Magic, format version, header size, envelope length
 //	24       the DSSE envelope (JSON), its payload the Manifest
 //	...      zeros up to HeaderSize (a multiple of 4 KiB)
-//	HeaderSize  a squashfs filesystem of Manifest.Filesystem.Size bytes,
-//	            pinned by the sha256 of each of its 64 MiB chunks
+//	HeaderSize  a squashfs filesystem of Manifest.Filesystem.Size bytes
 //
 // The manifest comes first and is small, so the node reads and checks it
-// without reading the rest. It pins the filesystem's sha256 and every file
-// in it, so one signature covers every byte of the bundle.
+// without reading the rest. It pins every file of the filesystem by its
+// digest and the bytes around them by Filesystem.Metadata, so one signature
+// covers every byte of the bundle.
 //
 // Layout of the filesystem:
 //
@@ -23,6 +23,8 @@
 //	                    release; blobs/ holds only the blobs on the stick
 //	/release/PATH       the release's files, by their absolute node path
 //	/bin/kiln           the kiln agent the release runs (a delta may leave it out)
+//	/os/sha256/HEX      the OS section's files by digest (schema 3): slot
+//	                    indexes, the pack, kernel and initramfs
 package bundle
 
 import (
@@ -48,14 +50,21 @@ const PartitionType = "3C0A7F52-9E1D-4B8A-A6F3-5D2E8C41B907"
 // PayloadType is the DSSE payload type of a bundle manifest.
 const PayloadType = "application/vnd.kiln.bundle.manifest.v1+json"
 
-// SchemaVersion is the version of Manifest this kiln writes; it reads every
-// version from MinSchemaVersion on. Schema 2 added Kiln and AgentVersion.
-// A reader refuses a newer manifest as made by a newer kiln (ErrNewerKiln),
-// looking at nothing but its schemaVersion (and kiln, to name it), so a
-// later schema may add fields. See docs/bundles.md, "Compatibility".
+// SchemaVersion is the newest version of Manifest this kiln writes; it
+// reads every version from MinSchemaVersion on. Schema 2 added Kiln and
+// AgentVersion, schema 3 (OSSchemaVersion) OS. A reader refuses a newer
+// manifest as made by a newer kiln (ErrNewerKiln), looking at nothing but
+// its schemaVersion (and kiln, to name it), so a later schema may add
+// fields. A writer uses the oldest schema that holds what the bundle
+// carries: a bundle without an OS section is schema 2, as before schema 3.
+// See docs/bundles.md, "Compatibility".
 const (
-	SchemaVersion    = 2
+	SchemaVersion    = 3
 	MinSchemaVersion = 1
+	// NoOSSchemaVersion is the schema of a bundle without an OS section.
+	NoOSSchemaVersion = 2
+	// OSSchemaVersion is the first schema with an OS section.
+	OSSchemaVersion = 3
 )
 
 // Kinds of bundle.
@@ -99,6 +108,10 @@ type Manifest struct {
 	// Trust is the key set the node trusts once this release is confirmed
 	// (key rotation: the bundle itself is signed by a key the node trusts now).
 	Trust []contract.TrustKey `json:"trust"`
+
+	// OS is the release's OS in A/B slots (schema 3 on): nil when the
+	// release's base has none.
+	OS *OS `json:"os,omitempty"`
 
 	Filesystem Filesystem `json:"filesystem"`
 	// Files lists every regular file in the filesystem, sorted by path.

@@ -35,7 +35,7 @@ func testKey(t *testing.T) (ed25519.PrivateKey, ed25519.PublicKey) {
 	return priv, pub
 }
 
-func testManifest(t *testing.T, pub ed25519.PublicKey) *Manifest {
+func testManifest(t testing.TB, pub ed25519.PublicKey) *Manifest {
 	t.Helper()
 	k, err := TrustedKey(pub)
 	if err != nil {
@@ -163,17 +163,17 @@ func TestManifestSchemas(t *testing.T) {
 		t.Errorf("schema 2 without its kiln record: %v, want ErrDamaged", err)
 	}
 
-	// A manifest from a later kiln: schema 3, with a field this kiln does
+	// A manifest from a later kiln: schema 4, with a field this kiln does
 	// not know. Its signature is good; the schema is what is refused.
 	raw, _ := testManifest(t, pub).Encode()
-	raw = bytes.Replace(raw, []byte(`{"schemaVersion":2,`), []byte(`{"schemaVersion":3,"rollout":{"waves":2},`), 1)
+	raw = bytes.Replace(raw, []byte(`{"schemaVersion":3,`), []byte(`{"schemaVersion":4,"rollout":{"waves":2},`), 1)
 	raw = bytes.Replace(raw, []byte(`"kiln":{"version":"v1.4.0"`), []byte(`"kiln":{"version":"v2.0.0"`), 1)
 	for _, tc := range []struct {
 		name, payload string
 		want          []string
 	}{
-		{"schema 3", string(raw), []string{"bundle made by a newer kiln (v2.0.0): its manifest is schema 3", "reads schemas 1 to 2", "upgrade the node first"}},
-		{"schema 3, kiln not named", `{"schemaVersion":3,"kiln":"v2"}`, []string{"newer kiln (version not given)"}},
+		{"schema 4", string(raw), []string{"bundle made by a newer kiln (v2.0.0): its manifest is schema 4", "reads schemas 1 to 3", "upgrade the node first"}},
+		{"schema 4, kiln not named", `{"schemaVersion":4,"kiln":"v2"}`, []string{"newer kiln (version not given)"}},
 	} {
 		_, err := Decode([]byte(tc.payload))
 		if !errors.Is(err, ErrNewerKiln) {

@@ -176,6 +176,7 @@ func (m *Manifest) Validate() error {
 	if len(m.Trust) == 0 {
 		bad("no trusted keys: a node could never take another bundle")
 	}
+	m.validateOS(bad)
 	if len(problems) > 0 {
 		return fmt.Errorf("%w: manifest: %s", ErrDamaged, strings.Join(problems, "; "))
 	}

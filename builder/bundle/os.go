@@ -1,0 +1,367 @@
+package bundle
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/kiln-appliance/kiln/builder/slotcut"
+	"github.com/kiln-appliance/kiln/builder/stage"
+	pbase "github.com/kiln-appliance/kiln/partitions/base"
+	"github.com/kiln-appliance/kiln/partitions/gpt"
+	"github.com/kiln-appliance/kiln/partitions/osslots"
+	"github.com/kiln-appliance/kiln/partitions/verity"
+	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/slot"
+)
+
+// osRelease is a release's OS as a disk holds it (a vendor's base, or a disk
+// kiln built from one): its slots, its release's boot entry, its active usr
+// slot cut into chunks and proven against the entry's root hash, and its
+// kernel and initramfs copied out.
+type osRelease struct {
+	slots  *contract.OSSlots
+	entry  *bootentry.Entry
+	fsType string // the entry's mount.usrfstype=
+	verity slot.Verity
+	index  *slot.Index
+	image  io.ReaderAt // the slot image: verity's data blocks of the active usr partition
+	boot   []bootFile  // the kernel, then each initramfs
+	closer func()
+}
+
+type bootFile struct {
+	local  string // the copy
+	digest string
+	size   int64
+}
+
+// readOSRelease reads the OS of the disk at path into dir (a compressed
+// disk's partitions are copied out there): nil when it has no OS slots.
+func readOSRelease(ctx context.Context, path, dir string) (rel *osRelease, err error) {
+	l, raw, err := pbase.ReadLayout(path)
+	if err != nil {
+		return nil, err
+	}
+	slots, entry, err := osslots.ReadBoot(path, l, raw, dir)
+	if slots == nil || err != nil {
+		return nil, err
+	}
+	usr, ok, err := bootentry.ParseUsrVerity(entry.Options)
+	if err != nil || !ok {
+		return nil, fmt.Errorf("boot loader entry %s: %v", entry.ID, err)
+	}
+	active := slots.ActiveSlot()
+	data, hash := partition(l, active.Usr.PartUUID), partition(l, active.UsrVerity.PartUUID)
+	rel = &osRelease{slots: slots, entry: entry, fsType: usr.FSType, closer: func() {}}
+	defer func() {
+		if err != nil {
+			rel.closer()
+		}
+	}()
+	var dataR, hashR io.ReaderAt
+	if raw {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		rel.closer = func() { f.Close() }
+		dataR, hashR = io.NewSectionReader(f, data.Offset, data.Size), io.NewSectionReader(f, hash.Offset, hash.Size)
+	} else {
+		files, err := extract(path, dir, data, hash)
+		if err != nil {
+			return nil, err
+		}
+		rel.closer = func() { files[0].Close(); files[1].Close() }
+		dataR, hashR = files[0], files[1]
+	}
+	v, err := verity.ReadSlot(ctx, dataR, hashR, slots.RootHash)
+	if err != nil {
+		return nil, fmt.Errorf("slot %s (%q, with %q): %w", active.Name, active.Usr.Name, active.UsrVerity.Name, err)
+	}
+	if v.DataBlocks*verity.Block > data.Size {
+		return nil, fmt.Errorf("the dm-verity superblock of %q says %d data blocks, more than %q holds (%d bytes)", active.UsrVerity.Name, v.DataBlocks, active.Usr.Name, data.Size)
+	}
+	rel.verity = slot.Verity{RootHash: v.RootHash, Salt: v.Salt, UUID: v.UUID, DataBlocks: v.DataBlocks}
+	rel.image = io.NewSectionReader(dataR, 0, v.DataBlocks*verity.Block)
+	if rel.index, err = slotcut.Cut(io.NewSectionReader(rel.image, 0, v.DataBlocks*verity.Block)); err != nil {
+		return nil, fmt.Errorf("cut slot %s: %w", active.Name, err)
+	}
+	bootDir := filepath.Join(dir, "boot")
+	if err := os.MkdirAll(bootDir, 0o755); err != nil {
+		return nil, err
+	}
+	copies, err := osslots.CopyFromESP(path, l, raw, dir, bootDir, append([]string{entry.Linux}, entry.Initrd...))
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range copies {
+		d, n, err := stage.HashFile(c)
+		if err != nil {
+			return nil, err
+		}
+		rel.boot = append(rel.boot, bootFile{local: c, digest: d, size: n})
+	}
+	return rel, nil
+}
+
+// bootDigests is the set of the release's kernel and initramfs digests.
+func (r *osRelease) bootDigests() map[string]bool {
+	m := map[string]bool{}
+	for _, f := range r.boot {
+		m[f.digest] = true
+	}
+	return m
+}
+
+func partition(l *gpt.Layout, partUUID string) gpt.Partition {
+	for _, p := range l.Partitions {
+		if strings.EqualFold(p.GUID, partUUID) {
+			return p
+		}
+	}
+	return gpt.Partition{} // osslots found both by their GUIDs
+}
+
+// extract copies partitions (in disk order) of the compressed disk at path
+// into dir, in one pass of its decompression.
+func extract(path, dir string, parts ...gpt.Partition) ([]*os.File, error) {
+	d, err := pbase.Open(path, "")
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	order := slices.Clone(parts)
+	slices.SortFunc(order, func(a, b gpt.Partition) int { return int(a.Offset - b.Offset) })
+	files := map[int]*os.File{}
+	var at int64
+	for _, p := range order {
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("part%d", p.Number)))
+		if err != nil {
+			return nil, err
+		}
+		files[p.Number] = f
+		if _, err := io.CopyN(io.Discard, d, p.Offset-at); err != nil {
+			return nil, fmt.Errorf("read the base: %w", err)
+		}
+		if _, err := io.CopyN(f, d, p.Size); err != nil {
+			return nil, fmt.Errorf("read partition %d %q of the base: %w", p.Number, p.Name, err)
+		}
+		at = p.Offset + p.Size
+	}
+	var out []*os.File
+	for _, p := range parts {
+		out = append(out, files[p.Number])
+	}
+	return out, nil
+}
+
+// baseOS is what a base release's nodes hold of the OS.
+type baseOS struct {
+	none     bool        // they have no OS slots (their base had none)
+	rootHash string      // their active slot's root hash, "" when not known
+	index    *slot.Index // what their active usr slot holds, nil when not known
+	boot     map[string]bool
+}
+
+// osOfRelease is what nodes built from rel hold (nil rel: no slots).
+func osOfRelease(rel *osRelease) *baseOS {
+	if rel == nil {
+		return &baseOS{none: true}
+	}
+	return &baseOS{rootHash: rel.verity.RootHash, index: rel.index, boot: rel.bootDigests()}
+}
+
+// readOS reads the OS of the recipe's base, the new release's: nil when it
+// has no slots.
+func (b *bundler) readOS(ctx context.Context) error {
+	r := b.Recipe
+	p := r.Resolve(r.Base.Path)
+	dir, err := b.workDir("os")
+	if err != nil {
+		return err
+	}
+	task := b.o.Progress.Task("read the base's OS slot", 0)
+	rel, err := readOSRelease(ctx, p, dir)
+	task.Done(err)
+	if err != nil {
+		return r.Errorf("base.path", "base image %s: %v", p, err)
+	}
+	if rel == nil {
+		return nil
+	}
+	b.onCleanup(rel.closer)
+	if rel.slots.Arch != r.Arch {
+		return r.Errorf("base.path", "base image %s: its OS slots are for %s (usr partition types), the recipe's arch is %s", p, rel.slots.Arch, r.Arch)
+	}
+	b.os = rel
+	return nil
+}
+
+// describeOS fills the manifest's OS section but for the pack's digest:
+// the slot's index and verity values, what each base holds and so the
+// pack's size, the boot entry and which of its files the stick carries.
+func (b *bundler) describeOS(context.Context) error {
+	rel := b.os
+	if rel == nil {
+		return nil
+	}
+	x := rel.index
+	xd, err := indexDigest(x)
+	if err != nil {
+		return err
+	}
+	u := bundle.UsrSlot{Index: xd, Size: x.Size, Verity: rel.verity}
+	b.osIndexes = map[string]*slot.Index{xd: x}
+	// One SlotBase per release (AppliesTo); of several --from of one
+	// release, the one that says most.
+	byRelease := map[contract.ReleaseID]*baseOS{}
+	for _, base := range b.bases {
+		o := base.os
+		if o == nil {
+			o = &baseOS{}
+		}
+		if o.index == nil && o.rootHash == rel.verity.RootHash {
+			o.index = x // the same slot, byte for byte
+		}
+		if have := byRelease[base.release]; have == nil || have.index == nil {
+			byRelease[base.release] = o
+		}
+	}
+	var bases []*slot.Index
+	for _, id := range b.m.AppliesTo {
+		o := byRelease[id]
+		sb := bundle.SlotBase{ReleaseID: id}
+		if o.index != nil {
+			if sb.Index, err = indexDigest(o.index); err != nil {
+				return err
+			}
+			b.osIndexes[sb.Index] = o.index
+		}
+		u.Bases = append(u.Bases, sb)
+		bases = append(bases, o.index)
+	}
+	b.packBases = bases
+	if n := slot.PackSize(slot.LackingAny(x, bases...)); n > 0 {
+		u.Pack = &bundle.PackFile{Size: n} // its digest once written (stageOS)
+	}
+	e := rel.entry
+	entry := bundle.BootEntry{Title: e.Title, Version: e.Version, UsrFSType: rel.fsType}
+	for _, o := range e.Options {
+		if !bundle.IsUsrVerityOption(o) {
+			entry.Options = append(entry.Options, o)
+		}
+	}
+	for i, f := range rel.boot {
+		bf := bundle.BootFile{Name: filepath.Base(f.local), Size: f.size, Digest: f.digest, OnStick: len(b.bases) == 0}
+		for _, base := range b.bases {
+			bf.OnStick = bf.OnStick || base.os == nil || !base.os.boot[f.digest]
+		}
+		if i == 0 {
+			entry.Kernel = bf
+		} else {
+			entry.Initrd = append(entry.Initrd, bf)
+		}
+	}
+	b.m.OS = &bundle.OS{Usr: u, Entry: entry}
+	return nil
+}
+
+// osChanges says whether the OS section carries any bytes a base lacks.
+func (b *bundler) osChanges() bool {
+	o := b.m.OS
+	if o == nil {
+		return false
+	}
+	if o.Usr.Pack != nil {
+		return true
+	}
+	return slices.ContainsFunc(append([]bundle.BootFile{o.Entry.Kernel}, o.Entry.Initrd...), func(f bundle.BootFile) bool { return f.OnStick })
+}
+
+// stageOS writes the OS section's files into the tree, each named by its
+// digest: the slot indexes, the pack, the boot files the stick carries.
+func (b *bundler) stageOS(context.Context) error {
+	o := b.m.OS
+	if o == nil {
+		return nil
+	}
+	dir := filepath.Join(b.tree, filepath.FromSlash(bundle.OSBlobDir))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for d, x := range b.osIndexes {
+		var buf bytes.Buffer
+		if err := x.Encode(&buf); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(b.tree, filepath.FromSlash(bundle.OSFile(d))), buf.Bytes(), 0o644); err != nil {
+			return err
+		}
+	}
+	for _, f := range append([]bundle.BootFile{o.Entry.Kernel}, o.Entry.Initrd...) {
+		if !f.OnStick {
+			continue
+		}
+		i := slices.IndexFunc(b.os.boot, func(bf bootFile) bool { return bf.digest == f.Digest })
+		dst := filepath.Join(b.tree, filepath.FromSlash(bundle.OSFile(f.Digest)))
+		if _, err := os.Stat(dst); err == nil {
+			continue // an initramfs that is also another: one file
+		}
+		if err := stage.CopyFile(b.os.boot[i].local, dst, 0o644); err != nil {
+			return fmt.Errorf("boot file %s: %w", f.Name, err)
+		}
+	}
+	if o.Usr.Pack == nil {
+		return nil
+	}
+	task := b.o.Progress.Task("write the OS slot's pack", o.Usr.Pack.Size)
+	err := b.writePack(dir, task)
+	task.Done(err)
+	return err
+}
+
+// writePack writes the chunks the bases lack into dir, named by their
+// digest, and records it in the manifest.
+func (b *bundler) writePack(dir string, progress io.Writer) error {
+	f, err := os.CreateTemp(dir, ".pack-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	h := sha256.New()
+	n, err := slotcut.WritePack(io.MultiWriter(f, h, progress), b.os.image, b.os.index, b.packBases...)
+	if err != nil {
+		return fmt.Errorf("OS slot pack: %w", err)
+	}
+	if n != b.m.OS.Usr.Pack.Size {
+		return fmt.Errorf("kiln bug: the OS slot pack is %d bytes, %d planned", n, b.m.OS.Usr.Pack.Size)
+	}
+	d := "sha256:" + hex.EncodeToString(h.Sum(nil))
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(f.Name(), filepath.Join(b.tree, filepath.FromSlash(bundle.OSFile(d)))); err != nil {
+		return err
+	}
+	b.m.OS.Usr.Pack.Digest = d
+	return nil
+}
+
+func indexDigest(x *slot.Index) (string, error) {
+	d, err := x.Digest()
+	if err != nil {
+		return "", err
+	}
+	return "sha256:" + hex.EncodeToString(d[:]), nil
+}
