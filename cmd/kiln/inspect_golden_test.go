@@ -17,6 +17,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	bundlefmt "github.com/kiln-appliance/kiln/systemd/contract/bundle"
 	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
+	"github.com/kiln-appliance/kiln/systemd/contract/slot"
 	"github.com/kiln-appliance/kiln/test/golden"
 )
 
@@ -30,7 +31,7 @@ func TestInspectGolden(t *testing.T) {
 		Path: "upgrade-1.1.img", Format: bundle.FormatImage, Size: 12 << 20, Offset: 1 << 20, Header: 8192,
 		SignedBy: []string{"SHA256:factorykey"},
 		Manifest: &bundlefmt.Manifest{
-			SchemaVersion: bundlefmt.SchemaVersion, Recipe: "acme", Version: "1.1.0", Arch: "amd64", LockDigest: d("1"), Created: 315532800,
+			SchemaVersion: bundlefmt.NoOSSchemaVersion, Recipe: "acme", Version: "1.1.0", Arch: "amd64", LockDigest: d("1"), Created: 315532800,
 			Kiln: kiln, Kind: bundlefmt.KindDelta, AppliesTo: []contract.ReleaseID{{Version: "1.0.0", LockDigest: d("2")}},
 			Images: []bundlefmt.Image{
 				{Image: contract.Image{Name: "quay.io/acme/app:1.1", Digest: d("a"), Size: 600 << 10, Served: true, Preloaded: true, ImageID: d("b")}, Blobs: []string{d("b"), d("c")}},
@@ -55,6 +56,26 @@ func TestInspectGolden(t *testing.T) {
 	oldManifest := *delta.Manifest
 	oldManifest.SchemaVersion, oldManifest.Kiln, oldManifest.AgentVersion, oldManifest.AgentOnStick = 1, version.Info{}, version.Info{}, false
 	old.Manifest, old.Format, old.Size = &oldManifest, bundle.FormatFile, 700<<10
+
+	// The same delta of a release whose OS is in A/B slots: its slot
+	// changed (a pack), its kernel did not.
+	withOS := *delta
+	osManifest := *delta.Manifest
+	osManifest.SchemaVersion = bundlefmt.OSSchemaVersion
+	osManifest.OS = &bundlefmt.OS{
+		Usr: bundlefmt.UsrSlot{
+			Index: d("3"), Size: 180 << 20,
+			Verity: slot.Verity{RootHash: strings.Repeat("3f2a9c1b", 8), Salt: "6b696c6e", UUID: "6b696c6e-736c-6f74-8000-000000000001", DataBlocks: 180 << 8},
+			Pack:   &bundlefmt.PackFile{Digest: d("4"), Size: 12<<20 + 300<<10},
+			Bases:  []bundlefmt.SlotBase{{ReleaseID: delta.Manifest.AppliesTo[0], Index: d("5")}},
+		},
+		Entry: bundlefmt.BootEntry{
+			Title: "Acme appliance", Version: "1.1", Options: []string{"root=LABEL=root", "rw", "console=ttyS0"}, UsrFSType: "squashfs",
+			Kernel: bundlefmt.BootFile{Name: "vmlinuz", Size: 8 << 20, Digest: d("8")},
+			Initrd: []bundlefmt.BootFile{{Name: "initrd.img", Size: 31 << 20, Digest: d("9"), OnStick: true}},
+		},
+	}
+	withOS.Manifest = &osManifest
 
 	stick := &reflashstick.Report{
 		Path: "reflash.img",
@@ -106,6 +127,7 @@ func TestInspectGolden(t *testing.T) {
 		"disk-no-slots":         func(w *bytes.Buffer, f string) error { return printDisk(w, plain, f) },
 		"bundle-delta":          func(w *bytes.Buffer, f string) error { return printBundle(w, delta, f) },
 		"bundle-schema1":        func(w *bytes.Buffer, f string) error { return printBundle(w, &old, f) },
+		"bundle-os":             func(w *bytes.Buffer, f string) error { return printBundle(w, &withOS, f) },
 		"reflash-stick":         func(w *bytes.Buffer, f string) error { return printReflashStick(w, stick, f) },
 		"reflash-stick-unnamed": func(w *bytes.Buffer, f string) error { return printReflashStick(w, &bare, f) },
 	} {
