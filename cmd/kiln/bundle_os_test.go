@@ -10,12 +10,14 @@ package main
 import (
 	"context"
 	"crypto/ed25519"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -267,6 +269,55 @@ func TestBundleOSSlot(t *testing.T) {
 		}
 		if _, _, err := writeSlot(t, mf, ff, fsf, nil); err != nil {
 			t.Fatal(err)
+		}
+	})
+
+	t.Run("every kind of base says what its nodes hold", func(t *testing.T) {
+		// 1.0's lock, its recipe beside it: the recipe's base is cut as
+		// the disk was.
+		fromLock := filepath.Join(rs.dir, "from-lock.img")
+		rs.mustKiln(t, "bundle", r11, "-o", fromLock, "--key", rs.key, "--from", strings.TrimSuffix(r10, ".yaml")+".lock")
+		ml, _, _ := openBundle(t, rs, fromLock)
+		if ml.OS.Usr.Bases[0].Index != u.Bases[0].Index || *ml.OS.Usr.Pack != *u.Pack || ml.OS.Entry.Kernel.OnStick {
+			t.Errorf("from the lock: %+v, from the disk: %+v", ml.OS.Usr, u)
+		}
+		// 1.0's kiln.json names only its slot's root hash: 1.1's differs,
+		// so the pack carries every chunk, and the kernel.
+		var rep struct {
+			Contents json.RawMessage `json:"contents"`
+		}
+		if err := json.Unmarshal([]byte(rs.mustKiln(t, "inspect", "-o", "json", disk10)), &rep); err != nil {
+			t.Fatal(err)
+		}
+		kj := filepath.Join(rs.dir, "kiln-1.0.json")
+		os.WriteFile(kj, rep.Contents, 0o644)
+		fromJSON := filepath.Join(rs.dir, "from-json.img")
+		rs.mustKiln(t, "bundle", r11, "-o", fromJSON, "--key", rs.key, "--from", kj)
+		mj, fj, fsj := openBundle(t, rs, fromJSON)
+		if mj.OS.Usr.Bases[0].Index != "" || mj.OS.Usr.Pack.Size <= u.Pack.Size || !mj.OS.Entry.Kernel.OnStick {
+			t.Errorf("from a kiln.json: %+v, kernel on the stick: %v", mj.OS.Usr, mj.OS.Entry.Kernel.OnStick)
+		}
+		if _, _, err := writeSlot(t, mj, fj, fsj, usrA(t, disk10)); err != nil {
+			t.Errorf("a node of 1.0 writes the slot from a delta made from its kiln.json: %v", err)
+		}
+		// A compressed base gives the same section as the raw one.
+		zst := filepath.Join(rs.dir, "ab-1.1.raw.zst")
+		if err := basedisk.Compress(filepath.Join(rs.dir, "ab-1.1.raw"), zst, "zstd"); err != nil {
+			t.Fatal(err)
+		}
+		rz := rs.recipeOn(t, "ab-1.1.raw.zst", "acme-zst", "1.1.0", releaseFiles)
+		y, _ := os.ReadFile(rz)
+		os.WriteFile(rz, []byte(strings.Replace(string(y), "name: acme-zst", "name: acme", 1)), 0o644)
+		lock, err := os.ReadFile(strings.TrimSuffix(r11, ".yaml") + ".lock")
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(strings.TrimSuffix(rz, ".yaml")+".lock", lock, 0o644)
+		fromZst := filepath.Join(rs.dir, "zst.img")
+		rs.mustKiln(t, "bundle", rz, "-o", fromZst, "--key", rs.key, "--from", disk10)
+		mz, _, _ := openBundle(t, rs, fromZst)
+		if !reflect.DeepEqual(mz.OS, m.OS) {
+			t.Errorf("from a zstd base: %+v\nfrom the raw one: %+v", mz.OS, m.OS)
 		}
 	})
 
