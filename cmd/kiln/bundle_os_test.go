@@ -300,6 +300,17 @@ func TestBundleOSSlot(t *testing.T) {
 		if _, _, err := writeSlot(t, mj, fj, fsj, usrA(t, disk10)); err != nil {
 			t.Errorf("a node of 1.0 writes the slot from a delta made from its kiln.json: %v", err)
 		}
+		// Nodes whose agent reads no OS section (a kiln.json without the
+		// kiln record: before schema 2) are told, not sent one.
+		var c map[string]json.RawMessage
+		json.Unmarshal(rep.Contents, &c)
+		delete(c, "kiln")
+		b, _ := json.Marshal(c)
+		os.WriteFile(kj, b, 0o644)
+		out, code := rs.kiln(t, "bundle", r11, "-o", filepath.Join(rs.dir, "old.img"), "--key", rs.key, "--from", kj)
+		if want := "its nodes run an agent that reads bundle schemas up to 1, and the OS of acme 1.1.0 needs schema 3"; code != 1 || !strings.Contains(out, want) {
+			t.Errorf("--from an old kiln.json: exit %d, want 1 saying %q:\n%s", code, want, out)
+		}
 		// A compressed base gives the same section as the raw one.
 		zst := filepath.Join(rs.dir, "ab-1.1.raw.zst")
 		if err := basedisk.Compress(filepath.Join(rs.dir, "ab-1.1.raw"), zst, "zstd"); err != nil {

@@ -564,8 +564,8 @@ func TestBundleSaysWhichAgent(t *testing.T) {
 		t.Errorf("the summary does not say %q:\n%s", want, out)
 	}
 	m := inspectBundle(t, rs, full).Manifest
-	if m.SchemaVersion != bundlefmt.SchemaVersion || m.Kiln != self || m.AgentVersion != agent || m.AgentVersion.Edition != "node" {
-		t.Errorf("manifest schema %d, kiln %+v, agent %+v; want schema %d, %+v, %+v", m.SchemaVersion, m.Kiln, m.AgentVersion, bundlefmt.SchemaVersion, self, agent)
+	if m.SchemaVersion != bundlefmt.NoOSSchemaVersion || m.Kiln != self || m.AgentVersion != agent || m.AgentVersion.Edition != "node" {
+		t.Errorf("manifest schema %d, kiln %+v, agent %+v; want schema %d, %+v, %+v", m.SchemaVersion, m.Kiln, m.AgentVersion, bundlefmt.NoOSSchemaVersion, self, agent)
 	}
 	text := rs.mustKiln(t, "inspect", full)
 	for _, want := range []string{"Made by: " + self.String() + "\n", "Agent: " + agent.String() + ", " + agentSize + ", on the stick\n"} {
@@ -621,7 +621,7 @@ func TestBundleSaysWhichAgent(t *testing.T) {
 
 // A delta for nodes whose agent predates manifest schema 2 (their kiln.json
 // has no kiln record) is written as schema 1, which those agents read, and
-// imports; one for newer nodes is schema 2.
+// imports; one for newer nodes is schema 2 (3 only with an OS section).
 func TestBundleSchemaForOlderNodes(t *testing.T) {
 	rs := newReleases(t)
 	r11, disk10 := rs.disk10Lock11(t)
@@ -645,7 +645,7 @@ func TestBundleSchemaForOlderNodes(t *testing.T) {
 	for _, tc := range []struct {
 		from   string
 		schema int
-	}{{old, 1}, {disk10, bundlefmt.SchemaVersion}} {
+	}{{old, 1}, {disk10, bundlefmt.NoOSSchemaVersion}} {
 		p := filepath.Join(rs.dir, fmt.Sprintf("schema-%d.img", tc.schema))
 		rs.mustKiln(t, "bundle", r11, "-o", p, "--key", rs.key, "--from", tc.from)
 		rep := inspectBundle(t, rs, p)
