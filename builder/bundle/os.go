@@ -2,6 +2,7 @@ package bundle
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -56,9 +57,9 @@ func readOSRelease(ctx context.Context, path, dir string) (rel *osRelease, err e
 	if slots == nil || err != nil {
 		return nil, err
 	}
-	usr, ok, err := bootentry.ParseUsrVerity(entry.Options)
-	if err != nil || !ok {
-		return nil, fmt.Errorf("boot loader entry %s: %v", entry.ID, err)
+	usr, _, err := bootentry.ParseUsrVerity(entry.Options) // osslots found it mounts the slot
+	if err != nil {
+		return nil, fmt.Errorf("boot loader entry %s: %w", entry.ID, err)
 	}
 	active := slots.ActiveSlot()
 	data, hash := partition(l, active.Usr.PartUUID), partition(l, active.UsrVerity.PartUUID)
@@ -141,7 +142,7 @@ func extract(path, dir string, parts ...gpt.Partition) ([]*os.File, error) {
 	}
 	defer d.Close()
 	order := slices.Clone(parts)
-	slices.SortFunc(order, func(a, b gpt.Partition) int { return int(a.Offset - b.Offset) })
+	slices.SortFunc(order, func(a, b gpt.Partition) int { return cmp.Compare(a.Offset, b.Offset) })
 	files := map[int]*os.File{}
 	var at int64
 	for _, p := range order {

@@ -161,7 +161,7 @@ func Verify(ctx context.Context, p string, keys []ed25519.PublicKey, rp progress
 		// The slot index describes the image, and the pack is what the
 		// bases lack (the pack's chunks themselves the node checks as it
 		// writes them; its bytes CheckFilesystem has hashed).
-		if _, err := m.CheckOS(f, rep.Offset+rep.Header); err != nil {
+		if _, _, err := m.CheckOS(f, rep.Offset+rep.Header); err != nil {
 			problems = append(problems, err)
 		}
 	}

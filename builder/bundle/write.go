@@ -507,7 +507,7 @@ func (b *bundler) writeBundle(ctx context.Context) error {
 		return fmt.Errorf("kiln bug: %w", err)
 	}
 	if m.OS != nil {
-		if _, err := m.CheckOS(out, start+hdrSize); err != nil {
+		if _, _, err := m.CheckOS(out, start+hdrSize); err != nil {
 			return fmt.Errorf("kiln bug: %w", err)
 		}
 	}

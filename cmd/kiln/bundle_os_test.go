@@ -110,22 +110,21 @@ func fileAt(m *bundlefmt.Manifest, fsStart int64, path string) (int64, int64) {
 	return fsStart + m.Files[i].Offset, m.Files[i].Size
 }
 
-// writeSlot writes the bundle's slot as a node of its first base does,
-// seeded from active (its usr-a), and seals it with the signed verity
+// writeSlot writes the bundle's slot as a node of the release of
+// m.OS.Usr.Bases[base] does, seeded from active (its usr-a; nil, with any
+// base: a node with nothing to seed from), and seals it with the signed verity
 // values: the proof that the factory's index, pack and values make exactly
 // the new release's slot.
-func writeSlot(t *testing.T, m *bundlefmt.Manifest, b io.ReaderAt, fsStart int64, active io.ReaderAt) (slotwrite.Stats, string, error) {
+func writeSlot(t *testing.T, m *bundlefmt.Manifest, b io.ReaderAt, fsStart int64, active io.ReaderAt, base int) (slotwrite.Stats, string, error) {
 	t.Helper()
 	u := m.OS.Usr
-	x, err := m.CheckOS(io.NewSectionReader(b, fsStart, m.Filesystem.Size), 0)
+	x, bases, err := m.CheckOS(io.NewSectionReader(b, fsStart, m.Filesystem.Size), 0)
 	if err != nil {
 		return slotwrite.Stats{}, "", err
 	}
-	src := slotwrite.Source{Index: x, Active: active}
-	if len(u.Bases) > 0 && u.Bases[0].Index != "" {
-		if src.Base, err = m.ReadSlotIndex(b, fsStart, u.Bases[0].Index); err != nil {
-			return slotwrite.Stats{}, "", err
-		}
+	src := slotwrite.Source{Index: x, Active: active, PackBases: bases}
+	if base < len(bases) {
+		src.Base = bases[base]
 	}
 	if u.Pack != nil {
 		off, n := fileAt(m, fsStart, bundlefmt.OSFile(u.Pack.Digest))
@@ -215,7 +214,7 @@ func TestBundleOSSlot(t *testing.T) {
 	})
 
 	t.Run("a node of 1.0 writes exactly 1.1's slot from it", func(t *testing.T) {
-		stats, data, err := writeSlot(t, m, f, fsStart, usrA(t, disk10))
+		stats, data, err := writeSlot(t, m, f, fsStart, usrA(t, disk10), 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -254,10 +253,29 @@ func TestBundleOSSlot(t *testing.T) {
 			t.Errorf("bundle output:\n%s", out)
 		}
 		// A node of 1.1 (whose slot is 1.1's) writes it from its own.
-		if _, _, err := writeSlot(t, m12, f12, fs12, usrA(t, filepath.Join(rs.dir, "ab-1.1.raw"))); err != nil {
+		if _, _, err := writeSlot(t, m12, f12, fs12, usrA(t, filepath.Join(rs.dir, "ab-1.1.raw")), 0); err != nil {
 			t.Fatal(err)
 		}
 		rs.mustKiln(t, "verify", b12, "--key", rs.pub)
+	})
+
+	t.Run("one delta for nodes of 1.0 and of 1.1", func(t *testing.T) {
+		both := filepath.Join(rs.dir, "upgrade-1.2-both.img")
+		rs.mustKiln(t, "bundle", r12, "-o", both, "--key", rs.key, "--from", disk10, "--from", b11)
+		mb, fb, fsb := openBundle(t, rs, both)
+		o := mb.OS
+		if len(o.Usr.Bases) != 2 || o.Usr.Pack == nil || *o.Usr.Pack != *u.Pack || !o.Entry.Initrd[0].OnStick || o.Entry.Kernel.OnStick {
+			t.Errorf("OS %+v: want 1.0's pack and initramfs (1.1's nodes lack nothing), the kernel left out", o)
+		}
+		for i, disk := range []string{disk10, filepath.Join(rs.dir, "ab-1.1.raw")} {
+			stats, _, err := writeSlot(t, mb, fb, fsb, usrA(t, disk), i)
+			if err != nil {
+				t.Errorf("a node of %s: %v", o.Usr.Bases[i].Version, err)
+			}
+			if i == 1 && stats.Packed != 0 {
+				t.Errorf("a node of 1.1 took %d bytes from the pack: its slot holds every chunk", stats.Packed)
+			}
+		}
 	})
 
 	t.Run("a full bundle carries the whole slot and the boot files", func(t *testing.T) {
@@ -267,7 +285,7 @@ func TestBundleOSSlot(t *testing.T) {
 		if mf.OS.Usr.Pack == nil || len(mf.OS.Usr.Bases) != 0 || !mf.OS.Entry.Kernel.OnStick || !mf.OS.Entry.Initrd[0].OnStick {
 			t.Fatalf("full bundle's OS: %+v", mf.OS)
 		}
-		if _, _, err := writeSlot(t, mf, ff, fsf, nil); err != nil {
+		if _, _, err := writeSlot(t, mf, ff, fsf, nil, 0); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -297,7 +315,7 @@ func TestBundleOSSlot(t *testing.T) {
 		if mj.OS.Usr.Bases[0].Index != "" || mj.OS.Usr.Pack.Size <= u.Pack.Size || !mj.OS.Entry.Kernel.OnStick {
 			t.Errorf("from a kiln.json: %+v, kernel on the stick: %v", mj.OS.Usr, mj.OS.Entry.Kernel.OnStick)
 		}
-		if _, _, err := writeSlot(t, mj, fj, fsj, usrA(t, disk10)); err != nil {
+		if _, _, err := writeSlot(t, mj, fj, fsj, usrA(t, disk10), 0); err != nil {
 			t.Errorf("a node of 1.0 writes the slot from a delta made from its kiln.json: %v", err)
 		}
 		// Nodes whose agent reads no OS section (a kiln.json without the
@@ -351,7 +369,7 @@ func TestBundleOSSlot(t *testing.T) {
 			}
 			bf, _ := os.Open(bad)
 			defer bf.Close()
-			_, _, err := writeSlot(t, m, bf, fsStart, usrA(t, disk10))
+			_, _, err := writeSlot(t, m, bf, fsStart, usrA(t, disk10), 0)
 			if !errors.Is(err, bundlefmt.ErrDamaged) && !errors.Is(err, slotwrite.ErrDamaged) {
 				t.Errorf("%s: the node's write: %v, want it refused as damaged", tc.name, err)
 			}

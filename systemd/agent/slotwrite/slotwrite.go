@@ -1,6 +1,7 @@
 // Package slotwrite writes a new slot image into the node's inactive slot
 // from a delta: a chunk the active slot already holds is copied from it, every
-// other comes from the stick's pack (slot.Lacking's order), and each is checked
+// other comes from the stick's pack (slot.LackingAny's order over the
+// releases the delta was made for), and each is checked
 // against the new, signed index before a byte of it is written. The inactive
 // slot may be left half-written by a power cut or a pulled stick; it is never
 // made bootable here (the caller checks the whole slot's verity root hash and
@@ -38,6 +39,10 @@ type Source struct {
 	Base   *slot.Index // what Active holds; nil when the node has no slot to seed from
 	Active io.ReaderAt // the node's active slot (read-only, dm-verity)
 	Pack   io.ReaderAt // the stick's chunks of the delta from Base to Index
+	// PackBases are the indexes the pack was cut against (slot.LackingAny:
+	// a delta for several releases packs what any of them lacks; a nil one
+	// lacks everything), Base among them; none: Base alone.
+	PackBases []*slot.Index
 }
 
 // Stats says where the bytes came from.
@@ -99,7 +104,11 @@ func Write(ctx context.Context, dst Target, capacity int64, src Source, opts ...
 		w.seed = src.Base.Locate()
 	}
 	w.packed = make(map[[sha256.Size]byte]slot.Located)
-	for _, c := range slot.Lacking(x, w.seedIndex()) {
+	packBases := src.PackBases
+	if packBases == nil {
+		packBases = []*slot.Index{w.seedIndex()}
+	}
+	for _, c := range slot.LackingAny(x, packBases...) {
 		w.packed[c.Digest] = c
 	}
 
@@ -166,11 +175,13 @@ func (w *writer) chunk(i int, off int64, buf []byte) error {
 		}
 	}
 	b := buf[:c.Size]
-	from, where, counter := w.src.Pack, "the stick's pack", &w.stats.Packed
-	at, ok := w.packed[c.Digest]
+	// The active slot first: a pack for several releases holds chunks
+	// this node has, and its own disk is faster than the stick.
+	from, where, counter := w.src.Active, "the active slot", &w.stats.Seeded
+	at, ok := w.seed[c.Digest]
 	if !ok {
-		at, ok = w.seed[c.Digest]
-		from, where, counter = w.src.Active, "the active slot", &w.stats.Seeded
+		at, ok = w.packed[c.Digest]
+		from, where, counter = w.src.Pack, "the stick's pack", &w.stats.Packed
 	}
 	if !ok || from == nil {
 		// Lacking puts every digest the seed lacks in the pack.

@@ -121,6 +121,50 @@ func TestWrite(t *testing.T) {
 	}
 }
 
+// A delta for nodes of two releases packs what either lacks; a node of
+// each takes the chunks it lacks from the pack and the rest from its slot.
+func TestWriteFromAPackForTwoBases(t *testing.T) {
+	old, img := releases()
+	other := bytes.Clone(old)
+	copy(other[1*chunkSize:], random(4, chunkSize)) // its chunk 1 is not the new image's
+	x, base, otherBase := fixedIndex(img), fixedIndex(old), fixedIndex(other)
+	at := x.Locate()
+	var p []byte
+	for _, c := range slot.LackingAny(x, base, otherBase) {
+		o := at[c.Digest].Offset
+		p = append(p, img[o:o+int64(c.Size)]...)
+	}
+	if len(p) != 3*chunkSize {
+		t.Fatalf("pack of %d bytes, want the two new chunks and the one the other base lacks", len(p))
+	}
+	for name, node := range map[string]struct {
+		base   *slot.Index
+		active []byte
+		lacks  int64 // chunks it reads from the pack: the rest its slot has
+	}{"1.0": {base, old, 2}, "other": {otherBase, other, 3}} {
+		f := target(t, len(img))
+		src := Source{Index: x, Base: node.base, Active: bytes.NewReader(node.active), Pack: bytes.NewReader(p), PackBases: []*slot.Index{base, otherBase}}
+		st, err := Write(context.Background(), f, int64(len(img)), src)
+		if err != nil {
+			t.Fatalf("node of %s: %v", name, err)
+		}
+		if want := node.lacks * chunkSize; st.Packed != want {
+			t.Errorf("node of %s read %d bytes of the pack, want %d", name, st.Packed, want)
+		}
+		if !bytes.Equal(contents(t, f, len(img)), img) {
+			t.Errorf("node of %s: the slot does not hold the new image", name)
+		}
+	}
+	// Without the pack's bases, a node of 1.0 reads the pack as cut
+	// against its own base alone: the chunks it finds there are not the
+	// ones it wants, and it refuses them.
+	f := target(t, len(img))
+	_, err := Write(context.Background(), f, int64(len(img)), Source{Index: x, Base: base, Active: bytes.NewReader(old), Pack: bytes.NewReader(p)})
+	if !errors.Is(err, ErrDamaged) {
+		t.Errorf("the pack read as one base's: %v, want ErrDamaged", err)
+	}
+}
+
 func TestWriteRefuses(t *testing.T) {
 	old, img := releases()
 	x, base := fixedIndex(img), fixedIndex(old)

@@ -3,6 +3,7 @@ package bundle
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -215,23 +216,28 @@ func (m *Manifest) ReadSlotIndex(r io.ReaderAt, fsOffset int64, d string) (*slot
 // CheckOS checks what Validate cannot from the manifest alone: the usr slot
 // index (read from the filesystem at fsOffset in r) describes an image of
 // Usr.Size bytes, and the pack is exactly the chunks the bases' indexes lack.
-// It returns the index. The pack's bytes are checked chunk by chunk as the
-// node writes them, and whole by CheckFilesystem.
-func (m *Manifest) CheckOS(r io.ReaderAt, fsOffset int64) (*slot.Index, error) {
+// It returns the index and the bases' (in Usr.Bases' order, nil where not
+// known): what the pack was cut against (slotwrite.Source.PackBases). The
+// pack's bytes are checked chunk by chunk as the node writes them, and whole
+// by CheckFilesystem.
+func (m *Manifest) CheckOS(r io.ReaderAt, fsOffset int64) (*slot.Index, []*slot.Index, error) {
+	if m.OS == nil {
+		return nil, nil, errors.New("the bundle has no OS section")
+	}
 	u := m.OS.Usr
 	x, err := m.ReadSlotIndex(r, fsOffset, u.Index)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if x.Size != u.Size {
-		return nil, fmt.Errorf("%w: the usr slot index describes %d bytes, the manifest says %d", ErrDamaged, x.Size, u.Size)
+		return nil, nil, fmt.Errorf("%w: the usr slot index describes %d bytes, the manifest says %d", ErrDamaged, x.Size, u.Size)
 	}
 	var bases []*slot.Index
 	for _, b := range u.Bases {
 		var bx *slot.Index
 		if b.Index != "" {
 			if bx, err = m.ReadSlotIndex(r, fsOffset, b.Index); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		}
 		bases = append(bases, bx)
@@ -242,7 +248,7 @@ func (m *Manifest) CheckOS(r io.ReaderAt, fsOffset int64) (*slot.Index, error) {
 		got = u.Pack.Size
 	}
 	if got != want {
-		return nil, fmt.Errorf("%w: the usr slot pack is %d bytes, the chunks its bases lack are %d", ErrDamaged, got, want)
+		return nil, nil, fmt.Errorf("%w: the usr slot pack is %d bytes, the chunks its bases lack are %d", ErrDamaged, got, want)
 	}
-	return x, nil
+	return x, bases, nil
 }

@@ -88,12 +88,12 @@ func TestOSSection(t *testing.T) {
 	if err := got.CheckFilesystem(bytes.NewReader(disk), h.Size, nil); err != nil {
 		t.Fatal(err)
 	}
-	x, err := got.CheckOS(bytes.NewReader(disk), h.Size)
+	x, bases, err := got.CheckOS(bytes.NewReader(disk), h.Size)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if x.Size != m.OS.Usr.Size || len(x.Chunks) != 4 {
-		t.Errorf("CheckOS gave an index of %d bytes, %d chunks", x.Size, len(x.Chunks))
+	if x.Size != m.OS.Usr.Size || len(x.Chunks) != 4 || len(bases) != 1 || len(bases[0].Chunks) != 3 {
+		t.Errorf("CheckOS gave an index of %d bytes, %d chunks, bases %v", x.Size, len(x.Chunks), bases)
 	}
 	if !reflect.DeepEqual(got.OS, m.OS) {
 		t.Errorf("the OS section came back as\n%+v\nwant\n%+v", got.OS, m.OS)
@@ -122,7 +122,7 @@ func TestCheckOSRefuses(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m, fs := osBundle(t, pub)
 			tc.spoil(m, fs)
-			_, err := m.CheckOS(bytes.NewReader(fs), 0)
+			_, _, err := m.CheckOS(bytes.NewReader(fs), 0)
 			if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("CheckOS: %v, want ErrDamaged saying %q", err, tc.want)
 			}
