@@ -230,11 +230,9 @@ func readEntries(path string, esp gpt.Partition, raw bool, tempDir string) (map[
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	img := fmt.Sprintf("%s@@%d", path, esp.Offset)
-	if !raw {
-		if img, err = copyESP(path, esp, dir); err != nil {
-			return nil, err
-		}
+	img, err := espImage(path, esp, raw, dir)
+	if err != nil {
+		return nil, err
 	}
 	cmd := exec.Command("mcopy", "-s", "-n", "-i", img, "::/"+bootentry.Dir, dir)
 	cmd.Env = append(os.Environ(), "MTOOLS_SKIP_CHECK=1")
@@ -272,16 +270,14 @@ func CopyFromESP(path string, l *gpt.Layout, raw bool, tempDir, dst string, path
 	if err != nil {
 		return nil, err
 	}
-	img := fmt.Sprintf("%s@@%d", path, esp.Offset)
-	if !raw {
-		dir, err := os.MkdirTemp(tempDir, "kiln-esp-")
-		if err != nil {
-			return nil, err
-		}
-		defer os.RemoveAll(dir)
-		if img, err = copyESP(path, esp, dir); err != nil {
-			return nil, err
-		}
+	dir, err := os.MkdirTemp(tempDir, "kiln-esp-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	img, err := espImage(path, esp, raw, dir)
+	if err != nil {
+		return nil, err
 	}
 	var out []string
 	for _, p := range paths {
@@ -301,6 +297,15 @@ func CopyFromESP(path string, l *gpt.Layout, raw bool, tempDir, dst string, path
 		out = append(out, local)
 	}
 	return out, nil
+}
+
+// espImage is what mtools reads the ESP from: the disk file at the ESP's
+// offset ("@@offset") when raw, else a copy of its bytes in dir.
+func espImage(path string, esp gpt.Partition, raw bool, dir string) (string, error) {
+	if raw {
+		return fmt.Sprintf("%s@@%d", path, esp.Offset), nil
+	}
+	return copyESP(path, esp, dir)
 }
 
 // copyESP copies the ESP of the compressed base at path into dir.

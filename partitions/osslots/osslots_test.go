@@ -209,3 +209,44 @@ func TestReadCompressed(t *testing.T) {
 		t.Fatalf("Read = %+v, %v", got, err)
 	}
 }
+
+// ReadBoot gives the release's entry, and CopyFromESP the files it names,
+// from a raw base and from a compressed one alike; a file the entry names
+// and the ESP lacks is said so.
+func TestReadBootAndCopyFromESP(t *testing.T) {
+	dir := t.TempDir()
+	raw, zst := filepath.Join(dir, "ab.raw"), filepath.Join(dir, "ab.raw.zst")
+	o := basedisk.OS{Version: "1.0", Usr: map[string][]byte{"lib/os-release": []byte("VERSION_ID=1.0\n")}, Kernel: []byte("kernel"), Initrd: []byte("initramfs")}
+	if err := basedisk.Write(raw, basedisk.WithABSlotsOS(8<<20, 8<<20, o)); err != nil {
+		t.Fatal(err)
+	}
+	if err := basedisk.Compress(raw, zst, "zstd"); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{raw, zst} {
+		l, isRaw, err := base.ReadLayout(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, e, err := ReadBoot(p, l, isRaw, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Entry != basedisk.ABEntry || e.ID != s.Entry || e.Version != "1.0" || e.Linux != "/kiln/1.0/vmlinuz" || len(e.Initrd) != 1 {
+			t.Fatalf("%s: slots %+v, entry %+v", p, s, e)
+		}
+		out := t.TempDir()
+		got, err := CopyFromESP(p, l, isRaw, dir, out, append([]string{e.Linux}, e.Initrd...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, want := range []string{"kernel", "initramfs"} {
+			if b, _ := os.ReadFile(got[i]); string(b) != want {
+				t.Errorf("%s: %s holds %q, want %q", p, got[i], b, want)
+			}
+		}
+		if _, err := CopyFromESP(p, l, isRaw, dir, out, []string{"/kiln/1.0/missing"}); err == nil || !strings.Contains(err.Error(), "names /kiln/1.0/missing, which its ESP") {
+			t.Errorf("%s: a missing file: %v", p, err)
+		}
+	}
+}

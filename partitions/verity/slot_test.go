@@ -61,6 +61,19 @@ func TestReadSlot(t *testing.T) {
 		})
 	}
 	dir := t.TempDir()
+	// Chrome OS's format 0 (the salt after the data): not what a slot is.
+	data, hash := filepath.Join(dir, "data"), filepath.Join(dir, "hash")
+	os.WriteFile(data, make([]byte, 4*Block), 0o600)
+	if out, err := exec.Command("veritysetup", "format", "--format=0", data, hash).CombinedOutput(); err != nil {
+		t.Fatalf("veritysetup: %v\n%s", err, out)
+	}
+	df, _ := os.Open(data)
+	defer df.Close()
+	hf, _ := os.Open(hash)
+	defer hf.Close()
+	if _, err := ReadSlot(context.Background(), df, hf, strings.Repeat("0", 64)); err == nil || !strings.Contains(err.Error(), "format 0") {
+		t.Errorf("a format 0 superblock: %v", err)
+	}
 	zeros := filepath.Join(dir, "zeros")
 	os.WriteFile(zeros, make([]byte, 8*Block), 0o600)
 	f, _ := os.Open(zeros)
