@@ -204,6 +204,19 @@ func (b *bundler) readOS(ctx context.Context) error {
 	if rel.slots.Arch != r.Arch {
 		return r.Errorf("base.path", "base image %s: its OS slots are for %s (usr partition types), the recipe's arch is %s", p, rel.slots.Arch, r.Arch)
 	}
+	// The bundle signs what it read of the base: the base the recipe pins,
+	// as a build checks it.
+	if r.Base.Digest != "" {
+		task := b.o.Progress.Task("check the base's digest", 0)
+		got, _, err := stage.HashFile(p)
+		task.Done(err)
+		if err != nil {
+			return err
+		}
+		if !strings.EqualFold(got, r.Base.Digest) {
+			return r.Errorf("base.digest", "base image %s has digest %s, but the recipe expects %s; use the right file or fix base.digest", p, got, r.Base.Digest)
+		}
+	}
 	b.os = rel
 	return nil
 }

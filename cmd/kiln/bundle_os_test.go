@@ -376,6 +376,18 @@ func TestBundleOSSlot(t *testing.T) {
 		}
 	})
 
+	t.Run("the base the recipe pins, or none", func(t *testing.T) {
+		pinned := rs.recipeOn(t, "ab-1.1.raw", "acme-pinned", "1.1.0", releaseFiles)
+		y, _ := os.ReadFile(pinned)
+		wrong := "sha256:" + strings.Repeat("0", 64)
+		os.WriteFile(pinned, []byte(strings.Replace(string(y), "/ab-1.1.raw\n", "/ab-1.1.raw\n  digest: "+wrong+"\n", 1)), 0o644)
+		rs.mustKiln(t, "lock", pinned)
+		out, code := rs.kiln(t, "bundle", pinned, "-o", filepath.Join(rs.dir, "pinned.img"), "--key", rs.key)
+		if want := "base.digest: base image " + filepath.Join(rs.dir, "ab-1.1.raw") + " has digest sha256:" + sha256File(t, filepath.Join(rs.dir, "ab-1.1.raw")) + ", but the recipe expects " + wrong; code != 1 || !strings.Contains(out, want) {
+			t.Errorf("a base that is not the pinned one: exit %d, want 1 saying %q:\n%s", code, want, out)
+		}
+	})
+
 	t.Run("nodes without slots cannot take an OS", func(t *testing.T) {
 		plain := filepath.Join(rs.dir, "plain-1.0.raw")
 		rs.mustKiln(t, "build", rs.recipe(t, "acme", "1.0.0", releaseFiles), "-o", plain)
