@@ -225,15 +225,11 @@ func activate(s *contract.OSSlots, entries map[string][]byte, esp gpt.Partition)
 // from the disk file itself when the base is raw (mtools' "@@offset"), from
 // a copy of the ESP's bytes when it is compressed.
 func readEntries(path string, esp gpt.Partition, raw bool, tempDir string) (map[string][]byte, error) {
-	dir, err := os.MkdirTemp(tempDir, "kiln-esp-")
+	img, dir, err := espImage(path, esp, raw, tempDir)
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	img, err := espImage(path, esp, raw, dir)
-	if err != nil {
-		return nil, err
-	}
 	cmd := exec.Command("mcopy", "-s", "-n", "-i", img, "::/"+bootentry.Dir, dir)
 	cmd.Env = append(os.Environ(), "MTOOLS_SKIP_CHECK=1")
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -270,15 +266,11 @@ func CopyFromESP(path string, l *gpt.Layout, raw bool, tempDir, dst string, path
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp(tempDir, "kiln-esp-")
+	img, dir, err := espImage(path, esp, raw, tempDir)
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	img, err := espImage(path, esp, raw, dir)
-	if err != nil {
-		return nil, err
-	}
 	var out []string
 	for _, p := range paths {
 		local := filepath.Join(dst, filepath.Base(p))
@@ -299,13 +291,21 @@ func CopyFromESP(path string, l *gpt.Layout, raw bool, tempDir, dst string, path
 	return out, nil
 }
 
-// espImage is what mtools reads the ESP from: the disk file at the ESP's
-// offset ("@@offset") when raw, else a copy of its bytes in dir.
-func espImage(path string, esp gpt.Partition, raw bool, dir string) (string, error) {
-	if raw {
-		return fmt.Sprintf("%s@@%d", path, esp.Offset), nil
+// espImage makes a directory in tempDir ("": $TMPDIR), which the caller
+// removes, and returns what mtools reads the ESP from: the disk file at the
+// ESP's offset ("@@offset") when raw, else a copy of its bytes in dir.
+func espImage(path string, esp gpt.Partition, raw bool, tempDir string) (img, dir string, err error) {
+	if dir, err = os.MkdirTemp(tempDir, "kiln-esp-"); err != nil {
+		return "", "", err
 	}
-	return copyESP(path, esp, dir)
+	img = fmt.Sprintf("%s@@%d", path, esp.Offset)
+	if !raw {
+		if img, err = copyESP(path, esp, dir); err != nil {
+			os.RemoveAll(dir)
+			return "", "", err
+		}
+	}
+	return img, dir, nil
 }
 
 // copyESP copies the ESP of the compressed base at path into dir.
