@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/coreos/go-semver/semver"
+
+	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
 )
 
 // Where the node keeps its releases. The release state itself, one file
@@ -64,6 +66,10 @@ type Release struct {
 	// release is current (key rotation: a release brings the next set);
 	// the factory release's is what Ignition wrote to TrustDir.
 	Trust []TrustKey `json:"trust,omitempty"`
+	// OS is where the release's OS is on a node whose OS is in A/B slots
+	// (kiln.json's OSSlots): its slot and the boot loader entry that boots
+	// it. nil on a node without slots.
+	OS *ReleaseOS `json:"os,omitempty"`
 }
 
 // ReleaseID names one release of a recipe: its version and the digest of
@@ -129,3 +135,55 @@ type ReleaseFile struct {
 	Size   int64  `json:"size"`
 	Digest string `json:"digest"` // sha256:…
 }
+
+// ReleaseOS is a release's OS on a node with A/B OS slots: the slot its /usr
+// is in and the boot loader entry that boots it. Releases that share an OS
+// share the record (an upgrade of the images only keeps the OS it was
+// staged on). The boot loader's entry says which release the node booted,
+// and the release state follows it (docs/upgrade.md).
+type ReleaseOS struct {
+	Slot     string `json:"slot"`     // SlotA or SlotB
+	RootHash string `json:"rootHash"` // its usr slot's dm-verity root hash (hex)
+	Entry    string `json:"entry"`    // its boot loader entry's ID (bootentry.Entry.ID)
+	// The entry as the node writes it, for a release whose OS a bundle
+	// brought; empty for the factory release's, which the factory wrote.
+	Title   string   `json:"title,omitempty"`
+	Version string   `json:"version,omitempty"`
+	Linux   string   `json:"linux,omitempty"`
+	Initrd  []string `json:"initrd,omitempty"`
+	Options []string `json:"options,omitempty"`
+}
+
+// BootEntry is the entry the node writes for the release; false for an
+// entry the node did not write (the factory's).
+func (o *ReleaseOS) BootEntry() (bootentry.Entry, bool) {
+	if o == nil || o.Linux == "" {
+		return bootentry.Entry{}, false
+	}
+	return bootentry.Entry{ID: o.Entry, Title: o.Title, Version: o.Version, Linux: o.Linux, Initrd: o.Initrd, Options: o.Options}, true
+}
+
+// Check says whether the record can be kept: a slot, a root hash, an entry
+// ID, and, when the node writes the entry, one that can be written.
+func (o *ReleaseOS) Check() error {
+	if o.Slot != SlotA && o.Slot != SlotB {
+		return fmt.Errorf("OS slot %q (want %q or %q)", o.Slot, SlotA, SlotB)
+	}
+	if !rootHash.MatchString(o.RootHash) {
+		return fmt.Errorf("OS root hash %q is not 64 lower-case hex digits (sha256)", o.RootHash)
+	}
+	if err := bootentry.CheckID(o.Entry); err != nil {
+		return err
+	}
+	if e, ok := o.BootEntry(); ok {
+		return e.Check()
+	}
+	return nil
+}
+
+// EntryID is the boot loader entry ID the node gives a release it writes an
+// OS entry for: "kiln-" and its version, a '+' (semver build metadata,
+// which would start the boot counter in a file name) made '_'. Versions
+// compare as the boot loader orders IDs (systemd-boot's strverscmp, newest
+// first), so a new release is booted first while it has tries left.
+func EntryID(version string) string { return "kiln-" + strings.ReplaceAll(version, "+", "_") }

@@ -10,8 +10,11 @@ package bootloader
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -145,4 +148,180 @@ func efiString(b []byte) (string, error) {
 		u = append(u, c)
 	}
 	return string(utf16.Decode(u)), nil
+}
+
+// Find is the file of entry id on the ESP, whatever its counter; false when
+// there is none.
+func Find(esp, id string) (bootentry.Name, bool, error) {
+	names, err := Entries(esp)
+	if err != nil {
+		return bootentry.Name{}, false, err
+	}
+	for _, n := range names {
+		if n.ID == id {
+			return n, true, nil
+		}
+	}
+	return bootentry.Name{}, false, nil
+}
+
+// Read decodes the entry in file n.
+func Read(esp string, n bootentry.Name) (*bootentry.Entry, error) {
+	f, err := os.Open(filepath.Join(entriesDir(esp), n.String()))
+	if err != nil {
+		return nil, fmt.Errorf("boot entry: %w", err)
+	}
+	defer f.Close()
+	return bootentry.Decode(n.String(), f)
+}
+
+// BootFileDir holds, on the ESP, the kernels and initramfs images the node
+// copies for the releases it installs, each named by its sha256: two
+// releases booting the same file share it, and a name always means the same
+// bytes.
+const BootFileDir = "kiln/sha256"
+
+// BootFilePath is the ESP path (as an entry names it) of the boot file with
+// digest d ("sha256:HEX").
+func BootFilePath(d string) string { return "/" + BootFileDir + "/" + strings.TrimPrefix(d, "sha256:") }
+
+// espPath is where an entry's path p is on the ESP mounted at esp.
+func espPath(esp, p string) string {
+	return filepath.Join(esp, filepath.FromSlash(strings.TrimPrefix(p, "/")))
+}
+
+// HasBootFile reports whether the boot file with digest d is in place,
+// whole (its bytes hashed).
+func HasBootFile(esp, d string) (bool, error) {
+	ok, err := fileHas(espPath(esp, BootFilePath(d)), d)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	return ok, err
+}
+
+// fileHas reports whether the file at p hashes to d.
+func fileHas(p, d string) (bool, error) {
+	got, err := fileDigest(p)
+	return got == d, err
+}
+
+// Digest is the sha256 ("sha256:HEX") of the file at p, a path as an
+// entry names it.
+func Digest(esp, p string) (string, error) { return fileDigest(espPath(esp, p)) }
+
+func fileDigest(p string) (string, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("read %s: %w", p, err)
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// WriteBootFile puts the boot file with digest d (size bytes, read from r)
+// in its place on the ESP: streamed to a temp file beside it, hashed as it
+// is written, synced and renamed only when it is exactly d. A file in place
+// that hashes to d is kept.
+func WriteBootFile(esp, d string, size int64, r io.Reader) error {
+	if ok, err := HasBootFile(esp, d); err != nil || ok {
+		return err
+	}
+	dst := espPath(esp, BootFilePath(d))
+	return atomicfile.Write(dst, 0o644, func(w io.Writer) error {
+		h := sha256.New()
+		n, err := io.Copy(io.MultiWriter(w, h), io.LimitReader(r, size+1))
+		if err != nil {
+			return fmt.Errorf("boot file %s: %w", d, err)
+		}
+		if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); n != size || got != d {
+			return fmt.Errorf("boot file %s: read %d bytes hashing to %s, want %d bytes: %w", d, n, got, size, ErrDamaged)
+		}
+		return nil
+	})
+}
+
+// ErrDamaged is returned when bytes to be copied onto the ESP are not the
+// ones signed.
+var ErrDamaged = errors.New("damaged")
+
+// FindFile finds, among the files the ESP's entries boot (kernel and
+// initramfs), one with digest d and size bytes: the node's own copy of a
+// boot file a bundle leaves out. "" when none is.
+func FindFile(esp, d string, size int64) (string, error) {
+	names, err := Entries(esp)
+	if err != nil {
+		return "", err
+	}
+	seen := map[string]bool{}
+	for _, n := range names {
+		e, err := Read(esp, n)
+		if err != nil {
+			return "", err
+		}
+		for _, p := range append([]string{e.Linux}, e.Initrd...) {
+			if p == "" || seen[p] {
+				continue
+			}
+			seen[p] = true
+			full := espPath(esp, p)
+			if fi, err := os.Stat(full); err != nil || fi.Size() != size {
+				continue
+			}
+			if ok, err := fileHas(full, d); err != nil {
+				return "", err
+			} else if ok {
+				return full, nil
+			}
+		}
+	}
+	return "", nil
+}
+
+// RemoveUnusedBootFiles removes the files of BootFileDir that no entry on
+// the ESP boots (a retired release's kernel, a copy an interrupted import
+// left) and returns their names. Only BootFileDir is touched: the factory's
+// files are where the vendor put them.
+func RemoveUnusedBootFiles(esp string) ([]string, error) {
+	dir := espPath(esp, BootFileDir)
+	des, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("boot files: %w", err)
+	}
+	names, err := Entries(esp)
+	if err != nil {
+		return nil, err
+	}
+	used := map[string]bool{}
+	for _, n := range names {
+		e, err := Read(esp, n)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range append([]string{e.Linux}, e.Initrd...) {
+			used[strings.ToLower(espPath(esp, p))] = true // FAT: case-insensitive
+		}
+	}
+	var removed []string
+	for _, de := range des {
+		p := filepath.Join(dir, de.Name())
+		if used[strings.ToLower(p)] || strings.HasPrefix(de.Name(), ".") && !strings.Contains(de.Name(), ".tmp-") {
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return removed, fmt.Errorf("boot files: %w", err)
+		}
+		removed = append(removed, de.Name())
+	}
+	if len(removed) == 0 {
+		return nil, nil
+	}
+	return removed, syncDir(dir)
 }

@@ -24,9 +24,12 @@ import (
 
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
+	"github.com/kiln-appliance/kiln/systemd/agent/bootloader"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/localimage"
+	"github.com/kiln-appliance/kiln/systemd/agent/osinstall"
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
+	"github.com/kiln-appliance/kiln/systemd/agent/slotwrite"
 	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
@@ -43,6 +46,7 @@ type importer struct {
 	log     io.Writer
 	machine *release.Machine
 	copying func(digest string)
+	osStep  func(step string)
 	images  func() (storage.Store, error)
 }
 
@@ -65,6 +69,10 @@ func WithImageStore(open func() (storage.Store, error)) Option {
 	return func(i *importer) { i.images = open }
 }
 
+// WithOSStepHook calls f before each step of the OS install (osinstall):
+// the crash tests kill the import there.
+func WithOSStepHook(f func(step string)) Option { return func(i *importer) { i.osStep = f } }
+
 // WithCopyHook calls f with each blob's digest before it is copied: the
 // fault tests pull the stick there.
 func WithCopyHook(f func(digest string)) Option { return func(i *importer) { i.copying = f } }
@@ -76,7 +84,7 @@ func WithCopyHook(f func(digest string)) Option { return func(i *importer) { i.c
 // only then are blobs copied (each verified as it is written, those already
 // stored kept) and the release recorded as staged, last.
 func Import(ctx context.Context, source string, opts ...Option) (*state.State, error) {
-	i := &importer{root: "/", log: os.Stdout, copying: func(string) {}}
+	i := &importer{root: "/", log: os.Stdout, copying: func(string) {}, osStep: func(string) {}}
 	for _, o := range opts {
 		o(i)
 	}
@@ -102,15 +110,21 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 	}
 	fmt.Fprintf(i.log, "bundle %s %s (%s, %s) signed by %s\n", m.Recipe, m.Version, m.Kind, m.Arch, keyID)
 
-	node, factory, err := i.node()
+	self, err := i.node()
 	if err != nil {
 		return nil, err
 	}
-	switch err := m.CheckNode(node); {
+	switch err := m.CheckNode(self.node); {
 	case errors.Is(err, bundle.ErrAlreadyStaged):
 		fmt.Fprintf(i.log, "%v; nothing was changed\n", err)
+		// A run cut before the staged release's boot entry was written:
+		// the state machine writes it.
+		s, err := i.machine.Converge(ctx)
+		if err != nil {
+			return nil, err
+		}
 		fmt.Fprintf(i.log, "release %s is staged; the stick may be removed now\n", m.Version)
-		return i.machine.Load()
+		return s, nil
 	case err != nil:
 		return nil, refused(source, err)
 	}
@@ -122,8 +136,18 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 		return nil, refused(source, err)
 	}
 
+	var osPlan *osinstall.Plan
+	if m.OS != nil {
+		if osPlan, err = osinstall.Prepare(self.osNode(i.root), m, f, h.Size); err != nil {
+			return nil, refused(source, err)
+		}
+	}
+
 	incoming := filepath.Join(i.path(contract.ReleaseStore), incomingDir)
 	r := m.Release(i.onPartition)
+	if osPlan != nil && !osPlan.Unchanged {
+		r.OS = &osPlan.OS
+	}
 	wants, total, err := i.wants(m, r, incoming)
 	if err != nil {
 		return nil, refused(source, err)
@@ -148,14 +172,23 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 	// A node that has not recorded its state yet (it is recorded at boot)
 	// records the factory release now; this changes nothing it runs.
 	if _, err := i.machine.Load(); errors.Is(err, os.ErrNotExist) {
-		if _, err := i.machine.Init(ctx, factory); err != nil {
+		if _, err := i.machine.Init(ctx, self.factory); err != nil {
 			return nil, err
 		}
 	}
 	s, err := i.machine.Import(ctx, r, func(ctx context.Context, blobDir string) error {
-		return i.fill(ctx, r, incoming, blobDir)
+		if err := i.fill(ctx, r, incoming, blobDir); err != nil {
+			return err
+		}
+		if osPlan == nil {
+			return nil
+		}
+		return osPlan.Write(ctx, osinstall.WithLog(i.log), osinstall.WithStepHook(i.osStep))
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, slotwrite.ErrDamaged) || errors.Is(err, bootloader.ErrDamaged):
+		return nil, fmt.Errorf("bundle %s refused: %w; nothing was staged, the inactive slot has no boot entry and the node stays on release %s", source, err, self.current.Version)
+	case err != nil:
 		return nil, fmt.Errorf("import from %s: %w; nothing was staged, plug the stick in again to retry", source, err)
 	}
 	fmt.Fprintf(i.log, "release %s is staged; the stick may be removed now\n", m.Version)
@@ -172,13 +205,30 @@ func refused(source string, err error) error {
 
 func (i *importer) path(p string) string { return filepath.Join(i.root, p) }
 
-// node is what the node knows of itself: recipe and arch from the image
-// partition, current and staged release from the state (the factory release
-// when none is recorded yet).
-func (i *importer) node() (bundle.Node, contract.Release, error) {
+// self is what the node knows of itself.
+type self struct {
+	node     bundle.Node
+	factory  contract.Release
+	current  contract.Release
+	contents *contract.Contents
+}
+
+// osNode is the node as the OS install sees it.
+func (s self) osNode(root string) osinstall.Node {
+	n := osinstall.Node{Root: root, ESP: bootloader.ESP, Slots: s.contents.OSSlots, Base: s.node.Current}
+	if s.current.OS != nil {
+		n.Entry = s.current.OS.Entry
+	}
+	return n
+}
+
+// node is what the node knows of itself: recipe, arch and OS slots from the
+// image partition, current and staged release from the state (the factory
+// release when none is recorded yet).
+func (i *importer) node() (self, error) {
 	c, err := contract.Read(i.path(contract.MountPoint))
 	if err != nil {
-		return bundle.Node{}, contract.Release{}, fmt.Errorf("read the image partition (is %s mounted?): %w", contract.MountPoint, err)
+		return self{}, fmt.Errorf("read the image partition (is %s mounted?): %w", contract.MountPoint, err)
 	}
 	factory := release.FactoryRelease(c)
 	st, err := i.machine.Load()
@@ -186,7 +236,7 @@ func (i *importer) node() (bundle.Node, contract.Release, error) {
 	case errors.Is(err, os.ErrNotExist):
 		st = &state.State{Current: factory}
 	case err != nil:
-		return bundle.Node{}, factory, err
+		return self{}, err
 	}
 	n := bundle.Node{Recipe: c.Recipe, Arch: c.Arch, Current: st.Current.ID()}
 	if n.Current.LockDigest == "" && st.Current.Version == c.Version {
@@ -200,7 +250,11 @@ func (i *importer) node() (bundle.Node, contract.Release, error) {
 		id := r.ID()
 		n.Trying = &id
 	}
-	return n, factory, nil
+	current := st.Current
+	if current.OS == nil && current.Version == factory.Version {
+		current.OS = factory.OS
+	}
+	return self{node: n, factory: factory, current: current, contents: c}, nil
 }
 
 // onPartition: the image partition holds blob d.

@@ -38,11 +38,15 @@ func (m *Machine) Converge(ctx context.Context) (*state.State, error) {
 }
 
 // converge derives, in an order that never leaves a kept release without
-// what it needs: the active release's files (from blobs nothing has removed
+// what it needs: the boot loader's entries (a retired release's first, so
+// the boot loader cannot pick it again), the active release's files (from blobs nothing has removed
 // yet), the current release's trusted keys, then the pins narrowed to the kept releases (after the files, so a
 // rolled-back release's workloads are gone before its images are unpinned),
 // then retired images and blobs, then the state forgets the retired.
 func (m *Machine) converge(ctx context.Context, s *state.State) error {
+	if err := m.syncEntries(s); err != nil {
+		return err
+	}
 	if err := m.syncFiles(s); err != nil {
 		return err
 	}

@@ -84,7 +84,11 @@ func (m *Machine) Load() (*state.State, error) {
 // version and images (their blobs are on the partition). kiln.json lists no
 // release files; Init records the ones Ignition wrote.
 func FactoryRelease(c *contract.Contents) contract.Release {
-	return contract.Release{Version: c.Version, LockDigest: c.LockDigest, Images: c.Images}
+	r := contract.Release{Version: c.Version, LockDigest: c.LockDigest, Images: c.Images}
+	if s := c.OSSlots; s != nil {
+		r.OS = &contract.ReleaseOS{Slot: s.Active, RootHash: s.RootHash, Entry: s.Entry}
+	}
+	return r
 }
 
 // Init records factory as the current release when the node has no state
@@ -98,6 +102,10 @@ func (m *Machine) Init(ctx context.Context, factory contract.Release) (*state.St
 	}
 	return m.transition(ctx, "init", func(s *state.State) error {
 		if s.SchemaVersion != 0 {
+			if s.Current.OS == nil && factory.OS != nil && s.Current.Version == factory.Version {
+				s.Current.OS = factory.OS // recorded by an agent before OS slots
+				return nil
+			}
 			return errUnchanged
 		}
 		if len(factory.Files) == 0 {

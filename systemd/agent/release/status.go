@@ -22,7 +22,10 @@ type Status struct {
 	Attempts int               `json:"attempts,omitempty"`
 	Retired  []string          `json:"retired,omitempty"` // versions still being removed
 	Last     *state.Result     `json:"last,omitempty"`
-	Pins     []string          `json:"pins"`
+	// Booted is the ID of the boot loader entry this boot came from, on a
+	// node whose boot loader says (systemd-boot): whose release runs.
+	Booted string   `json:"booted,omitempty"`
+	Pins   []string `json:"pins"`
 	// PinsCurrent says whether the pins drop-in is exactly what the state
 	// derives; false means a transition was interrupted and the next run
 	// (every boot runs one) will finish it.
@@ -49,6 +52,9 @@ func (m *Machine) Status() (*Status, error) {
 	}
 	for _, r := range s.Retired {
 		st.Retired = append(st.Retired, r.Version)
+	}
+	if st.Booted, err = m.bootedEntry(); err != nil {
+		return nil, err
 	}
 	st.Pins, err = contract.ReadPins(m.path(contract.PinsDropIn))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {

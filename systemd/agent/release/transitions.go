@@ -40,6 +40,10 @@ func (m *Machine) Import(ctx context.Context, r contract.Release, fill Fill) (*s
 		return nil, fmt.Errorf("stage %s: %w", r.Version, err)
 	}
 	return m.transition(ctx, "stage", func(s *state.State) error {
+		if r.OS == nil && s.Current.OS != nil {
+			o := *s.Current.OS // images only: the release runs the OS it is staged on
+			r.OS = &o
+		}
 		switch {
 		case s.Trying != nil:
 			return fmt.Errorf("stage %s: %w: %s is being tried; it must be confirmed or rolled back first", r.Version, ErrBusy, s.Trying.Version)
@@ -53,6 +57,9 @@ func (m *Machine) Import(ctx context.Context, r contract.Release, fill Fill) (*s
 		} else if c <= 0 {
 			return fmt.Errorf("stage %s: %w (%s): rollback uses the node's own previous release, never an older one", r.Version, ErrNotNewer, s.Current.Version)
 		}
+		if err := checkSlot(s, r); err != nil {
+			return fmt.Errorf("stage %s: %w", r.Version, err)
+		}
 		if fill != nil {
 			if err := fill(ctx, filepath.Join(m.path(contract.ReleaseStore), "blobs", "sha256")); err != nil {
 				return fmt.Errorf("import %s: %w", r.Version, err)
@@ -61,10 +68,38 @@ func (m *Machine) Import(ctx context.Context, r contract.Release, fill Fill) (*s
 		if err := m.checkBlobs(r); err != nil {
 			return fmt.Errorf("stage %s: %w", r.Version, err)
 		}
+		// The releases whose OS was in the slot r's is written into can
+		// no longer boot: they are not kept (their entries are gone).
+		if s.Previous != nil && ownsSlot(s.Previous, r) {
+			retire(s, *s.Previous)
+			s.Previous = nil
+		}
 		s.Staged = &r
 		s.Last = m.result("stage", r.Version, true, "")
 		return nil
 	})
+}
+
+// checkSlot refuses a release whose OS would be written into the slot the
+// current release runs from.
+func checkSlot(s *state.State, r contract.Release) error {
+	c := s.Current.OS
+	if r.OS == nil || c == nil || r.OS.Slot != c.Slot || r.OS.RootHash == c.RootHash {
+		return nil
+	}
+	return fmt.Errorf("its OS (root hash %s) would be written into slot %s, which the current release %s runs from: import it again after a reboot", r.OS.RootHash, r.OS.Slot, s.Current.Version)
+}
+
+// ownsSlot says old's OS is in the slot r's OS is written into (another
+// root hash in the same slot).
+func ownsSlot(old *contract.Release, r contract.Release) bool {
+	return old.OS != nil && r.OS != nil && old.OS.Slot == r.OS.Slot && old.OS.RootHash != r.OS.RootHash
+}
+
+// ownEntry says r boots from an entry of its own, not base's (its OS, or
+// its kernel, differs).
+func ownEntry(r *contract.Release, base contract.Release) bool {
+	return r != nil && r.OS != nil && (base.OS == nil || r.OS.Entry != base.OS.Entry)
 }
 
 // Begin is the upgrade boot's first step, before CRI-O and the workloads
@@ -77,7 +112,14 @@ func (m *Machine) Begin(ctx context.Context) (*state.State, error) {
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
+	booted, err := m.bootedEntry()
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
 	return m.transition(ctx, "begin", func(s *state.State) error {
+		if decided, err := m.followBootLoader(s, booted); decided {
+			return err
+		}
 		switch {
 		case s.Staged != nil:
 			s.Trying, s.Staged = s.Staged, nil
@@ -85,7 +127,9 @@ func (m *Machine) Begin(ctx context.Context) (*state.State, error) {
 			s.Last = m.result("begin", s.Trying.Version, true, "")
 		case s.Trying == nil || s.TryingBoot == boot:
 			return errUnchanged
-		case s.Attempts >= maxAttempts:
+		case s.Attempts >= maxAttempts && !ownEntry(s.Trying, s.Current):
+			// (A release with an entry of its own is counted by the boot
+			// loader, which boots it while it has tries: followBootLoader.)
 			v := s.Trying.Version
 			retire(s, *s.Trying)
 			s.Trying, s.Attempts, s.TryingBoot = nil, 0, ""
@@ -215,6 +259,11 @@ func checkRelease(r contract.Release) error {
 	for _, b := range r.Blobs {
 		if _, err := digest.Parse(b); err != nil {
 			return fmt.Errorf("blob %q: %v", b, err)
+		}
+	}
+	if r.OS != nil {
+		if err := r.OS.Check(); err != nil {
+			return err
 		}
 	}
 	return checkTrust(r.Trust)

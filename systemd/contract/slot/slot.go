@@ -288,6 +288,22 @@ type Verity struct {
 // VerityBlock is the data and hash block size.
 const VerityBlock = 4096
 
+// HashSize is what veritysetup format writes into the hash partition for
+// the slot: the superblock's block and every level of the tree (128 sha256
+// digests a block), so the partition must hold at least this.
+func (v Verity) HashSize() int64 {
+	const perBlock = VerityBlock / sha256.Size
+	blocks := int64(1)
+	for n := v.DataBlocks; ; {
+		n = (n + perBlock - 1) / perBlock
+		blocks += n
+		if n <= 1 {
+			break
+		}
+	}
+	return blocks * VerityBlock
+}
+
 var (
 	hexDigits = regexp.MustCompile(`^[0-9a-f]*$`)
 	uuidForm  = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)

@@ -1,0 +1,139 @@
+package release
+
+import (
+	"fmt"
+
+	"github.com/kiln-appliance/kiln/systemd/agent/bootloader"
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
+	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
+)
+
+// On a node whose OS is in A/B slots, a release whose OS (or kernel) differs
+// from the current one's boots from an entry of its own, written with tries
+// left (systemd-boot's boot counting), and the boot loader decides which
+// release runs: it boots the new entry while it has tries, and falls back to
+// the older one by itself when they run out (a kernel that never reaches
+// userspace included). The state follows what the boot loader booted, at
+// every boot, before anything else (Begin): it never says a release is
+// current, or being tried, that the boot loader did not boot.
+
+// bootedEntry is the ID of the entry this boot came from ("" when the boot
+// loader does not say).
+func (m *Machine) bootedEntry() (string, error) {
+	return bootloader.Booted(m.path(bootloader.Efivars))
+}
+
+func (m *Machine) esp() string { return m.path(bootloader.ESP) }
+
+// followBootLoader reconciles s with the entry booted: decided is true when
+// it settled Begin's transition (err is then the transition's outcome).
+func (m *Machine) followBootLoader(s *state.State, booted string) (decided bool, err error) {
+	if booted == "" {
+		return false, nil
+	}
+	switch {
+	case ownEntry(s.Staged, s.Current) && booted != s.Staged.OS.Entry:
+		n, found, err := bootloader.Find(m.esp(), s.Staged.OS.Entry)
+		if err != nil {
+			return true, err
+		}
+		if !found || !n.Bad() {
+			// Not booted yet: its entry has tries left, or is written by
+			// this boot's converge (an import cut before it wrote it).
+			if found {
+				fmt.Fprintf(m.log, "release %s is staged and its boot entry %s has %d tries left, but the boot loader booted %s: it is tried when the boot loader boots it\n", s.Staged.Version, n, n.Left, booted)
+			}
+			return true, errUnchanged
+		}
+		v := s.Staged.Version
+		retire(s, *s.Staged)
+		s.Staged = nil
+		s.Last = m.result("rollback", v, false, fmt.Sprintf("release %s never reached boot-complete: the boot loader tried its entry %d times (%s) and booted %s again; its kernel or initramfs does not boot on this node", v, n.Done, n, booted))
+	case ownEntry(s.Trying, s.Current) && booted != s.Trying.OS.Entry:
+		v := s.Trying.Version
+		retire(s, *s.Trying)
+		s.Trying, s.Attempts, s.TryingBoot = nil, 0, ""
+		s.Last = m.result("rollback", v, false, fmt.Sprintf("release %s did not reach boot-complete within its tries: the boot loader booted %s (release %s) again", v, booted, s.Current.Version))
+	case s.Previous != nil && ownEntry(&s.Current, *s.Previous) && booted == s.Previous.OS.Entry:
+		// Confirmed, but never blessed: its tries ran out before a boot
+		// reached boot-complete, and the boot loader went back.
+		v := s.Current.Version
+		for _, r := range []*contract.Release{s.Staged, s.Trying, &s.Current} {
+			if r != nil {
+				retire(s, *r)
+			}
+		}
+		s.Current, s.Previous, s.Staged, s.Trying, s.Attempts, s.TryingBoot = *s.Previous, nil, nil, nil, 0, ""
+		s.Last = m.result("rollback", v, false, fmt.Sprintf("release %s was confirmed but its boot entry never blessed: its tries ran out and the boot loader booted %s (release %s) again", v, booted, s.Current.Version))
+	default:
+		return false, nil
+	}
+	fmt.Fprintf(m.log, "kiln: %s; the node is back on release %s\n", s.Last.Message, s.Current.Version)
+	return true, nil
+}
+
+// syncEntries makes the ESP's entries match the state: a retired release's
+// entry removed (unless a kept release boots from it), the staged release's
+// written with tries left when it is not there yet (the import writes its
+// slot and boot files, records it staged, and this writes the entry, last),
+// and the boot files no entry names any more removed.
+func (m *Machine) syncEntries(s *state.State) error {
+	if !ownEntry(s.Staged, s.Current) && !anyOS(s.Retired) {
+		return nil
+	}
+	esp := m.esp()
+	kept := map[string]bool{}
+	for _, r := range s.Releases() {
+		if r.OS != nil {
+			kept[r.OS.Entry] = true
+		}
+	}
+	for _, r := range s.Retired {
+		if r.OS == nil || kept[r.OS.Entry] {
+			continue
+		}
+		n, found, err := bootloader.Find(esp, r.OS.Entry)
+		if err != nil {
+			return err
+		}
+		if !found {
+			continue
+		}
+		m.step("remove entry " + r.OS.Entry)
+		if err := bootloader.Remove(esp, r.OS.Entry); err != nil {
+			return err
+		}
+		fmt.Fprintf(m.log, "boot loader: entry %s of release %s removed\n", n, r.Version)
+	}
+	if ownEntry(s.Staged, s.Current) {
+		e, ok := s.Staged.OS.BootEntry()
+		if _, found, err := bootloader.Find(esp, s.Staged.OS.Entry); err != nil {
+			return err
+		} else if ok && !found {
+			m.step("install entry " + e.ID)
+			if err := bootloader.Install(esp, e, bootentry.DefaultTries); err != nil {
+				return err
+			}
+			fmt.Fprintf(m.log, "boot loader: entry %s of release %s written, %d tries\n", bootentry.FileName(e.ID, bootentry.DefaultTries), s.Staged.Version, bootentry.DefaultTries)
+		}
+	}
+	if len(s.Retired) == 0 {
+		return nil
+	}
+	m.step("remove boot files")
+	gone, err := bootloader.RemoveUnusedBootFiles(esp)
+	if len(gone) > 0 {
+		fmt.Fprintf(m.log, "boot loader: %d kernel or initramfs file(s) no entry boots removed from the ESP\n", len(gone))
+	}
+	return err
+}
+
+func anyOS(rs []contract.Release) bool {
+	for _, r := range rs {
+		if r.OS != nil {
+			return true
+		}
+	}
+	return false
+}
