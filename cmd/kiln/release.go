@@ -139,6 +139,9 @@ func printStatus(w io.Writer, ns nodeStatus) {
 	line("previous", st.Previous, "  kept for rollback")
 	line("staged", st.Staged, "  tried at the next boot")
 	line("trying", st.Trying, fmt.Sprintf("  boot %d, waiting for its health check", st.Attempts))
+	if st.Booted != "" {
+		fmt.Fprintf(w, "%-9s %s%s\n", "booted:", st.Booted, bootedRelease(st))
+	}
 	if len(st.Retired) > 0 {
 		fmt.Fprintf(w, "%-9s %s (still being removed)\n", "retired:", strings.Join(st.Retired, ", "))
 	}
@@ -176,6 +179,16 @@ func printStatus(w io.Writer, ns nodeStatus) {
 			fmt.Fprintf(w, "  %s@%s\n", im.Name, im.Digest)
 		}
 	}
+}
+
+// bootedRelease names the release whose entry the boot loader booted.
+func bootedRelease(st *release.Status) string {
+	for _, r := range []*contract.Release{st.Trying, &st.Current, st.Previous, st.Staged} {
+		if r != nil && r.OS != nil && r.OS.Entry == st.Booted {
+			return fmt.Sprintf(" (release %s, slot %s)", r.Version, r.OS.Slot)
+		}
+	}
+	return " (no release the node keeps)"
 }
 
 // newReleaseCommand holds the state machine's transitions as the upgrade

@@ -2,6 +2,8 @@ package bootloader
 
 import (
 	"bufio"
+	"crypto/sha256"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -162,5 +164,47 @@ func TestBooted(t *testing.T) {
 	os.WriteFile(filepath.Join(d, "LoaderEntrySelected-"+loaderVendor), []byte{7, 0, 0}, 0o644)
 	if _, err := Booted(d); err == nil {
 		t.Error("a damaged variable was read")
+	}
+}
+
+func TestBootFiles(t *testing.T) {
+	d := esp(t)
+	kernel := []byte("a kernel")
+	sum := fmt.Sprintf("sha256:%x", sha256.Sum256(kernel))
+	if err := WriteBootFile(d, sum, int64(len(kernel)), strings.NewReader("another kernel")); !errors.Is(err, ErrDamaged) {
+		t.Errorf("wrong bytes: %v, want ErrDamaged", err)
+	}
+	if ok, _ := HasBootFile(d, sum); ok {
+		t.Error("a damaged copy is in place")
+	}
+	if err := WriteBootFile(d, sum, int64(len(kernel)), strings.NewReader(string(kernel))); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := HasBootFile(d, sum); !ok || err != nil {
+		t.Errorf("HasBootFile %v %v", ok, err)
+	}
+	if p, err := FindFile(d, sum, int64(len(kernel))); p != "" || err != nil {
+		t.Errorf("FindFile found %q (%v) though no entry boots it", p, err)
+	}
+	e := entry("1.1.0")
+	e.Linux = BootFilePath(sum)
+	if err := Install(d, e, 3); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := FindFile(d, sum, int64(len(kernel))); p == "" || err != nil {
+		t.Errorf("FindFile: %q %v", p, err)
+	}
+	os.WriteFile(filepath.Join(d, BootFileDir, "0123"), []byte("left by a cut import"), 0o644)
+	os.WriteFile(filepath.Join(d, BootFileDir, ".0123.tmp-99"), []byte("a killed writer's"), 0o644)
+	gone, err := RemoveUnusedBootFiles(d)
+	if err != nil || strings.Join(gone, " ") != ".0123.tmp-99 0123" {
+		t.Errorf("removed %q (%v)", gone, err)
+	}
+	if ok, _ := HasBootFile(d, sum); !ok {
+		t.Error("the file an entry boots was removed")
+	}
+	Remove(d, e.ID)
+	if gone, _ := RemoveUnusedBootFiles(d); len(gone) != 1 {
+		t.Errorf("once no entry boots it: removed %q", gone)
 	}
 }

@@ -47,6 +47,7 @@ type importer struct {
 	machine *release.Machine
 	copying func(digest string)
 	osStep  func(step string)
+	osJobs  int
 	images  func() (storage.Store, error)
 }
 
@@ -72,6 +73,10 @@ func WithImageStore(open func() (storage.Store, error)) Option {
 // WithOSStepHook calls f before each step of the OS install (osinstall):
 // the crash tests kill the import there.
 func WithOSStepHook(f func(step string)) Option { return func(i *importer) { i.osStep = f } }
+
+// WithOSJobs sets how many chunks of an OS slot are written at once
+// (osinstall.WithJobs).
+func WithOSJobs(n int) Option { return func(i *importer) { i.osJobs = n } }
 
 // WithCopyHook calls f with each blob's digest before it is copied: the
 // fault tests pull the stick there.
@@ -183,7 +188,7 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 		if osPlan == nil {
 			return nil
 		}
-		return osPlan.Write(ctx, osinstall.WithLog(i.log), osinstall.WithStepHook(i.osStep))
+		return osPlan.Write(ctx, osinstall.WithLog(i.log), osinstall.WithStepHook(i.osStep), osinstall.WithJobs(i.osJobs))
 	})
 	switch {
 	case errors.Is(err, slotwrite.ErrDamaged) || errors.Is(err, bootloader.ErrDamaged):

@@ -412,6 +412,13 @@ func (p *Plan) writeSlot(ctx context.Context, o options) error {
 	if o.jobs > 0 {
 		wopts = append(wopts, slotwrite.WithJobs(o.jobs))
 	}
+	half := false
+	wopts = append(wopts, slotwrite.WithProgress(func(done, total int64) {
+		if !half && done >= total/2 {
+			half = true
+			o.step("half the slot written")
+		}
+	}))
 	kept := ""
 	if resume {
 		kept = ", keeping what an earlier import wrote"

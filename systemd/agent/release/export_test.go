@@ -15,10 +15,6 @@ func WithBootID(f func() (string, error)) Option { return func(m *Machine) { m.b
 // WithClock sets the clock results are stamped with.
 func WithClock(now func() time.Time) Option { return func(m *Machine) { m.now = now } }
 
-// WithStepHook calls f with the name of each step before it runs. The crash
-// tests use it to kill the process at every step.
-func WithStepHook(f func(name string)) Option { return func(m *Machine) { m.step = f } }
-
 // Stage records r as the release to try at the next boot. r's blobs must
 // already be in the release store. Staging the same release again changes
 // nothing.

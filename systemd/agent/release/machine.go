@@ -56,6 +56,10 @@ func WithImageRemover(r ImageRemover) Option { return func(m *Machine) { m.image
 // WithLog sets where the machine says what it does (default: nowhere).
 func WithLog(w io.Writer) Option { return func(m *Machine) { m.log = w } }
 
+// WithStepHook calls f with the name of each step before it runs. The crash
+// tests (here and the import's) use it to kill the process at every step.
+func WithStepHook(f func(name string)) Option { return func(m *Machine) { m.step = f } }
+
 // New returns a Machine for the node (root "/") unless options say otherwise.
 func New(opts ...Option) *Machine {
 	m := &Machine{

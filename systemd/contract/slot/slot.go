@@ -294,12 +294,9 @@ const VerityBlock = 4096
 func (v Verity) HashSize() int64 {
 	const perBlock = VerityBlock / sha256.Size
 	blocks := int64(1)
-	for n := v.DataBlocks; ; {
+	for n := v.DataBlocks; n > 1; {
 		n = (n + perBlock - 1) / perBlock
 		blocks += n
-		if n <= 1 {
-			break
-		}
 	}
 	return blocks * VerityBlock
 }

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -201,6 +204,26 @@ func TestVerityCheck(t *testing.T) {
 		tc.edit(&v)
 		if err := v.Check(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Check(%+v) = %v, want an error with %q", v, err, tc.want)
+		}
+	}
+}
+
+// HashSize is what veritysetup format writes (its superblock and tree), for
+// one block, one hash block's worth, one more, and two levels.
+func TestVerityHashSize(t *testing.T) {
+	for _, blocks := range []int64{1, 128, 129, 128*128 + 1} {
+		dir := t.TempDir()
+		data, hash := filepath.Join(dir, "data"), filepath.Join(dir, "hash")
+		os.WriteFile(data, make([]byte, blocks*VerityBlock), 0o644)
+		if out, err := exec.Command("veritysetup", "format", data, hash).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		fi, err := os.Stat(hash)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := (Verity{DataBlocks: blocks}).HashSize(); got != fi.Size() {
+			t.Errorf("%d blocks: HashSize %d, veritysetup wrote %d", blocks, got, fi.Size())
 		}
 	}
 }
