@@ -10,7 +10,6 @@ package main
 // command line the factory's entry gives, and LoaderEntrySelected.
 
 import (
-	"context"
 	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
@@ -26,9 +25,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/systemd/agent/bootloader"
-	"github.com/kiln-appliance/kiln/systemd/agent/bundleimport"
 	"github.com/kiln-appliance/kiln/systemd/agent/osinstall"
-	"github.com/kiln-appliance/kiln/systemd/agent/release"
 	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
@@ -224,7 +221,7 @@ func TestImportOS(t *testing.T) {
 	}
 
 	staged := base.copyOS(t)
-	t.Run("writes the inactive slot, proves it, writes the entry last", func(t *testing.T) {
+	t.Run("writes the inactive slot and proves it before the entry", func(t *testing.T) {
 		n := staged
 		out := n.mustKiln(t, rs, "agent", "import", b11)
 		for _, want := range []string{
@@ -278,7 +275,7 @@ func TestImportOS(t *testing.T) {
 		}
 	})
 
-	t.Run("the upgrade boot: booted from 1.1's entry, tried, confirmed", func(t *testing.T) {
+	t.Run("the upgrade boot tries and confirms 1.1 from its entry", func(t *testing.T) {
 		n := staged.copyOS(t)
 		n.bootEntry(t, "kiln-1.1.0+3.conf")
 		n.mustRelease(t, rs, "begin")
@@ -291,6 +288,40 @@ func TestImportOS(t *testing.T) {
 		}
 		if out := rs.mustKiln(t, "agent", "status", "--root", n.root); !strings.Contains(out, "booted:   kiln-1.1.0 (release 1.1.0, slot b)") {
 			t.Errorf("status:\n%s", out)
+		}
+	})
+
+	t.Run("a release with an agent of its own is stored and named on its entry", func(t *testing.T) {
+		// Another agent than the factory disk's: a copy of it with a byte
+		// appended (an ELF runs with trailing bytes).
+		other := filepath.Join(t.TempDir(), "kiln-agent")
+		copyFile(t, filepath.Join(filepath.Dir(kilnBin), "kiln-agent"), other)
+		f, _ := os.OpenFile(other, os.O_APPEND|os.O_WRONLY, 0o755)
+		f.Write([]byte{0})
+		f.Close()
+		os.Chmod(other, 0o755)
+		b := filepath.Join(t.TempDir(), "upgrade-1.1-agent.kiln")
+		rs.mustKiln(t, "bundle", r11, "-o", b, "--key", rs.key, "--from", disk10, "--format", "file", "--agent", other)
+		ma := readManifest(t, rs, b)
+		if !ma.AgentOnStick {
+			t.Fatalf("the bundle does not carry its agent: %+v", ma.Agent)
+		}
+		n := base.copyOS(t)
+		n.mustKiln(t, rs, "agent", "import", b)
+		s := n.state(t)
+		if !slices.Contains(s.Staged.Blobs, ma.Agent.Digest) {
+			t.Errorf("the release's blobs %v lack its agent %s", s.Staged.Blobs, ma.Agent.Digest)
+		}
+		n.checkStore(t)
+		if !slices.Contains(s.Staged.OS.Options, "kiln.agent="+ma.Agent.Digest) {
+			t.Errorf("the entry's options %v do not name the release's agent", s.Staged.OS.Options)
+		}
+		if e, err := bootloader.Read(n.esp(), bootentry.Name{ID: "kiln-1.1.0", Counting: true, Left: 3}); err != nil || !slices.Contains(e.Options, "kiln.agent="+ma.Agent.Digest) {
+			t.Errorf("the entry on the ESP: %+v (%v)", e, err)
+		}
+		// 1.0's entry names no agent: the image partition's runs.
+		if e, _ := bootloader.Read(n.esp(), bootentry.Name{ID: "kiln-1.0"}); strings.Contains(strings.Join(e.Options, " "), "kiln.agent=") {
+			t.Errorf("1.0's entry: %v", e.Options)
 		}
 	})
 
@@ -480,49 +511,6 @@ func packRange(t *testing.T, rs *releases, p string) (off, size int64) {
 	}
 	i := slices.IndexFunc(m.Files, func(x bundlefmt.File) bool { return x.Path == bundlefmt.OSFile(m.OS.Usr.Pack.Digest) })
 	return h.Size + m.Files[i].Offset, m.Files[i].Size
-}
-
-// The crash helper: the test binary, re-executed, imports a bundle as
-// `kiln agent import` does and kills itself (SIGKILL: a power cut, as far
-// as the node's files can tell) at a named step of the OS install or of
-// the state machine.
-const importHelperEnv = "KILN_IMPORT_TEST_HELPER"
-
-type importHelperJob struct {
-	Root, Bundle, DieAt string
-}
-
-// importHelper runs the job in importHelperEnv, if any (from TestMain).
-func importHelper() bool {
-	job := os.Getenv(importHelperEnv)
-	if job == "" {
-		return false
-	}
-	var j importHelperJob
-	if err := json.Unmarshal([]byte(job), &j); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	seen := map[string]int{}
-	step := func(s string) {
-		seen[s]++
-		name := fmt.Sprintf("%s#%d", s, seen[s])
-		fmt.Println("STEP " + name)
-		if name == j.DieAt {
-			syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {}
-		}
-	}
-	m := release.New(release.WithRoot(j.Root), release.WithLog(os.Stdout),
-		release.WithPinApplier(release.PinApplierFunc(func(context.Context) error { return nil })), release.WithStepHook(step))
-	_, err := bundleimport.Import(context.Background(), j.Bundle, bundleimport.WithRoot(j.Root), bundleimport.WithMachine(m),
-		bundleimport.WithOSStepHook(step), bundleimport.WithOSJobs(1), bundleimport.WithImageStore((&releaseFlags{root: j.Root}).openStore))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	os.Exit(0)
-	return true
 }
 
 // runImportChild imports b on n in a child dying at dieAt; it reports

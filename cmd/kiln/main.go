@@ -15,6 +15,7 @@ import (
 	"go.podman.io/storage/pkg/reexec"
 
 	"github.com/kiln-appliance/kiln/internal/version"
+	"github.com/kiln-appliance/kiln/systemd/agent/handoff"
 )
 
 // Exit codes: 1 for any failure, 2 for bad usage, 130 when interrupted.
@@ -44,6 +45,12 @@ func main() {
 	// driver") at info level: noise on a technician's console. Its
 	// warnings and errors still show.
 	logrus.SetLevel(logrus.WarnLevel)
+	// On the node: the agent of the release the boot loader booted runs,
+	// not necessarily this one (the image partition's).
+	if err := handoff.Run(os.Args); err != nil {
+		fmt.Fprintf(os.Stderr, "kiln: %v\n", err)
+		os.Exit(exitFailure)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 

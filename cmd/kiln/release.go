@@ -288,9 +288,10 @@ func newReleaseCommand() *cobra.Command {
 		flags.add(c)
 		cmd.AddCommand(c)
 	}
-	trying := newReleaseTryingCommand(&flags)
-	flags.addRoot(trying)
-	cmd.AddCommand(trying)
+	for _, c := range []*cobra.Command{newReleaseTryingCommand(&flags), newReleaseConfirmedCommand(&flags)} {
+		flags.addRoot(c)
+		cmd.AddCommand(c)
+	}
 	sub[2].Flags().StringVar(&reason, "reason", "health check failed", "what failed, for kiln agent status")
 	return cmd
 }
@@ -314,6 +315,25 @@ func newReleaseTryingCommand(flags *releaseFlags) *cobra.Command {
 				return exitCodeError{1, fmt.Errorf("no release is being tried (current: %s)", st.Current.Version)}
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "release %s is being tried (boot %d)\n", st.Trying.Version, st.Attempts)
+			return nil
+		},
+	}
+}
+
+// newReleaseConfirmedCommand answers, as an exit code, whether the boot
+// loader may bless this boot's entry: kiln-release-good.service, which
+// boot-complete.target requires on a counted boot.
+func newReleaseConfirmedCommand(flags *releaseFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "confirmed",
+		Short: "Exit 0 when this boot's entry is the current, confirmed release's (the boot loader may bless it), 1 otherwise",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := release.New(release.WithRoot(flags.root)).Confirmed()
+			if err != nil {
+				return fmt.Errorf("%w: this boot's entry is not marked good; the boot loader counts its tries down and goes back to the release before when they run out", err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "release %s (entry %s) is confirmed: the boot loader may mark its entry good\n", r.Version, r.OS.Entry)
 			return nil
 		},
 	}

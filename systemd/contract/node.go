@@ -49,6 +49,10 @@ const (
 	// ReleaseCheckUnit runs the recipe's health check while a release is
 	// being tried (`kiln agent release check`).
 	ReleaseCheckUnit = "kiln-release-check.service"
+	// ReleaseGoodUnit, on a disk whose OS is in A/B slots, lets a counted
+	// boot reach boot-complete.target (and its entry be blessed) only when
+	// the booted entry's release is confirmed (`kiln agent release confirmed`).
+	ReleaseGoodUnit = "kiln-release-good.service"
 	// ReleaseRegistryUnit starts RegistryTarget on an upgrade boot (a
 	// release being tried), before CRI-O; it stops once the release is
 	// confirmed and its images are in local storage (ReleaseWaitUnit).

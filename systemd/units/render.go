@@ -78,6 +78,10 @@ type Params struct {
 
 	// Health is the recipe's health check of a release being tried.
 	Health Health
+
+	// OSSlots: the disk's OS is in A/B slots, booted from counted boot
+	// loader entries (kiln.json's osSlots).
+	OSSlots bool
 }
 
 // Health is the recipe's upgrade.health (checked by the recipe's loader).
@@ -99,6 +103,7 @@ const (
 func ParamsFrom(c *contract.Contents, partitionGUID string) Params {
 	p := Params{PartitionGUID: partitionGUID, Listen: c.Registry.Listen, AlwaysOn: c.Registry.AlwaysOn, PreloadMode: c.Registry.PreloadMode}
 	p.Images = c.Images
+	p.OSSlots = c.OSSlots != nil
 	return p
 }
 
@@ -127,6 +132,10 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 	}
 	if p.RootHash != "" {
 		names = append(names, "kiln-images-verity.service")
+	}
+	if p.OSSlots {
+		names = append(names, contract.ReleaseGoodUnit)
+		enabled[contract.ReleaseGoodUnit] = true
 	}
 	if p.PreloadMode == contract.PreloadCopy {
 		names = append(names, "kiln-preload-copy.service")
@@ -192,7 +201,7 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 type values struct {
 	PartitionGUID, Device, MountPoint, MountUnit, Agent, Marker, DropIn, Listen string
 	StateFile, ReleaseStore                                                     string
-	ReleaseBeginUnit                                                            string
+	ReleaseBeginUnit, ReleaseCheckUnit                                          string
 	// RestoreBefore are the units the image restore runs before: the
 	// kubelet, kiln's checks, the release's health units.
 	RestoreBefore string
@@ -242,6 +251,7 @@ func (p Params) values() (values, error) {
 		Listen:           listen,
 		StateFile:        contract.StateFile,
 		ReleaseBeginUnit: contract.ReleaseBeginUnit,
+		ReleaseCheckUnit: contract.ReleaseCheckUnit,
 		ReleaseStore:     contract.ReleaseStore,
 		ServeTimeout:     seconds(gt + 90*time.Second),
 		AlwaysOn:         p.AlwaysOn,

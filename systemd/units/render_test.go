@@ -44,6 +44,7 @@ func TestRenderGolden(t *testing.T) {
 			Command: []string{"/usr/bin/curl", "-fsS", "http://127.0.0.1:8080/healthz"}, Timeout: 90 * time.Second}}},
 		{"reboot-countdown", Params{PartitionGUID: testGUID, Images: testImages, Reboot: RebootCountdown, RebootDelay: 5 * time.Minute}},
 		{"verity", Params{PartitionGUID: testGUID, Images: testImages, RootHash: testRootHash, HashOffset: 7 << 20}},
+		{"os-slots", Params{PartitionGUID: testGUID, Images: testImages, OSSlots: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -153,6 +153,11 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 	if osPlan != nil && !osPlan.Unchanged {
 		r.OS = &osPlan.OS
 	}
+	if osPlan != nil && m.Agent.Digest != self.partitionAgent() && !slices.Contains(r.Blobs, m.Agent.Digest) {
+		// The release's own agent, which its entry hands off to (handoff).
+		r.Blobs = append(r.Blobs, m.Agent.Digest)
+		slices.Sort(r.Blobs)
+	}
 	wants, total, err := i.wants(m, r, incoming)
 	if err != nil {
 		return nil, refused(source, err)
@@ -218,9 +223,19 @@ type self struct {
 	contents *contract.Contents
 }
 
+// partitionAgent is the digest of the image partition's agent.
+func (s self) partitionAgent() string {
+	for _, f := range s.contents.Files {
+		if f.Path == contract.AgentBinary {
+			return f.Digest
+		}
+	}
+	return ""
+}
+
 // osNode is the node as the OS install sees it.
 func (s self) osNode(root string) osinstall.Node {
-	n := osinstall.Node{Root: root, ESP: bootloader.ESP, Slots: s.contents.OSSlots, Base: s.node.Current}
+	n := osinstall.Node{Root: root, ESP: bootloader.ESP, Slots: s.contents.OSSlots, Base: s.node.Current, PartitionAgent: s.partitionAgent()}
 	if s.current.OS != nil {
 		n.Entry = s.current.OS.Entry
 	}
@@ -287,6 +302,9 @@ func (i *importer) wants(m *bundle.Manifest, r contract.Release, incoming string
 	}
 	for _, f := range m.ReleaseFiles {
 		sources[f.Digest] = path.Join(bundle.ReleaseDir, f.Path)
+	}
+	if m.AgentOnStick {
+		sources[m.Agent.Digest] = bundle.AgentBinary
 	}
 	blobDir := filepath.Join(i.path(contract.ReleaseStore), "blobs", "sha256")
 	var wants []part

@@ -30,6 +30,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/systemd/agent/bootloader"
+	"github.com/kiln-appliance/kiln/systemd/agent/handoff"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 	"github.com/kiln-appliance/kiln/systemd/agent/slotwrite"
 	"github.com/kiln-appliance/kiln/systemd/contract"
@@ -64,6 +65,10 @@ type Node struct {
 	Base contract.ReleaseID
 	// Entry is the ID of that release's boot loader entry ("" unknown).
 	Entry string
+	// PartitionAgent is the digest of the image partition's kiln agent:
+	// a release whose agent is another one names its own on its entry
+	// (handoff.Param).
+	PartitionAgent string
 }
 
 func (n Node) path(p string) string { return filepath.Join(n.Root, p) }
@@ -246,6 +251,9 @@ func (p *Plan) entry() (bootentry.Entry, error) {
 	}
 	be := bootentry.Entry{ID: contract.EntryID(p.m.Version), Title: e.Title, Version: e.Version,
 		Linux: bootloader.BootFilePath(e.Kernel.Digest), Options: append(slices.Clone(e.Options), usr...)}
+	if a := p.m.Agent.Digest; a != p.node.PartitionAgent {
+		be.Options = append(be.Options, handoff.Option(a))
+	}
 	for _, f := range e.Initrd {
 		be.Initrd = append(be.Initrd, bootloader.BootFilePath(f.Digest))
 	}

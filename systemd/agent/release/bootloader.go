@@ -1,6 +1,7 @@
 package release
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/bootloader"
@@ -136,4 +137,31 @@ func anyOS(rs []contract.Release) bool {
 		}
 	}
 	return false
+}
+
+// ErrNotConfirmed: the booted entry's release is not the confirmed current
+// one, so the boot loader must not mark the entry good.
+var ErrNotConfirmed = errors.New("not confirmed")
+
+// Confirmed says whether this boot's entry may be blessed: the boot loader
+// booted the current release's entry and nothing is being tried. It returns
+// that release.
+func (m *Machine) Confirmed() (*contract.Release, error) {
+	booted, err := m.bootedEntry()
+	if err != nil {
+		return nil, err
+	}
+	s, err := m.Load()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNotConfirmed, err)
+	}
+	switch {
+	case booted == "":
+		return nil, fmt.Errorf("%w: the boot loader does not say which entry it booted", ErrNotConfirmed)
+	case s.Trying != nil:
+		return nil, fmt.Errorf("%w: release %s is being tried (boot %d), its health check has not passed", ErrNotConfirmed, s.Trying.Version, s.Attempts)
+	case s.Current.OS == nil || s.Current.OS.Entry != booted:
+		return nil, fmt.Errorf("%w: this boot came from entry %s, and the current release %s boots from another", ErrNotConfirmed, booted, s.Current.Version)
+	}
+	return &s.Current, nil
 }

@@ -3,6 +3,7 @@ package release
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -146,6 +147,14 @@ func TestStateFollowsBootLoader(t *testing.T) {
 	if s := trying.mustDo(t, "b1", begin); s.Trying == nil || s.Trying.Version != "1.1.0" || s.Staged != nil {
 		t.Fatalf("booted the staged entry: %s, want 1.1.0 trying", describe(s))
 	}
+	// Not blessed while tried: the boot loader may mark the entry good
+	// only once its release is confirmed.
+	if _, err := trying.machine("b1").Confirmed(); !errors.Is(err, ErrNotConfirmed) || !strings.Contains(err.Error(), "release 1.1.0 is being tried") {
+		t.Errorf("Confirmed while trying: %v", err)
+	}
+	if r, err := staged.machine("b1").Confirmed(); err != nil || r.Version != "1.0.0" {
+		t.Errorf("Confirmed on a boot of 1.0's entry with 1.1 staged: %v %v, want 1.0 (current)", r, err)
+	}
 
 	t.Run("booted, confirmed: the entry is left to systemd-bless-boot", func(t *testing.T) {
 		n := trying.copyTo(t)
@@ -155,6 +164,9 @@ func TestStateFollowsBootLoader(t *testing.T) {
 		}
 		if got, want := n.entries(t), "kiln-1.0.conf kiln-1.1.0+2-1.conf"; got != want {
 			t.Errorf("entries %q, want %q: kiln never rewrites a counter", got, want)
+		}
+		if r, err := n.machine("b1").Confirmed(); err != nil || r.Version != "1.1.0" {
+			t.Errorf("Confirmed after the confirm: %v %v", r, err)
 		}
 		n.checkConverged(t)
 
