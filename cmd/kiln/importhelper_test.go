@@ -53,4 +53,3 @@ func importHelper() bool {
 	os.Exit(0)
 	return true
 }
-
