@@ -108,11 +108,15 @@ func Read(path string) (*State, error) {
 	return Decode(bytes.NewReader(data))
 }
 
-// Decode parses the state file's JSON strictly.
+// Decode parses the state file's JSON. A field this agent does not know is
+// one a later release's agent added, and is ignored: on a node whose boot
+// loader falls back, the release before's agent takes over the state its
+// successor wrote (docs/decisions.md, *Which kiln-agent runs*), so a new
+// field must be one an older agent may leave out; a change an older agent
+// must not misread takes a new schema version, which it refuses.
 func Decode(r io.Reader) (*State, error) {
 	var s State
 	dec := json.NewDecoder(r)
-	dec.DisallowUnknownFields()
 	if err := dec.Decode(&s); err != nil {
 		return nil, fmt.Errorf("parse release state: %w", err)
 	}

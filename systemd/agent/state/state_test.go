@@ -26,8 +26,11 @@ func TestDecode(t *testing.T) {
 	if again, err := Decode(strings.NewReader(string(data))); err != nil || again.Staged.Version != "1.1.0" {
 		t.Errorf("round trip: %+v, %v", again, err)
 	}
+	// A later agent's field: the release before's agent reads on.
+	if s, err := Decode(strings.NewReader(`{"schemaVersion":1,"current":{"version":"1.0.0","images":[],"later":1},"next":{}}`)); err != nil || s.Current.Version != "1.0.0" {
+		t.Errorf("a later agent's fields: %+v, %v", s, err)
+	}
 	for name, bad := range map[string]string{
-		"unknown field":     `{"schemaVersion":1,"current":{"version":"1.0.0","images":[]},"next":{}}`,
 		"schema":            `{"schemaVersion":2,"current":{"version":"1.0.0","images":[]}}`,
 		"staged and trying": `{"schemaVersion":1,"current":{"version":"1.0.0","images":[]},"staged":{"version":"1.1.0","images":[]},"trying":{"version":"1.2.0","images":[]}}`,
 		"not JSON":          `{"schemaVersion":1,`,
