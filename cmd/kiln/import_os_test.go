@@ -224,6 +224,7 @@ func TestImportOS(t *testing.T) {
 	t.Run("writes the inactive slot and proves it before the entry", func(t *testing.T) {
 		n := staged
 		out := n.mustKiln(t, rs, "agent", "import", b11)
+		t.Logf("the console:\n%s", out)
 		for _, want := range []string{
 			"os: writing ", `into "usr-b" (slot b)`,
 			"os: slot b proven: dm-verity root hash " + u.Verity.RootHash,
