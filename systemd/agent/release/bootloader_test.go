@@ -120,6 +120,32 @@ func (n *node) mustDo(t *testing.T, boot string, f func(m *Machine) (*state.Stat
 
 func begin(m *Machine) (*state.State, error) { return m.Begin(context.Background()) }
 
+// fellBack: 1.1's entry (file from) ran out of tries and the boot loader
+// booted 1.0's; the next begin puts the node back on 1.0 by itself, says
+// so on the console and in the last result (with msg), and leaves only
+// 1.0's entry.
+func (n *node) fellBack(t *testing.T, from, msg string) *state.State {
+	t.Helper()
+	n.rename(t, from, "kiln-1.1.0+0-3.conf")
+	n.boot(t, "kiln-1.0.conf")
+	var log bytes.Buffer
+	s, err := n.machine("b4", WithLog(&log)).Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Trying != nil || s.Current.Version != "1.0.0" || s.Last.Action != "rollback" || s.Last.OK || !strings.Contains(s.Last.Message, msg) {
+		t.Errorf("state %s, last %+v; want 1.0 current, the rollback saying %q", describe(s), s.Last, msg)
+	}
+	if !strings.Contains(log.String(), "kiln: "+s.Last.Message+"; the node is back on release 1.0.0") {
+		t.Errorf("the console does not say so:\n%s", log.String())
+	}
+	if got := n.entries(t); got != "kiln-1.0.conf" {
+		t.Errorf("entries %q: 1.1's must be gone, so the boot loader cannot pick it again", got)
+	}
+	n.checkConverged(t)
+	return s
+}
+
 func (n *node) espHas(p string) bool {
 	_, err := os.Stat(filepath.Join(n.root, bootloader.ESP, p))
 	return err == nil
@@ -172,37 +198,14 @@ func TestStateFollowsBootLoader(t *testing.T) {
 
 		// Its tries ran out before a boot reached boot-complete (the
 		// blessing): the boot loader booted 1.0 again, and so the node is 1.0.
-		n.rename(t, "kiln-1.1.0+2-1.conf", "kiln-1.1.0+0-3.conf")
-		n.boot(t, "kiln-1.0.conf")
-		s = n.mustDo(t, "b2", begin)
-		if s.Current.Version != "1.0.0" || s.Previous != nil || s.Last.Action != "rollback" || !strings.Contains(s.Last.Message, "never blessed") {
-			t.Errorf("booted 1.0's entry with 1.1 current: %s, last %+v", describe(s), s.Last)
+		if s := n.fellBack(t, "kiln-1.1.0+2-1.conf", "was confirmed but its boot entry never blessed"); s.Previous != nil {
+			t.Errorf("previous %s: 1.0 is current again", s.Previous.Version)
 		}
-		if got := n.entries(t); got != "kiln-1.0.conf" {
-			t.Errorf("entries %q: 1.1's must be gone", got)
-		}
-		n.checkConverged(t)
 	})
 
 	t.Run("tried, its tries ran out: back on 1.0 by itself", func(t *testing.T) {
 		n := trying.copyTo(t)
-		n.rename(t, "kiln-1.1.0+2-1.conf", "kiln-1.1.0+0-3.conf")
-		n.boot(t, "kiln-1.0.conf")
-		var log bytes.Buffer
-		s, err := n.machine("b4", WithLog(&log)).Begin(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if s.Trying != nil || s.Current.Version != "1.0.0" || s.Last.Action != "rollback" || s.Last.OK ||
-			!strings.Contains(s.Last.Message, "did not reach boot-complete within its tries: the boot loader booted kiln-1.0 (release 1.0.0) again") {
-			t.Errorf("state %s, last %+v", describe(s), s.Last)
-		}
-		if !strings.Contains(log.String(), "kiln: release 1.1.0 did not reach boot-complete") || !strings.Contains(log.String(), "the node is back on release 1.0.0") {
-			t.Errorf("the console does not say so:\n%s", log.String())
-		}
-		if got := n.entries(t); got != "kiln-1.0.conf" {
-			t.Errorf("entries %q: 1.1's must be gone, so the boot loader cannot pick it again", got)
-		}
+		n.fellBack(t, "kiln-1.1.0+2-1.conf", "did not reach boot-complete within its tries: the boot loader booted kiln-1.0 (release 1.0.0) again")
 		if n.espHas(os11.Linux) || !n.espHas("kiln/1.0/vmlinuz") {
 			t.Error("1.1's kernel must be removed from the ESP, 1.0's kept")
 		}
@@ -229,17 +232,9 @@ func TestStateFollowsBootLoader(t *testing.T) {
 
 	t.Run("staged, never reached userspace: its tries ran out", func(t *testing.T) {
 		n := staged.copyTo(t)
-		n.rename(t, "kiln-1.1.0+3.conf", "kiln-1.1.0+0-3.conf")
-		n.boot(t, "kiln-1.0.conf")
-		s := n.mustDo(t, "b4", begin)
-		if s.Staged != nil || s.Trying != nil || s.Current.Version != "1.0.0" || s.Last.Action != "rollback" ||
-			!strings.Contains(s.Last.Message, "release 1.1.0 never reached boot-complete: the boot loader tried its entry 3 times") {
-			t.Errorf("state %s, last %+v", describe(s), s.Last)
+		if s := n.fellBack(t, "kiln-1.1.0+3.conf", "release 1.1.0 never reached boot-complete: the boot loader tried its entry 3 times"); s.Staged != nil {
+			t.Errorf("still staged: %s", describe(s))
 		}
-		if got := n.entries(t); got != "kiln-1.0.conf" {
-			t.Errorf("entries %q", got)
-		}
-		n.checkConverged(t)
 	})
 
 	t.Run("staged, another entry booted while its own has tries: still staged", func(t *testing.T) {
