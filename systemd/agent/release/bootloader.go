@@ -68,6 +68,14 @@ func (m *Machine) followBootLoader(s *state.State, booted string) (decided bool,
 		s.Current, s.Previous, s.Staged, s.Trying, s.Attempts, s.TryingBoot = *s.Previous, nil, nil, nil, 0, ""
 		s.Last = m.result("rollback", v, false, fmt.Sprintf("release %s was confirmed but its boot entry never blessed: its tries ran out and the boot loader booted %s (release %s) again", v, booted, s.Current.Version))
 	default:
+		for _, r := range s.Retired {
+			if r.OS != nil && r.OS.Entry == booted {
+				// A power cut between a rollback's state write and the
+				// entry's removal: converge removes it now, and
+				// kiln-release-good (a counted boot) reboots.
+				fmt.Fprintf(m.log, "kiln: the boot loader booted %s, the entry of release %s, which the node no longer keeps: its entry is removed, and the next boot runs release %s\n", booted, r.Version, s.Current.Version)
+			}
+		}
 		return false, nil
 	}
 	fmt.Fprintf(m.log, "kiln: %s; the node is back on release %s\n", s.Last.Message, s.Current.Version)

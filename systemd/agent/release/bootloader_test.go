@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf16"
@@ -315,4 +316,55 @@ func TestStageOSSlot(t *testing.T) {
 		t.Errorf("state %s: 1.0's slot is 1.2's now, so 1.0 is not kept", describe(s))
 	}
 	n.checkConverged(t)
+}
+
+// The begin that takes the node back to 1.0 after 1.1's tries ran out
+// (tried, and staged: never reached userspace), killed at each of its steps:
+// run again (the next boot's begin), it gives the node an uninterrupted one
+// gives.
+func TestFallBackKilledAtEveryStep(t *testing.T) {
+	t.Parallel()
+	staged := osNode(t)
+	staged.stageOS(t)
+	trying := staged.copyTo(t)
+	trying.boot(t, "kiln-1.1.0+3.conf")
+	trying.rename(t, "kiln-1.1.0+3.conf", "kiln-1.1.0+2-1.conf")
+	trying.mustDo(t, "b1", begin)
+	for name, base := range map[string]*node{"tried": trying, "staged": staged} {
+		t.Run(name, func(t *testing.T) {
+			names, _ := bootloader.Entries(filepath.Join(base.root, bootloader.ESP))
+			for _, n := range names {
+				if n.ID == "kiln-1.1.0" {
+					base.rename(t, n.String(), "kiln-1.1.0+0-3.conf")
+				}
+			}
+			base.boot(t, "kiln-1.0.conf")
+			o := op{Action: "begin", Boot: "b4"}
+			clean := base.copyTo(t)
+			var steps []string
+			if _, err := clean.run(t, clean.machine(o.Boot, WithStepHook(occurrences(func(s string) { steps = append(steps, s) }))), o); err != nil {
+				t.Fatal(err)
+			}
+			want := clean.snapshot(t)
+			t.Logf("%d steps: %q", len(steps), steps)
+			if !slices.Contains(steps, "remove entry kiln-1.1.0#1") {
+				t.Fatalf("steps %q", steps)
+			}
+			for _, step := range steps {
+				killed := base.copyTo(t)
+				if !killed.runChild(t, o, step) {
+					t.Errorf("begin did not reach %q", step)
+					continue
+				}
+				killed.checkSafe(t)
+				killed.runChild(t, o, "")
+				if d := diffSnapshots(want, killed.snapshot(t)); d != "" {
+					t.Errorf("killed at %q, then run again: the node differs from an uninterrupted run:\n%s", step, d)
+				}
+				if got := killed.entries(t); got != "kiln-1.0.conf" {
+					t.Errorf("killed at %q, then run again: entries %q", step, got)
+				}
+			}
+		})
+	}
 }
