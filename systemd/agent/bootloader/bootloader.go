@@ -78,6 +78,64 @@ func Install(esp string, e bootentry.Entry, tries int, opts ...atomicfile.Option
 // Remove deletes every file of the entry id.
 func Remove(esp, id string) error { return remove(esp, id, "") }
 
+// RemoveWithFiles deletes every file of the entry id, then the kernel and
+// initramfs images it booted that no other entry boots (its release's, the
+// factory's included: they are where the vendor put them), and returns
+// those. A cut between the two leaves files no entry boots, which take
+// space and nothing else.
+func RemoveWithFiles(esp, id string) ([]string, error) {
+	n, found, err := Find(esp, id)
+	if err != nil || !found {
+		return nil, err
+	}
+	e, err := Read(esp, n)
+	if err != nil {
+		return nil, err
+	}
+	if err := Remove(esp, id); err != nil {
+		return nil, err
+	}
+	used, err := bootedFiles(esp)
+	if err != nil {
+		return nil, err
+	}
+	var gone []string
+	for _, p := range append([]string{e.Linux}, e.Initrd...) {
+		full := espPath(esp, p)
+		if p == "" || used[strings.ToLower(full)] || !strings.HasPrefix(full, filepath.Clean(esp)+string(filepath.Separator)) {
+			continue
+		}
+		switch err := os.Remove(full); {
+		case errors.Is(err, os.ErrNotExist):
+		case err != nil:
+			return gone, fmt.Errorf("boot file %s: %w", p, err)
+		default:
+			gone = append(gone, p)
+		}
+	}
+	return gone, nil
+}
+
+// bootedFiles are the kernel and initramfs paths (lower case: FAT) of every
+// entry on the ESP.
+func bootedFiles(esp string) (map[string]bool, error) {
+	names, err := Entries(esp)
+	if err != nil {
+		return nil, err
+	}
+	used := map[string]bool{}
+	for _, n := range names {
+		e, err := Read(esp, n)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range append([]string{e.Linux}, e.Initrd...) {
+			used[strings.ToLower(espPath(esp, p))] = true
+		}
+	}
+	return used, nil
+}
+
 func remove(esp, id, keep string) error {
 	names, err := Entries(esp)
 	if err != nil {
@@ -185,9 +243,10 @@ const BootFileDir = "kiln/sha256"
 // digest d ("sha256:HEX").
 func BootFilePath(d string) string { return "/" + BootFileDir + "/" + strings.TrimPrefix(d, "sha256:") }
 
-// espPath is where an entry's path p is on the ESP mounted at esp.
+// espPath is where an entry's path p is on the ESP mounted at esp: p is
+// cleaned as a rooted path first, so a ".." in it stays inside the ESP.
 func espPath(esp, p string) string {
-	return filepath.Join(esp, filepath.FromSlash(strings.TrimPrefix(p, "/")))
+	return filepath.Join(esp, filepath.Clean("/"+filepath.FromSlash(p)))
 }
 
 // HasBootFile reports whether the boot file with digest d is in place,
@@ -295,19 +354,9 @@ func RemoveUnusedBootFiles(esp string) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("boot files: %w", err)
 	}
-	names, err := Entries(esp)
+	used, err := bootedFiles(esp)
 	if err != nil {
 		return nil, err
-	}
-	used := map[string]bool{}
-	for _, n := range names {
-		e, err := Read(esp, n)
-		if err != nil {
-			return nil, err
-		}
-		for _, p := range append([]string{e.Linux}, e.Initrd...) {
-			used[strings.ToLower(espPath(esp, p))] = true // FAT: case-insensitive
-		}
 	}
 	var removed []string
 	for _, de := range des {

@@ -208,3 +208,42 @@ func TestBootFiles(t *testing.T) {
 		t.Errorf("once no entry boots it: removed %q", gone)
 	}
 }
+
+// RemoveWithFiles removes the entry and the boot files only it booted; a
+// file another entry boots stays, and a path out of the ESP is never
+// followed.
+func TestRemoveWithFiles(t *testing.T) {
+	d := esp(t)
+	for _, f := range []string{"kiln/1.0/vmlinuz", "kiln/1.0/initrd.img", "kiln/shared/vmlinuz"} {
+		os.MkdirAll(filepath.Join(d, filepath.Dir(f)), 0o755)
+		os.WriteFile(filepath.Join(d, f), []byte(f), 0o644)
+	}
+	outside := filepath.Join(filepath.Dir(d), "outside")
+	os.WriteFile(outside, []byte("not the ESP's"), 0o644)
+	old := entry("1.0")
+	old.Linux, old.Initrd = "/kiln/shared/vmlinuz", []string{"/kiln/1.0/initrd.img", "/../outside"}
+	other := entry("1.1.0")
+	other.Linux, other.Initrd = "/kiln/shared/vmlinuz", nil
+	var b strings.Builder
+	old.Initrd = old.Initrd[:1]
+	old.Encode(&b)
+	os.WriteFile(filepath.Join(d, bootentry.Dir, "kiln-1.0+0-3.conf"), []byte(b.String()+"initrd /../outside\n"), 0o644)
+	if err := Install(d, other, 0); err != nil {
+		t.Fatal(err)
+	}
+	gone, err := RemoveWithFiles(d, "kiln-1.0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(gone, " ") != "/kiln/1.0/initrd.img" {
+		t.Errorf("removed %q", gone)
+	}
+	if names(t, d) != "kiln-1.1.0.conf" {
+		t.Errorf("entries %q", names(t, d))
+	}
+	for f, want := range map[string]bool{filepath.Join(d, "kiln/shared/vmlinuz"): true, filepath.Join(d, "kiln/1.0/initrd.img"): false, filepath.Join(d, "kiln/1.0/vmlinuz"): true, outside: true} {
+		if _, err := os.Stat(f); (err == nil) != want {
+			t.Errorf("%s: exists %v, want %v", f, err == nil, want)
+		}
+	}
+}

@@ -468,10 +468,11 @@ func (p *Plan) unbind(log io.Writer) error {
 		if !ok || u.DataPartUUID != p.target.Usr.PartUUID && u.HashPartUUID != p.target.UsrVerity.PartUUID {
 			continue
 		}
-		if err := bootloader.Remove(esp, n.ID); err != nil {
+		files, err := bootloader.RemoveWithFiles(esp, n.ID)
+		if err != nil {
 			return err
 		}
-		fmt.Fprintf(log, "os: boot entry %s removed: it booted slot %s, which is written now\n", n, p.target.Name)
+		fmt.Fprintf(log, "os: boot entry %s removed (and %d boot file(s) no other entry boots): it booted slot %s, which is written now\n", n, len(files), p.target.Name)
 	}
 	return nil
 }

@@ -110,10 +110,11 @@ func (m *Machine) syncEntries(s *state.State) error {
 			continue
 		}
 		m.step("remove entry " + r.OS.Entry)
-		if err := bootloader.Remove(esp, r.OS.Entry); err != nil {
+		files, err := bootloader.RemoveWithFiles(esp, r.OS.Entry)
+		if err != nil {
 			return err
 		}
-		fmt.Fprintf(m.log, "boot loader: entry %s of release %s removed\n", n, r.Version)
+		fmt.Fprintf(m.log, "boot loader: entry %s of release %s removed, and %d kernel or initramfs file(s) no other entry boots\n", n, r.Version, len(files))
 	}
 	if ownEntry(s.Staged, s.Current) {
 		e, ok := s.Staged.OS.BootEntry()
