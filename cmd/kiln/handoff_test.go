@@ -22,8 +22,11 @@ func TestAgentHandoff(t *testing.T) {
 	root := t.TempDir()
 	agent := filepath.Join(root, contract.AgentPath)
 	os.MkdirAll(filepath.Dir(agent), 0o755)
-	copyFile(t, filepath.Join(filepath.Dir(kilnBin), "kiln-agent"), agent)
-	os.Chmod(agent, 0o755)
+	bin, err := os.ReadFile(filepath.Join(filepath.Dir(kilnBin), "kiln-agent"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(agent, bin, 0o755)
 	release := []byte("#!/bin/sh\necho \"the release's agent: $* ($KILN_AGENT_HANDOFF)\"\n")
 	d := fmt.Sprintf("sha256:%x", sha256.Sum256(release))
 	blob := filepath.Join(root, contract.ReleaseStore, "blobs", "sha256", strings.TrimPrefix(d, "sha256:"))
