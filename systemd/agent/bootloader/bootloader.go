@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"unicode/utf16"
@@ -309,15 +310,19 @@ func WriteBootFile(esp, d string, size int64, r io.Reader) error {
 var ErrDamaged = errors.New("damaged")
 
 // FindFile finds, among the files the ESP's entries boot (kernel and
-// initramfs), one with digest d and size bytes: the node's own copy of a
-// boot file a bundle leaves out. "" when none is.
-func FindFile(esp, d string, size int64) (string, error) {
+// initramfs) but those of the entries skip names, one with digest d and
+// size bytes: the node's own copy of a boot file a bundle leaves out. ""
+// when none is.
+func FindFile(esp, d string, size int64, skip ...bootentry.Name) (string, error) {
 	names, err := Entries(esp)
 	if err != nil {
 		return "", err
 	}
 	seen := map[string]bool{}
 	for _, n := range names {
+		if slices.Contains(skip, n) {
+			continue
+		}
 		e, err := Read(esp, n)
 		if err != nil {
 			return "", err

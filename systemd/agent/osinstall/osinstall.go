@@ -295,6 +295,13 @@ func (p *Plan) sameAsRunning(entry bootentry.Entry) (bool, error) {
 func (p *Plan) findBootFiles() error {
 	e := p.m.OS.Entry
 	esp := p.node.esp()
+	var bound []bootentry.Name // removed before the files are copied
+	if p.Slot {
+		var err error
+		if bound, err = p.bound(); err != nil {
+			return err
+		}
+	}
 	var need int64
 	for _, f := range append([]bundle.BootFile{e.Kernel}, e.Initrd...) {
 		bf := bootFile{BootFile: f}
@@ -304,7 +311,7 @@ func (p *Plan) findBootFiles() error {
 		}
 		bf.there = there
 		if !there && !f.OnStick {
-			if bf.from, err = bootloader.FindFile(esp, f.Digest, f.Size); err != nil {
+			if bf.from, err = bootloader.FindFile(esp, f.Digest, f.Size, bound...); err != nil {
 				return err
 			}
 			if bf.from == "" {
@@ -319,6 +326,14 @@ func (p *Plan) findBootFiles() error {
 	free, err := freeBytes(esp)
 	if err != nil {
 		return err
+	}
+	if p.Slot {
+		// What the entries of the slot written take with them.
+		freed, err := p.unbound()
+		if err != nil {
+			return err
+		}
+		free += freed
 	}
 	if need > free {
 		return fmt.Errorf("the release's kernel and initramfs need %s on the ESP (%s), which has %s free: it must have %d bytes more free", human.Bytes(need), p.node.ESP, human.Bytes(free), need-free)
@@ -450,25 +465,76 @@ func (p *Plan) writeSlot(ctx context.Context, o options) error {
 	return nil
 }
 
+// bound are the entries on the ESP that boot the target slot.
+func (p *Plan) bound() ([]bootentry.Name, error) {
+	esp := p.node.esp()
+	names, err := bootloader.Entries(esp)
+	if err != nil {
+		return nil, err
+	}
+	var out []bootentry.Name
+	for _, n := range names {
+		e, err := bootloader.Read(esp, n)
+		if err != nil {
+			return nil, err
+		}
+		if u, ok, _ := bootentry.ParseUsrVerity(e.Options); ok && (u.DataPartUUID == p.target.Usr.PartUUID || u.HashPartUUID == p.target.UsrVerity.PartUUID) {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// unbound is the bytes unbind frees on the ESP: the boot files only the
+// target slot's entries boot.
+func (p *Plan) unbound() (int64, error) {
+	esp := p.node.esp()
+	bound, err := p.bound()
+	if err != nil {
+		return 0, err
+	}
+	names, err := bootloader.Entries(esp)
+	if err != nil {
+		return 0, err
+	}
+	files := map[string]bool{} // booted by a bound entry, and by no other
+	for _, pass := range []bool{true, false} {
+		for _, n := range names {
+			if slices.Contains(bound, n) != pass {
+				continue
+			}
+			e, err := bootloader.Read(esp, n)
+			if err != nil {
+				return 0, err
+			}
+			for _, f := range append([]string{e.Linux}, e.Initrd...) {
+				if pass {
+					files[f] = true
+				} else {
+					delete(files, f)
+				}
+			}
+		}
+	}
+	var n int64
+	for f := range files {
+		if fi, err := os.Stat(filepath.Join(esp, filepath.Clean("/"+f))); err == nil {
+			n += fi.Size()
+		}
+	}
+	return n, nil
+}
+
 // unbind removes every entry on the ESP that boots the target slot: from
 // here on the slot's bytes change, and no entry may boot them until the
 // state machine writes the new release's.
 func (p *Plan) unbind(log io.Writer) error {
-	esp := p.node.esp()
-	names, err := bootloader.Entries(esp)
+	bound, err := p.bound()
 	if err != nil {
 		return err
 	}
-	for _, n := range names {
-		e, err := bootloader.Read(esp, n)
-		if err != nil {
-			return err
-		}
-		u, ok, _ := bootentry.ParseUsrVerity(e.Options)
-		if !ok || u.DataPartUUID != p.target.Usr.PartUUID && u.HashPartUUID != p.target.UsrVerity.PartUUID {
-			continue
-		}
-		files, err := bootloader.RemoveWithFiles(esp, n.ID)
+	for _, n := range bound {
+		files, err := bootloader.RemoveWithFiles(p.node.esp(), n.ID)
 		if err != nil {
 			return err
 		}
