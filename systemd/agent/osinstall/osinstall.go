@@ -142,7 +142,7 @@ type bootFile struct {
 
 // Prepare checks that the node can take the OS of bundle m (its filesystem
 // at fsStart in r) and decides how: the target slot, the entry, where each
-// boot file comes from. It writes nothing. version is the release's.
+// boot file comes from. It writes nothing.
 func Prepare(n Node, m *bundle.Manifest, r io.ReaderAt, fsStart int64) (*Plan, error) {
 	o := m.OS
 	if o == nil {
