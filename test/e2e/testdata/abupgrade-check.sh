@@ -27,7 +27,7 @@ blessed() {
 case $n in
 1)
     settled 1.0.0
-    booted ignition-firstboot.conf 1.0 "$USRA" # the first boot (Ignition)
+    booted ignition-firstboot.conf 12 "$USRA" # the first boot (Ignition); the A/B base 1.0 keeps Debian's VERSION_ID
     workload 1.0.0
     show_status
     plug 1.1.0
