@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -81,6 +82,14 @@ func WithCPUs(n int) Option { return func(c *config) { c.cpus = n } }
 
 // WithFailOn adds console substrings that fail the boot as soon as they appear.
 func WithFailOn(s ...string) Option { return func(c *config) { c.failOn = append(c.failOn, s...) } }
+
+// WithoutFailOn drops console substrings from the failure patterns, e.g.
+// "Kernel panic" for a boot meant to panic (and reboot, with panic=N).
+func WithoutFailOn(s ...string) Option {
+	return func(c *config) {
+		c.failOn = slices.DeleteFunc(c.failOn, func(f string) bool { return slices.Contains(s, f) })
+	}
+}
 
 // WithLogDir sets where console logs go (default: $KILN_E2E_LOGS, else
 // test/e2e/.cache/logs/<test name>). Logs are kept after the test.

@@ -66,6 +66,21 @@ func TestScanner(t *testing.T) {
 	}
 }
 
+// WithoutFailOn lets a boot meant to panic go on past the panic, and only
+// drops what it names.
+func TestWithoutFailOn(t *testing.T) {
+	c := config{failOn: append([]string{}, DefaultFailOn...)}
+	WithoutFailOn("Kernel panic")(&c)
+	stopped := 0
+	s := newScanner(c.failOn, t, "test")
+	s.scan(strings.NewReader("Kernel panic - not syncing: Attempted to kill init!\nRebooting in 5 seconds..\n"+
+		"You are in emergency mode.\n"), func() { stopped++ })
+	if s.failedOn != "emergency mode" || stopped != 1 || len(s.lines) != 3 {
+		t.Errorf("failedOn = %q (stop called %d times, %d lines), want %q once, after the panic's lines",
+			s.failedOn, stopped, len(s.lines), "emergency mode")
+	}
+}
+
 // A prompt waits on an unended line, may arrive in pieces and in colour, and
 // is answered once; the same words on a later line are a new prompt.
 func TestPromptWatcher(t *testing.T) {
