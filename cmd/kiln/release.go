@@ -139,7 +139,7 @@ func printStatus(w io.Writer, ns nodeStatus) {
 	line("previous", st.Previous, "  kept for rollback")
 	line("staged", st.Staged, "  tried at the next boot")
 	line("trying", st.Trying, fmt.Sprintf("  boot %d, waiting for its health check", st.Attempts))
-	if st.Booted != "" {
+	if st.Booted != "" && st.Current.OS != nil { // a node whose OS is in A/B slots
 		fmt.Fprintf(w, "%-9s %s%s\n", "booted:", st.Booted, bootedRelease(st))
 	}
 	if len(st.Retired) > 0 {
