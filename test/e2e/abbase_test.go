@@ -26,47 +26,97 @@ import (
 //go:embed testdata/abbase-check.sh
 var abbaseCheck string
 
-// TestABBase proves the A/B base fixture boots as issue 23 needs: /usr is
-// usr-a's squashfs opened by the initramfs on dm-verity against the root
-// hash its boot loader entry names, read-only, and CRI-O and the kubelet run
-// from it; Ignition's first boot works as on the base; a counted entry is
-// blessed by systemd-bless-boot once the boot completes.
+// TestABBase proves the A/B base fixture boots as issue 23 needs, in each
+// OS release the upgrade scenarios boot: /usr is usr-a's squashfs opened by
+// the initramfs on dm-verity against the root hash its boot loader entry
+// names, read-only, and CRI-O and the kubelet run from it; Ignition's first
+// boot works as on the base; os-release and jq say which release /usr is.
+// For 1.0, a counted entry is blessed by systemd-bless-boot once the boot
+// completes (the releases' entries differ in release and root hash only).
 func TestABBase(t *testing.T) {
-	ab := fixture.ABBase(t)
-	checkABLayout(t, ab.Path)
+	for _, tc := range []struct {
+		release   string
+		osRelease string // the guest's os-release: VERSION_ID, IMAGE_VERSION
+		jq        string // jq's version, path, mount and a sum it computed
+		counted   bool   // boot the release's entry counted too
+	}{
+		{fixture.ABRelease, "VERSION_ID=12 IMAGE_VERSION=none", "none", true},
+		{fixture.ABRelease11, "VERSION_ID=1.1 IMAGE_VERSION=1.1", "jq-1.6 /usr/bin/jq on /dev/mapper/usr: 3", false},
+	} {
+		t.Run(tc.release, func(t *testing.T) {
+			ab := fixture.ABBaseRelease(t, tc.release)
+			checkABLayout(t, ab.Path)
+			if tc.release != fixture.ABRelease {
+				// What a 1.0 node's slots must take: the same partitions.
+				requireSamePartitions(t, ab.Path, fixture.ABBase(t).Path)
+			}
 
+			disk := t.TempDir() + "/disk.raw"
+			if err := rawdisk.Copy(disk, ab.Path); err != nil {
+				t.Fatal(err)
+			}
+			if err := guest.WriteConfig(disk, guest.CheckConfig(abbaseCheck)); err != nil {
+				t.Fatal(err)
+			}
+			esp := mustFind(t, disk, "EFI-SYSTEM")
+			requireEntries(t, esp, bootentry.FileName(fixture.FirstBootEntryID, 0), ab.Entry)
+			first := vm.Boot(t, disk, vm.WithName("ab-"+tc.release+"-first-boot"))
+			t.Logf("first boot (Ignition) took %s", first.Duration.Round(time.Second))
+			requireAllPass(t, first)
+			requireABUsr(t, first, ab)
+			requireDetail(t, first, "ignition-finished", "yes")
+			requireDetail(t, first, "check-script", "/var/usrlocal/bin/kiln-e2e-check")
+			requireDetail(t, first, "boot-entry", bootentry.FileName(fixture.FirstBootEntryID, 0))
+			requireDetail(t, first, "os-release", tc.osRelease)
+			requireDetail(t, first, "jq", tc.jq)
+			requireEntries(t, esp, ab.Entry)
+			if !tc.counted {
+				return
+			}
+
+			// The release's entry, counted: as the node will write a new release's.
+			counted := bootentry.FileName(strings.TrimSuffix(ab.Entry, bootentry.Suffix), 1)
+			if err := esp.FATRename("/"+bootentry.Dir+"/"+ab.Entry, "/"+bootentry.Dir+"/"+counted); err != nil {
+				t.Fatal(err)
+			}
+			second := vm.Boot(t, disk, vm.WithName("ab-"+tc.release+"-counted-boot"))
+			t.Logf("second boot (counted entry %s) took %s", counted, second.Duration.Round(time.Second))
+			requireAllPass(t, second)
+			requireABUsr(t, second, ab)
+			requireDetail(t, second, "ignition-finished", "no")
+			// systemd-boot 252 names the entry as it found it, counter included
+			// (before its own rename to +0-1): the release is ParseFileName's ID.
+			requireDetail(t, second, "boot-entry", counted)
+			requireDetail(t, second, "bless-status", "good")
+			requireEntries(t, esp, ab.Entry) // blessed: the counter is gone
+		})
+	}
+}
+
+// TestABBaseUnbootable: the unbootable release is what a fallback scenario
+// needs: the firmware and systemd-boot start its kernel, its initramfs's
+// /init prints its line and exits, the kernel panics and, with panic=5 on
+// the entry, resets the machine by itself (QEMU's -no-reboot ends the run
+// there).
+func TestABBaseUnbootable(t *testing.T) {
+	ab := fixture.ABBaseRelease(t, fixture.ABReleaseUnbootable)
+	checkABLayout(t, ab.Path)
+	requireSamePartitions(t, ab.Path, fixture.ABBase(t).Path)
 	disk := t.TempDir() + "/disk.raw"
 	if err := rawdisk.Copy(disk, ab.Path); err != nil {
 		t.Fatal(err)
 	}
-	if err := guest.WriteConfig(disk, guest.CheckConfig(abbaseCheck)); err != nil {
-		t.Fatal(err)
+	res := vm.Boot(t, disk, vm.WithName("ab-unbootable"), vm.WithoutFailOn("Kernel panic"), vm.WithTimeout(5*time.Minute))
+	t.Logf("the unbootable release reset the machine after %s", res.Duration.Round(time.Second))
+	var last time.Duration
+	for _, want := range []string{fixture.HaltInitLine, "Kernel panic - not syncing: Attempted to kill init!",
+		"Rebooting in 5 seconds"} {
+		at, ok := res.When(want)
+		if !ok || at < last {
+			t.Fatalf("console lacks %q after the lines before it (console: %s)", want, res.Console)
+		}
+		last = at
 	}
-	first := vm.Boot(t, disk, vm.WithName("ab-first-boot"))
-	t.Logf("first boot (Ignition) took %s", first.Duration.Round(time.Second))
-	requireAllPass(t, first)
-	requireABUsr(t, first, ab)
-	requireDetail(t, first, "ignition-finished", "yes")
-	requireDetail(t, first, "check-script", "/var/usrlocal/bin/kiln-e2e-check")
-	requireDetail(t, first, "boot-entry", bootentry.FileName(fixture.FirstBootEntryID, 0))
-
-	// The release's entry, counted: as the node will write a new release's.
-	esp := mustFind(t, disk, "EFI-SYSTEM")
-	requireEntries(t, esp, ab.Entry)
-	counted := bootentry.FileName(fixture.ABEntryID, 1)
-	if err := esp.FATRename("/"+bootentry.Dir+"/"+ab.Entry, "/"+bootentry.Dir+"/"+counted); err != nil {
-		t.Fatal(err)
-	}
-	second := vm.Boot(t, disk, vm.WithName("ab-counted-boot"))
-	t.Logf("second boot (counted entry %s) took %s", counted, second.Duration.Round(time.Second))
-	requireAllPass(t, second)
-	requireABUsr(t, second, ab)
-	requireDetail(t, second, "ignition-finished", "no")
-	// systemd-boot 252 names the entry as it found it, counter included
-	// (before its own rename to +0-1): the release is ParseFileName's ID.
-	requireDetail(t, second, "boot-entry", counted)
-	requireDetail(t, second, "bless-status", "good")
-	requireEntries(t, esp, ab.Entry) // blessed: the counter is gone
 }
 
 // TestABBaseTamperedUsr: one byte of usr-a changed where squashfs never
@@ -126,6 +176,23 @@ func TestABBaseTamperedUsr(t *testing.T) {
 	}
 }
 
+// requireSamePartitions: the disks at a and b have the same partitions
+// (number, start, size, type, PARTUUID, name).
+func requireSamePartitions(t *testing.T, a, b string) {
+	t.Helper()
+	pa, pb := gptPartitions(t, a), gptPartitions(t, b)
+	if len(pa) != len(pb) {
+		t.Fatalf("%s has %d partitions, %s %d", a, len(pa), b, len(pb))
+	}
+	for i := range pa {
+		x, y := pa[i], pb[i]
+		if x.Start != y.Start || x.Size != y.Size || x.Type != y.Type || x.GUID != y.GUID || x.Name != y.Name {
+			t.Errorf("partition %d: %s %s type %s at %d, %d bytes; want %s's: %s %s type %s at %d, %d bytes",
+				i+1, x.Name, x.GUID, x.Type, x.Start, x.Size, b, y.Name, y.GUID, y.Type, y.Start, y.Size)
+		}
+	}
+}
+
 // requireABUsr: /usr was usr-a on dm-verity with the entry's root hash.
 func requireABUsr(t *testing.T, r *vm.Result, ab fixture.ABDisk) {
 	t.Helper()
@@ -138,13 +205,15 @@ func requireABUsr(t *testing.T, r *vm.Result, ab fixture.ABDisk) {
 	requireDetail(t, r, "kubelet-from-usr", "/usr/bin/kubelet on /dev/mapper/usr")
 }
 
+// requireEntries: the ESP's entries are want (in any order).
 func requireEntries(t *testing.T, esp rawdisk.Partition, want ...string) {
 	t.Helper()
 	got, err := esp.FATList("/" + bootentry.Dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(got, want) {
+	slices.Sort(got)
+	if want = slices.Sorted(slices.Values(want)); !slices.Equal(got, want) {
 		t.Errorf("ESP /%s = %v, want %v", bootentry.Dir, got, want)
 	}
 }
@@ -154,15 +223,6 @@ func requireEntries(t *testing.T, esp rawdisk.Partition, want ...string) {
 // PARTUUIDs, and usr-b empty.
 func checkABLayout(t *testing.T, path string) {
 	t.Helper()
-	d, err := diskfs.Open(path, diskfs.WithOpenMode(diskfs.ReadOnly))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	pt, err := d.GetPartitionTable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	want := []struct {
 		name, uuid string
 		typ        gpt.Type
@@ -175,13 +235,7 @@ func checkABLayout(t *testing.T, path string) {
 		{"usr-b-verity", fixture.UsrBVerityPartUUID, fixture.UsrVerityPartType},
 		{"root", fixture.RootPartUUID, gpt.LinuxRootX86_64},
 	}
-	parts := pt.(*gpt.Table).Partitions
-	var used []*gpt.Partition
-	for _, p := range parts {
-		if p.Type != gpt.Unused {
-			used = append(used, p)
-		}
-	}
+	used := gptPartitions(t, path)
 	if len(used) != len(want) {
 		t.Fatalf("A/B base has %d partitions, want %d", len(used), len(want))
 	}
@@ -206,4 +260,25 @@ func checkABLayout(t *testing.T, path string) {
 	if !bytes.Equal(head, make([]byte, len(head))) {
 		t.Error("usr-b's first MiB is not empty")
 	}
+}
+
+// gptPartitions are the used partitions of the disk at path, in order.
+func gptPartitions(t *testing.T, path string) []*gpt.Partition {
+	t.Helper()
+	d, err := diskfs.Open(path, diskfs.WithOpenMode(diskfs.ReadOnly))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	pt, err := d.GetPartitionTable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var used []*gpt.Partition
+	for _, p := range pt.(*gpt.Table).Partitions {
+		if p.Type != gpt.Unused {
+			used = append(used, p)
+		}
+	}
+	return used
 }

@@ -92,6 +92,15 @@ for unit in crio kubelet; do
     fi
 done
 
+# The OS release: /etc/os-release links to /usr's, so the slot says it.
+# jq is what release 1.1 added to /usr.
+report os-release PASS "$(. /etc/os-release && echo "VERSION_ID=$VERSION_ID IMAGE_VERSION=${IMAGE_VERSION:-none}")"
+if jq=$(command -v jq); then
+    report jq PASS "$(jq --version) $jq on $(findmnt -no SOURCE -T "$jq" 2>&1): $(echo '{"n":[1,2]}' | jq -c '.n|add' 2>&1)"
+else
+    report jq PASS none
+fi
+
 failed=$(systemctl --failed --plain --no-legend | awk '{print $1}' | xargs)
 if [ -z "$failed" ]; then report failed-units PASS; else report failed-units FAIL "$failed"; fi
 report uptime PASS "$(cut -d' ' -f1 /proc/uptime)s"
