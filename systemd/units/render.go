@@ -29,7 +29,11 @@ const (
 	// VerityName is the image partition's dm-verity device, /dev/mapper/VerityName.
 	VerityName = "kiln-images"
 
-	defaultDevWait = 90 * time.Second
+	// The wait for the image partition's device. Longer than systemd's
+	// DefaultTimeoutStartSec (90 s): the job is queued as the root is
+	// switched to, before udev's coldplug, and a starved boot (a udev worker
+	// stuck for tens of seconds) must not look like a missing partition.
+	defaultDevWait = 3 * time.Minute
 	defaultGate    = 2 * time.Minute
 	defaultWait    = time.Hour
 	defaultImport  = 2 * time.Hour
@@ -61,7 +65,7 @@ type Params struct {
 	RootHash   string
 	HashOffset int64
 
-	// Timeouts; zero means the default (90s, 2m, 1h).
+	// Timeouts; zero means the default (3m, 2m, 1h).
 	DeviceTimeout time.Duration // wait for the partition's device
 	GateTimeout   time.Duration // wait for the registry to serve this content
 	WaitTimeout   time.Duration // first boot: wait for every image in local storage
@@ -183,7 +187,14 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 	crio += "[Service]\n# After every start of CRI-O (it may have wiped its store: an unclean shutdown),\n" +
 		"# kiln puts back the images it lost (" + contract.RestoreUnit + ", ordered after CRI-O).\n" +
 		"ExecStartPost=-/usr/bin/systemctl --no-block restart " + contract.RestoreUnit + "\n"
-	files = append(files, ignition.File{Path: contract.CrioDropIn, Mode: 0o644, Contents: []byte(crio)})
+	files = append(files, ignition.File{Path: contract.CrioDropIn, Mode: 0o644, Contents: []byte(crio)},
+		// The device's wait is the one bound systemd counts from when the
+		// job was queued: say it here, as fstab's x-systemd.device-timeout=
+		// does, rather than inherit the OS's DefaultTimeoutStartSec.
+		ignition.File{Path: "/etc/systemd/system/" + v.DeviceUnit + ".d/10-kiln-wait.conf", Mode: 0o644, Contents: []byte(
+			"# Rendered by kiln: how long the boot waits for the image partition to appear\n" +
+				"# before its mount fails and kiln-images-failed.service says so.\n" +
+				"[Unit]\nJobRunningTimeoutSec=" + v.DeviceTimeout + "\n")})
 	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
 	return units, files, nil
 }
