@@ -187,16 +187,31 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 	crio += "[Service]\n# After every start of CRI-O (it may have wiped its store: an unclean shutdown),\n" +
 		"# kiln puts back the images it lost (" + contract.RestoreUnit + ", ordered after CRI-O).\n" +
 		"ExecStartPost=-/usr/bin/systemctl --no-block restart " + contract.RestoreUnit + "\n"
+	dev := orDefault(p.DeviceTimeout, defaultDevWait)
 	files = append(files, ignition.File{Path: contract.CrioDropIn, Mode: 0o644, Contents: []byte(crio)},
-		// The device's wait is the one bound systemd counts from when the
-		// job was queued: say it here, as fstab's x-systemd.device-timeout=
-		// does, rather than inherit the OS's DefaultTimeoutStartSec.
-		ignition.File{Path: "/etc/systemd/system/" + v.DeviceUnit + ".d/10-kiln-wait.conf", Mode: 0o644, Contents: []byte(
-			"# Rendered by kiln: how long the boot waits for the image partition to appear\n" +
-				"# before its mount fails and kiln-images-failed.service says so.\n" +
-				"[Unit]\nJobRunningTimeoutSec=" + v.DeviceTimeout + "\n")})
+		// A device's wait is the one bound systemd counts from when the job
+		// was queued (as the root is switched to, before udev's coldplug):
+		// say it here, as fstab's x-systemd.device-timeout= does, rather
+		// than inherit the OS's DefaultTimeoutStartSec (90 s).
+		deviceWait(v.DeviceUnit, "the image partition to appear", dev))
+	if v.RootHash != "" {
+		// The mount waits for the verity device, which appears only once the
+		// partition has (its own wait) and veritysetup has opened it (its
+		// own bound): a slow boot must not fail the mount through it first.
+		files = append(files, deviceWait(`dev-mapper-`+strings.ReplaceAll(VerityName, "-", `\x2d`)+".device",
+			"dm-verity to open the image partition", 2*dev))
+	}
 	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
 	return units, files, nil
+}
+
+// deviceWait is a drop-in bounding how long the boot waits for a device
+// unit (what, in words) before the jobs that need it fail.
+func deviceWait(unit, what string, d time.Duration) ignition.File {
+	return ignition.File{Path: "/etc/systemd/system/" + unit + ".d/10-kiln-wait.conf", Mode: 0o644, Contents: []byte(
+		"# Rendered by kiln: how long the boot waits for " + what + "\n" +
+			"# before the image partition's mount fails and kiln-images-failed.service says so.\n" +
+			"[Unit]\nJobRunningTimeoutSec=" + seconds(d) + "\n")}
 }
 
 // values are the template's inputs, derived and checked.
