@@ -29,7 +29,11 @@ const (
 	// VerityName is the image partition's dm-verity device, /dev/mapper/VerityName.
 	VerityName = "kiln-images"
 
-	defaultDevWait = 90 * time.Second
+	// The wait for the image partition's device. Longer than systemd's
+	// DefaultTimeoutStartSec (90 s): the job is queued as the root is
+	// switched to, before udev's coldplug, and a starved boot (a udev worker
+	// stuck for tens of seconds) must not look like a missing partition.
+	defaultDevWait = 3 * time.Minute
 	defaultGate    = 2 * time.Minute
 	defaultWait    = time.Hour
 	defaultImport  = 2 * time.Hour
@@ -61,7 +65,7 @@ type Params struct {
 	RootHash   string
 	HashOffset int64
 
-	// Timeouts; zero means the default (90s, 2m, 1h).
+	// Timeouts; zero means the default (3m, 2m, 1h).
 	DeviceTimeout time.Duration // wait for the partition's device
 	GateTimeout   time.Duration // wait for the registry to serve this content
 	WaitTimeout   time.Duration // first boot: wait for every image in local storage
@@ -192,9 +196,31 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 	crio += "[Service]\n# After every start of CRI-O (it may have wiped its store: an unclean shutdown),\n" +
 		"# kiln puts back the images it lost (" + contract.RestoreUnit + ", ordered after CRI-O).\n" +
 		"ExecStartPost=-/usr/bin/systemctl --no-block restart " + contract.RestoreUnit + "\n"
-	files = append(files, ignition.File{Path: contract.CrioDropIn, Mode: 0o644, Contents: []byte(crio)})
+	dev := orDefault(p.DeviceTimeout, defaultDevWait)
+	files = append(files, ignition.File{Path: contract.CrioDropIn, Mode: 0o644, Contents: []byte(crio)},
+		// A device's wait is the one bound systemd counts from when the job
+		// was queued (as the root is switched to, before udev's coldplug):
+		// say it here, as fstab's x-systemd.device-timeout= does, rather
+		// than inherit the OS's DefaultTimeoutStartSec (90 s).
+		deviceWait(v.DeviceUnit, "the image partition to appear", dev))
+	if v.RootHash != "" {
+		// The mount waits for the verity device, which appears only once the
+		// partition has (its own wait) and veritysetup has opened it (its
+		// own bound): a slow boot must not fail the mount through it first.
+		files = append(files, deviceWait(`dev-mapper-`+strings.ReplaceAll(VerityName, "-", `\x2d`)+".device",
+			"dm-verity to open the image partition", 2*dev))
+	}
 	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
 	return units, files, nil
+}
+
+// deviceWait is a drop-in bounding how long the boot waits for a device
+// unit (what, in words) before the jobs that need it fail.
+func deviceWait(unit, what string, d time.Duration) ignition.File {
+	return ignition.File{Path: "/etc/systemd/system/" + unit + ".d/10-kiln-wait.conf", Mode: 0o644, Contents: []byte(
+		"# Rendered by kiln: how long the boot waits for " + what + "\n" +
+			"# before the image partition's mount fails and kiln-images-failed.service says so.\n" +
+			"[Unit]\nJobRunningTimeoutSec=" + seconds(d) + "\n")}
 }
 
 // values are the template's inputs, derived and checked.

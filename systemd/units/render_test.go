@@ -367,3 +367,31 @@ func TestImagesFailedSilentAtShutdown(t *testing.T) {
 		}
 	}
 }
+
+// The device drop-ins are named after the devices the units wait for, as
+// systemd derives their unit names (a wrong name would be a drop-in nothing
+// reads, and the OS's 90 s would stay the wait).
+func TestDeviceWaitNames(t *testing.T) {
+	p := Params{PartitionGUID: testGUID, Images: testImages, RootHash: strings.Repeat("ab", 32), HashOffset: 4096}
+	_, files, err := Render(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{}
+	for _, dev := range []string{"/dev/disk/by-partuuid/" + strings.ToLower(p.PartitionGUID), "/dev/mapper/" + VerityName} {
+		out, err := exec.Command("systemd-escape", "--path", "--suffix=device", dev).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want["/etc/systemd/system/"+strings.TrimSpace(string(out))+".d/10-kiln-wait.conf"] = true
+	}
+	for _, f := range files {
+		if strings.HasSuffix(f.Path, "/10-kiln-wait.conf") && !want[f.Path] {
+			t.Errorf("drop-in %s names no device the units wait for", f.Path)
+		}
+		delete(want, f.Path)
+	}
+	for path := range want {
+		t.Errorf("no drop-in %s", path)
+	}
+}

@@ -177,6 +177,23 @@ func (r *Result) Lines(prefix string) []string {
 	return out
 }
 
+// troubleRE matches the console lines that say what went wrong: systemd's
+// failed, dependency-failed and timed-out jobs, and failed checks. A new
+// boot's "Linux version" line separates the boots.
+var troubleRE = regexp.MustCompile(`FAILED\]|DEPEND\]|TIME \]|Failed to start|Dependency failed|[Tt]imed out|KILN-E2E: \S+ FAIL|Linux version`)
+
+// Trouble returns at most max of the console lines troubleRE matches, the
+// last ones when there are more.
+func (r *Result) Trouble(max int) []string {
+	var out []string
+	for i, l := range r.lines {
+		if troubleRE.MatchString(l) {
+			out = append(out, fmt.Sprintf("%7.1fs %s", r.at[i].Seconds(), l))
+		}
+	}
+	return lastN(out, max)
+}
+
 // After is the part of the run after the first console line holding
 // substr (nothing when none does): the boot after a power cut, say.
 func (r *Result) After(substr string) *Result {
@@ -274,6 +291,15 @@ func Run(t testing.TB, disk string, opts ...Option) (*Result, error) {
 		return nil, fmt.Errorf("vm: create log dir: %w", err)
 	}
 	res, err := run(t, disk, c)
+	if res != nil {
+		// CI keeps only the end of the output: a failed test ends with what
+		// systemd said went wrong in this run, boot by boot.
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("vm: %s: systemd's failures and kiln's FAIL lines, boot by boot:\n%s", c.name, indent(res.Trouble(60)))
+			}
+		})
+	}
 	if err != nil {
 		return res, fmt.Errorf("vm: %s of %s: %w", c.name, disk, err)
 	}

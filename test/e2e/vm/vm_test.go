@@ -136,6 +136,33 @@ func TestAfterUntil(t *testing.T) {
 	}
 }
 
+// Trouble keeps systemd's failures, kiln's failed checks and the boot
+// separators, and only the last ones.
+func TestTrouble(t *testing.T) {
+	r := &Result{lines: []string{
+		"[    0.000000] Linux version 6.1.0",
+		"[  OK  ] Started crio.service",
+		"[ TIME ] Timed out waiting for device dev-disk-by…",
+		"[DEPEND] Dependency failed for kiln…inish interrupted release changes.",
+		"kiln-e2e-check[5]: KILN-E2E: b3-settled PASS",
+		"kiln-e2e-check[5]: KILN-E2E: b3-current FAIL want 1.2.0",
+	}}
+	r.at = []time.Duration{0, time.Second, 2 * time.Second, 3 * time.Second, 4 * time.Second, 5 * time.Second}
+	got := r.Trouble(10)
+	want := []string{
+		"    0.0s [    0.000000] Linux version 6.1.0",
+		"    2.0s [ TIME ] Timed out waiting for device dev-disk-by…",
+		"    3.0s [DEPEND] Dependency failed for kiln…inish interrupted release changes.",
+		"    5.0s kiln-e2e-check[5]: KILN-E2E: b3-current FAIL want 1.2.0",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("Trouble(10):\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if got := r.Trouble(2); len(got) != 2 || !strings.Contains(got[1], "b3-current FAIL") {
+		t.Errorf("Trouble(2) = %q, want the last two", got)
+	}
+}
+
 // Shutdowns are timed from the request line before the kernel's last line,
 // and a stop job waiting out its timeout, a failed unmount or kiln's image
 // partition alarm during one fails the run; a power cut is not a shutdown.
