@@ -32,6 +32,7 @@ var abbaseCheck string
 // from it; Ignition's first boot works as on the base; a counted entry is
 // blessed by systemd-bless-boot once the boot completes.
 func TestABBase(t *testing.T) {
+	vm.Schedule(t, 5*time.Minute)
 	ab := fixture.ABBase(t)
 	checkABLayout(t, ab.Path)
 
@@ -75,6 +76,7 @@ func TestABBase(t *testing.T) {
 // tree matches the entry's root hash) but refuses the changed block, so the
 // mount fails and the boot stops in emergency mode.
 func TestABBaseTamperedUsr(t *testing.T) {
+	vm.Schedule(t, 30*time.Second)
 	ab := fixture.ABBase(t)
 	disk := t.TempDir() + "/disk.raw"
 	if err := rawdisk.Copy(disk, ab.Path); err != nil {
