@@ -34,16 +34,19 @@ var abbaseCheck string
 // For 1.0, a counted entry is blessed by systemd-bless-boot once the boot
 // completes (the releases' entries differ in release and root hash only).
 func TestABBase(t *testing.T) {
+	t.Parallel() // each release's boots take their own machine slot
 	for _, tc := range []struct {
 		release   string
-		osRelease string // the guest's os-release: VERSION_ID, IMAGE_VERSION
-		jq        string // jq's version, path, mount and a sum it computed
-		counted   bool   // boot the release's entry counted too
+		expected  time.Duration // how long its boots take, for vm.Schedule
+		osRelease string        // the guest's os-release: VERSION_ID, IMAGE_VERSION
+		jq        string        // jq's version, path, mount and a sum it computed
+		counted   bool          // boot the release's entry counted too
 	}{
-		{fixture.ABRelease, "VERSION_ID=12 IMAGE_VERSION=none", "none", true},
-		{fixture.ABRelease11, "VERSION_ID=1.1 IMAGE_VERSION=1.1", "jq-1.6 /usr/bin/jq on /dev/mapper/usr: 3", false},
+		{fixture.ABRelease, 7 * time.Minute, "VERSION_ID=12 IMAGE_VERSION=none", "none", true},
+		{fixture.ABRelease11, 2 * time.Minute, "VERSION_ID=1.1 IMAGE_VERSION=1.1", "jq-1.6 /usr/bin/jq on /dev/mapper/usr: 3", false},
 	} {
 		t.Run(tc.release, func(t *testing.T) {
+			vm.Schedule(t, tc.expected)
 			ab := fixture.ABBaseRelease(t, tc.release)
 			checkABLayout(t, ab.Path)
 			if tc.release != fixture.ABRelease {
@@ -99,6 +102,7 @@ func TestABBase(t *testing.T) {
 // the entry, resets the machine by itself (QEMU's -no-reboot ends the run
 // there).
 func TestABBaseUnbootable(t *testing.T) {
+	vm.Schedule(t, time.Minute)
 	ab := fixture.ABBaseRelease(t, fixture.ABReleaseUnbootable)
 	checkABLayout(t, ab.Path)
 	requireSamePartitions(t, ab.Path, fixture.ABBase(t).Path)
@@ -125,6 +129,7 @@ func TestABBaseUnbootable(t *testing.T) {
 // tree matches the entry's root hash) but refuses the changed block, so the
 // mount fails and the boot stops in emergency mode.
 func TestABBaseTamperedUsr(t *testing.T) {
+	vm.Schedule(t, 30*time.Second)
 	ab := fixture.ABBase(t)
 	disk := t.TempDir() + "/disk.raw"
 	if err := rawdisk.Copy(disk, ab.Path); err != nil {

@@ -30,7 +30,7 @@ var abUpgradeCheck string
 // and kiln's begin rolls 1.2 back by itself and removes its entry. One
 // QEMU process, six boots.
 func TestABUpgrade(t *testing.T) {
-	t.Parallel()
+	vm.Schedule(t, 15*time.Minute)
 	ab := fixture.ABBase(t)
 	rels := []upgradeRelease{
 		{"1.0.0", []string{pauseRef, appRepo + ":1.0"}, appRepo + ":1.0", []string{"factory"}, ""},

@@ -123,7 +123,7 @@ func (a *appliance) imagePartition(t *testing.T) (number int, guid string, offse
 // boot again, restores what CRI-O lost before the workload starts, and has
 // every image, the workload and the served pod running offline.
 func TestApplianceBoots(t *testing.T) {
-	t.Parallel() // beside the other machines (the Makefile runs three at a time)
+	vm.Schedule(t, 9*time.Minute)
 	a := buildAppliance(t, applianceBootCheck, withPowerCut())
 	_, guid, _, _ := a.imagePartition(t)
 
@@ -223,7 +223,7 @@ func requireRestored(t *testing.T, run, boot *vm.Result, check, ref, digest stri
 //     the partition itself: podman pull fails (never stores wrong bytes) and
 //     the registry's journal names the blob.
 func TestApplianceFaults(t *testing.T) {
-	t.Parallel() // beside the other machines (the Makefile runs three at a time)
+	vm.Schedule(t, 9*time.Minute)
 	a := buildAppliance(t, applianceFaultCheck)
 	number, guid, offset, size := a.imagePartition(t)
 

@@ -22,6 +22,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/test/e2e/guest"
 	"github.com/kiln-appliance/kiln/test/e2e/repo"
+	"github.com/kiln-appliance/kiln/test/e2e/vm"
 )
 
 const (
@@ -160,7 +161,7 @@ func (o applianceOptions) preloadMode() string {
 // what CRI-O lost (the preloaded-only image from the partition's preloaded
 // store, the others from its OCI layout) before the workload starts.
 func TestApplianceCopyMode(t *testing.T) {
-	t.Parallel() // beside the other machines (the Makefile runs three at a time)
+	vm.Schedule(t, 7*time.Minute)
 	a := buildAppliance(t, applianceBootCheck, withCopyMode(), withPowerCut())
 	run, first, second := bootWithPowerCut(t, a.disk, "copy-mode", applianceTimeout(24*time.Minute))
 	readJournal(t, mustFind(t, a.disk, "root"), filepath.Join(filepath.Dir(run.Console), "copy-mode-journal.txt"))

@@ -32,6 +32,7 @@ const hello = "hello from ignition"
 // Ignition config on the boot partition is applied at first boot (a file
 // written, a unit enabled and run), and a second boot does not run Ignition.
 func TestIgnitionFirstBoot(t *testing.T) {
+	vm.Schedule(t, 90*time.Second)
 	disk := baseCopy(t)
 	cfg := guest.CheckConfig(firstbootCheck)
 	mode := 0o644
@@ -81,6 +82,7 @@ func TestIgnitionFirstBoot(t *testing.T) {
 // content does not match its declared hash) must end the boot fast, with
 // Ignition's own reason on the console, not after the boot timeout.
 func TestIgnitionFailureIsReadable(t *testing.T) {
+	vm.Schedule(t, 30*time.Second)
 	disk := baseCopy(t)
 	badHash := "sha512-" + strings.Repeat("0", 128)
 	cfg := types.Config{

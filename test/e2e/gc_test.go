@@ -38,7 +38,7 @@ const gcHealthTimeout = 4 * time.Minute
 // filled again: the collector removes 1.0's image (so the test can fail).
 // Four boots of one QEMU process.
 func TestImageGC(t *testing.T) {
-	t.Parallel() // beside the other machines (the Makefile runs three at a time)
+	vm.Schedule(t, 18*time.Minute)
 	set := newUpgradeSet(t, upgradeGC, upgradeOptions{timeout: gcHealthTimeout, copyMode: true})
 	// The broken release, as a delta from 1.1 (the node runs 1.1 when it
 	// is plugged), signed by the key 1.1 brought.

@@ -29,7 +29,7 @@ var upgradePowerCut string
 // again; the next boot restores it again and runs 1.1, with 1.1 and 1.0
 // pinned. Four boots of one QEMU process.
 func TestFieldUpgradePowerCuts(t *testing.T) {
-	t.Parallel() // beside the other machines (the Makefile runs three at a time)
+	vm.Schedule(t, 12*time.Minute)
 	set := newUpgradeSet(t, upgradePowerCut, upgradeOptions{command: "[/usr/bin/test, -e, /run/kiln-e2e-healthy]", timeout: 6 * time.Minute})
 	tech := &technician{t: t, sticks: set.sticks}
 	cuts := 0

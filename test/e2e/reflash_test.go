@@ -29,6 +29,10 @@ const reflashFailed = "reflash FAILED"
 // A target too small is refused with nothing written, and a stick whose
 // payload has one flipped byte fails its check and says so.
 func TestReflash(t *testing.T) {
+	// A slot while the appliance and the stick are built; each boot below
+	// then asks for its own.
+	t.Parallel()
+	built := vm.Hold(t, 13*time.Minute)
 	a := buildAppliance(t, applianceBootCheck)
 	dir := filepath.Dir(a.disk)
 	stick := filepath.Join(dir, "stick.raw")
@@ -44,10 +48,12 @@ func TestReflash(t *testing.T) {
 	}
 	size := fi.Size()
 
+	built()
+
 	// The three boots run side by side (each on its own copy of the stick:
 	// QEMU locks a disk image it writes); the refusals are short.
 	t.Run("reflash-then-boot", func(t *testing.T) {
-		t.Parallel()
+		vm.Schedule(t, 6*time.Minute)
 		target := blankDisk(t, size+64<<20)
 		res := vm.Boot(t, stick, vm.WithName("reflash"), vm.WithFailOn(reflashFailed),
 			vm.WithQEMUArgs("-drive", "if=virtio,format=raw,file="+target), vm.WithTimeout(applianceTimeout(12*time.Minute)))
@@ -79,7 +85,7 @@ func TestReflash(t *testing.T) {
 	// The attended stick asks once on the serial console; the test types
 	// "yes" and Enter as a technician would, only once the question shows.
 	t.Run("attended", func(t *testing.T) {
-		t.Parallel()
+		vm.Schedule(t, 5*time.Minute)
 		asking := filepath.Join(t.TempDir(), "stick.raw")
 		if out, err := exec.Command(a.kiln, "reflash-stick", filepath.Join(dir, "appliance.yaml"), "--disk", a.disk,
 			"-o", asking).CombinedOutput(); err != nil {
@@ -122,7 +128,7 @@ func TestReflash(t *testing.T) {
 	})
 
 	t.Run("target-too-small", func(t *testing.T) {
-		t.Parallel()
+		vm.Schedule(t, 2*time.Minute)
 		own := filepath.Join(t.TempDir(), "stick.raw")
 		mustRunCmd(t, "cp", "--sparse=always", stick, own)
 		target := blankDisk(t, size-1<<20)
@@ -133,7 +139,7 @@ func TestReflash(t *testing.T) {
 	})
 
 	t.Run("flipped-payload-byte", func(t *testing.T) {
-		t.Parallel()
+		vm.Schedule(t, 2*time.Minute)
 		bad := filepath.Join(t.TempDir(), "stick.raw")
 		mustRunCmd(t, "cp", "--sparse=always", stick, bad)
 		flipInPayload(t, a.kiln, bad, a.disk)

@@ -65,7 +65,7 @@ type upgradeRelease struct {
 // carry: the health check rolls it back to 1.2, 1.3's image and blobs are
 // removed. Five boots of one QEMU process.
 func TestFieldUpgrade(t *testing.T) {
-	t.Parallel() // beside the other machines (the Makefile runs three at a time)
+	vm.Schedule(t, 17*time.Minute)
 	set := newUpgradeSet(t, upgradeCheck)
 	// A 1.3 signed by the factory key, which 1.2 retired: a full bundle from
 	// a recipe that still trusts it (kiln bundle signs only for nodes that
@@ -529,7 +529,7 @@ func mustKilnCmd(t *testing.T, kiln string, args ...string) {
 // copied: the node comes back on 1.0, and with the stick still in, the
 // import runs again at boot and stages 1.1. Two boots of one QEMU process.
 func TestFieldUpgradeRefusals(t *testing.T) {
-	t.Parallel() // beside the other machines (the Makefile runs three at a time)
+	vm.Schedule(t, 7*time.Minute)
 	set := newUpgradeSet(t, upgradeRefusals)
 	factoryKey := filepath.Join(set.dir, "factory.key")
 	mustKilnCmd(t, set.kiln, "key", "generate", filepath.Join(set.dir, "other"))

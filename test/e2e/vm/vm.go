@@ -284,6 +284,9 @@ func Run(t testing.TB, disk string, opts ...Option) (*Result, error) {
 	for _, o := range opts {
 		o(&c)
 	}
+	if !machines.scheduled(t.Name()) {
+		return nil, fmt.Errorf("vm: %s boots a machine without one of the machine slots: call vm.Schedule first", t.Name())
+	}
 	if c.logDir == "" {
 		c.logDir = defaultLogDir(t)
 	}
