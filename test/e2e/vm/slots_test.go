@@ -28,7 +28,13 @@ func TestSlotsLongestFirst(t *testing.T) {
 			running++
 			most = max(most, running)
 			mu.Unlock()
-			time.Sleep(50 * time.Millisecond)
+			// longest gives its slot back first: mid gets it, short
+			// waits for the next one.
+			hold := 300 * time.Millisecond
+			if w.name == "longest" {
+				hold = 30 * time.Millisecond
+			}
+			time.Sleep(hold)
 			mu.Lock()
 			running--
 			mu.Unlock()

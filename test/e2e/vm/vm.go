@@ -391,12 +391,25 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 
 	var stderr strings.Builder
 	var waitErr error
+	stuckRestarts := 0
 	for starts := 1; ; starts++ {
-		if starts > 1 {
+		if starts > 1 && !sc.stuck {
 			fmt.Fprintf(logFile, "# the machine reset: qemu-system-x86_64 starts again (%s into the run)\n", time.Since(start).Round(time.Second))
 		}
 		var again bool
 		again, waitErr = c.runQEMU(ctx, cancel, args, qmpPath, mon, hooks, sc, console, &stderr)
+		if again && sc.stuck {
+			// The guest kernel got stuck before init ran (an emulator
+			// fault, not the appliance's: nothing on the disks has changed);
+			// twice in one run is a fault of the run.
+			if stuckRestarts++; stuckRestarts > 2 {
+				sc.failedOn = "soft lockup"
+				break
+			}
+			t.Logf("vm: %s: the guest kernel got stuck before init ran; QEMU starts this boot again (%d of 2)", c.name, stuckRestarts)
+			fmt.Fprintf(logFile, "# the guest kernel got stuck before init ran: qemu-system-x86_64 starts again (%s into the run)\n", time.Since(start).Round(time.Second))
+			continue
+		}
 		if !again || waitErr != nil || ctx.Err() != nil || sc.failedOn != "" || hooks.failed() {
 			break
 		}
@@ -438,7 +451,10 @@ func (c config) runQEMU(ctx context.Context, cancel func(), args []string, qmpPa
 	if qmpPath != "" {
 		os.Remove(qmpPath) // the last QEMU's socket
 	}
-	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
+	pctx, restart := context.WithCancel(ctx)
+	defer restart()
+	sc.userspace, sc.stuck, sc.restart = false, false, restart
+	cmd := exec.CommandContext(pctx, "qemu-system-x86_64", args...)
 	cmd.WaitDelay = 10 * time.Second
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -476,7 +492,11 @@ func (c config) runQEMU(ctx context.Context, cancel func(), args []string, qmpPa
 	// failure pattern calling cancel).
 	sc.scan(io.TeeReader(stdout, console), cancel)
 	hooks.idle() // what this machine's console asked for is done (or failed)
-	if err := cmd.Wait(); err != nil {
+	err = cmd.Wait()
+	if sc.stuck && !sc.userspace && ctx.Err() == nil {
+		return true, nil // killed before init ran: the same boot, from the start
+	}
+	if err != nil {
 		return false, err
 	}
 	if mon == nil || !c.reboots {
@@ -500,7 +520,23 @@ type scanner struct {
 	start    time.Time
 	onLine   func(string) // every clean line, if set
 	failedOn string
+
+	// The current QEMU process: whether its guest reached userspace, and
+	// whether its kernel got stuck (see stuckRE).
+	userspace, stuck bool
+	// restart ends the current QEMU process only (set per process).
+	restart func()
 }
+
+// stuckRE matches the guest kernel's report of a CPU stuck for minutes, not
+// the seconds a starved vCPU thread makes it report now and then: QEMU's TCG
+// once left a guest kernel spinning in its crypto self-test from its first
+// seconds (stuck for 1,568 s when the run's timeout ended it).
+var stuckRE = regexp.MustCompile(`soft lockup - CPU#\d+ stuck for (\d{4,}|[2-9]\d\d|1[2-9]\d)s!`)
+
+// userspaceRE matches systemd's status lines: init has started, and the
+// guest may have written to its disks.
+var userspaceRE = regexp.MustCompile(`^\[  OK  \]|^\[FAILED\]|^\[DEPEND\]|^ +Starting |^ +Expecting device`)
 
 func newScanner(failOn []string, t testing.TB, name string) *scanner {
 	return &scanner{failOn: failOn, t: t, name: name}
@@ -528,6 +564,16 @@ func (s *scanner) scan(r io.Reader, stop func()) {
 				}
 				if verbose || strings.Contains(l, CheckPrefix) {
 					s.t.Logf("%s| %s", s.name, l)
+				}
+				s.userspace = s.userspace || userspaceRE.MatchString(l)
+				if !s.stuck && stuckRE.MatchString(l) {
+					s.stuck = true
+					if !s.userspace && s.restart != nil {
+						s.restart() // nothing has run yet: boot again
+					} else if s.failedOn == "" {
+						s.failedOn = "soft lockup" // stuck for good: fail now, not at the timeout
+						stop()
+					}
 				}
 				for _, f := range s.failOn {
 					if s.failedOn == "" && strings.Contains(l, f) {

@@ -81,6 +81,35 @@ func TestWithoutFailOn(t *testing.T) {
 	}
 }
 
+// A guest kernel stuck for minutes before init ran restarts the boot; once
+// init ran it fails the run at once; a few seconds' lockup (a starved vCPU
+// thread) is neither.
+func TestScannerStuckKernel(t *testing.T) {
+	starved := "[   32.56] watchdog: BUG: soft lockup - CPU#0 stuck for 26s! [kworker/0:1:12]\n"
+	stuck := "[  160.56] watchdog: BUG: soft lockup - CPU#0 stuck for 130s! [cryptomgr_test:51]\n" +
+		"[ 1688.56] watchdog: BUG: soft lockup - CPU#0 stuck for 1568s! [cryptomgr_test:51]\n"
+	for _, tt := range []struct {
+		name            string
+		console         string
+		restarts, stops int
+		failedOn        string
+	}{
+		{"before init", "BdsDxe: starting Boot0001\n" + starved + stuck, 1, 0, ""},
+		{"after init", "[  OK  ] Reached target local-fs.target\n" + stuck, 0, 1, "soft lockup"},
+		{"starved only", "BdsDxe: starting Boot0001\n" + starved + "[  OK  ] Started x.\n" + starved, 0, 0, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			restarts, stops := 0, 0
+			s := newScanner(DefaultFailOn, t, "test")
+			s.restart = func() { restarts++ }
+			s.scan(strings.NewReader(tt.console), func() { stops++ })
+			if restarts != tt.restarts || stops != tt.stops || s.failedOn != tt.failedOn {
+				t.Errorf("restarts %d, stops %d, failedOn %q; want %d, %d, %q", restarts, stops, s.failedOn, tt.restarts, tt.stops, tt.failedOn)
+			}
+		})
+	}
+}
+
 // A prompt waits on an unended line, may arrive in pieces and in colour, and
 // is answered once; the same words on a later line are a new prompt.
 func TestPromptWatcher(t *testing.T) {
