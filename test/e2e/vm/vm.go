@@ -520,7 +520,7 @@ type scanner struct {
 }
 
 // stuckRE matches the guest kernel's report of a CPU stuck for minutes, not
-// the seconds a starved vCPU thread makes it report now and then: QEMU's TCG
+// the tens of seconds a starved vCPU thread makes it report: QEMU's TCG
 // once left a guest kernel spinning in its crypto self-test from its first
 // seconds (stuck for 1,568 s when the run's timeout ended it).
 var stuckRE = regexp.MustCompile(`soft lockup - CPU#\d+ stuck for (\d{4,}|[2-9]\d\d|1[2-9]\d)s!`)
@@ -557,14 +557,11 @@ func (s *scanner) scan(r io.Reader, stop func()) {
 					s.t.Logf("%s| %s", s.name, l)
 				}
 				s.userspace = s.userspace || userspaceRE.MatchString(l)
-				if !s.stuck && stuckRE.MatchString(l) {
+				// Once init has run, a lockup is left to the run's timeout:
+				// at load 8 a starved udev worker reported 71 s, and recovered.
+				if !s.stuck && !s.userspace && s.restart != nil && stuckRE.MatchString(l) {
 					s.stuck = true
-					if !s.userspace && s.restart != nil {
-						s.restart() // nothing has run yet: boot again
-					} else if s.failedOn == "" {
-						s.failedOn = "soft lockup" // stuck for good: fail now, not at the timeout
-						stop()
-					}
+					s.restart() // nothing has run yet: boot again
 				}
 				for _, f := range s.failOn {
 					if s.failedOn == "" && strings.Contains(l, f) {

@@ -67,8 +67,8 @@ func TestScanner(t *testing.T) {
 }
 
 // A guest kernel stuck for minutes before init ran restarts the boot; once
-// init ran it fails the run at once; a few seconds' lockup (a starved vCPU
-// thread) is neither.
+// init ran, or for a lockup of tens of seconds (a starved vCPU thread), the
+// scanner does nothing (the run's timeout bounds it).
 func TestScannerStuckKernel(t *testing.T) {
 	starved := "[   32.56] watchdog: BUG: soft lockup - CPU#0 stuck for 26s! [kworker/0:1:12]\n"
 	stuck := "[  160.56] watchdog: BUG: soft lockup - CPU#0 stuck for 130s! [cryptomgr_test:51]\n" +
@@ -80,7 +80,7 @@ func TestScannerStuckKernel(t *testing.T) {
 		failedOn        string
 	}{
 		{"before init", "BdsDxe: starting Boot0001\n" + starved + stuck, 1, 0, ""},
-		{"after init", "[  OK  ] Reached target local-fs.target\n" + stuck, 0, 1, "soft lockup"},
+		{"after init", "[  OK  ] Reached target local-fs.target\n" + stuck, 0, 0, ""},
 		{"starved only", "BdsDxe: starting Boot0001\n" + starved + "[  OK  ] Started x.\n" + starved, 0, 0, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
