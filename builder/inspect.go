@@ -98,6 +98,7 @@ type VerifyOptions = seal.VerifyOptions
 // byte. The file check returns every problem found, not just the first.
 func Verify(ctx context.Context, disk string, o VerifyOptions, p progress.Reporter) (rep *Report, err error) {
 	defer recoverAs(&err, disk+": image partition")
+	o.Upgradable = osslots.Upgradable
 	sealed, err := seal.Verify(ctx, disk, o)
 	var damaged *seal.VerifyError
 	if errors.As(err, &damaged) {
@@ -110,6 +111,16 @@ func Verify(ctx context.Context, disk string, o VerifyOptions, p progress.Report
 	if err != nil {
 		return nil, err
 	}
+	// What upgrades rewrote, by what the node wrote (seal.Verify leaves it).
+	checked, unchecked, err := osslots.CheckBooted(ctx, disk, rep.Layout, sealed.Rewritten)
+	var booted *osslots.BootedError
+	if errors.As(err, &booted) {
+		return nil, fmt.Errorf("%s failed verification; the disk is damaged or was modified: rebuild or reflash it:\n  %w", disk, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	sealed.Checked, sealed.Unchecked = append(sealed.Checked, checked...), append(sealed.Unchecked, unchecked...)
 	rep.Verified = sealed
 	if rep.Contents == nil {
 		return rep, fmt.Errorf("%s has no %s partition: nothing to verify", disk, contract.PartitionName)

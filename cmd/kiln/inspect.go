@@ -106,7 +106,7 @@ func newVerifyCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&o.Booted, "booted", false, "the disk has booted on a node: skip boot, root and the GPT headers, which the node changes")
+	cmd.Flags().BoolVar(&o.Booted, "booted", false, "the disk has booted on a node: skip boot, root and the GPT headers, which the node changes; check the OS slots and ESP an upgrade rewrote by what the node wrote (dm-verity against each boot entry's root hash)")
 	cmd.Flags().StringArrayVar(&keys, "key", nil, "public key a bundle must be signed with (NAME.pub; repeatable)")
 	return cmd
 }

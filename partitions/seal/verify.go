@@ -22,6 +22,11 @@ type VerifyOptions struct {
 	// PartitionName is the partition kiln added, whose end holds the seal
 	// (default contract.PartitionName; a reflash stick's is its payload).
 	PartitionName string
+	// Upgradable says which partitions a node's upgrades rewrite (an A/B
+	// disk's ESP and OS slots). On a booted disk, one whose bytes differ
+	// from the build's goes to Report.Rewritten, for the caller to check
+	// by what the node wrote, instead of failing.
+	Upgradable func(gpt.Partition) bool
 }
 
 // Report is what Verify checked and what it could not.
@@ -29,6 +34,9 @@ type Report struct {
 	Seal      *Seal
 	Checked   []string // parts checked, in order
 	Unchecked []string // part: why not
+	// Rewritten are the upgradable partitions (VerifyOptions.Upgradable)
+	// of a booted disk that differ from the build's: not checked here.
+	Rewritten []gpt.Partition
 }
 
 // VerifyError names the part of the disk that failed.
@@ -273,12 +281,16 @@ func (v *verification) checkPartitions(ctx context.Context) error {
 		if err != nil {
 			return &VerifyError{part, err}
 		}
+		if d != sp.Digest && v.o.Booted && v.o.Upgradable != nil && v.o.Upgradable(p) {
+			v.rep.Rewritten = append(v.rep.Rewritten, p)
+			continue
+		}
 		if d != sp.Digest {
 			hint := ""
-			if sp.Name == bootconfig.Partition || sp.Name == "root" {
+			if sp.Name == bootconfig.Partition || sp.Name == "root" || (v.o.Upgradable != nil && v.o.Upgradable(p)) {
 				hint = " (if this disk has booted, run kiln verify --booted)"
 			}
-			return &VerifyError{part, fmt.Errorf("differs from what the build wrote: sha256 %s, built %s%s", d, sp.Digest, hint)}
+			return &VerifyError{part, fmt.Errorf("differs from what the build wrote: %s, built %s%s", d, sp.Digest, hint)}
 		}
 		v.rep.Checked = append(v.rep.Checked, part)
 	}

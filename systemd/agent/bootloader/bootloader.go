@@ -234,15 +234,11 @@ func Read(esp string, n bootentry.Name) (*bootentry.Entry, error) {
 	return bootentry.Decode(n.String(), f)
 }
 
-// BootFileDir holds, on the ESP, the kernels and initramfs images the node
-// copies for the releases it installs, each named by its sha256: two
-// releases booting the same file share it, and a name always means the same
-// bytes.
-const BootFileDir = "kiln/sha256"
+// BootFileDir: see bootentry.FileDir.
+const BootFileDir = bootentry.FileDir
 
-// BootFilePath is the ESP path (as an entry names it) of the boot file with
-// digest d ("sha256:HEX").
-func BootFilePath(d string) string { return "/" + BootFileDir + "/" + strings.TrimPrefix(d, "sha256:") }
+// BootFilePath: see bootentry.FilePath.
+func BootFilePath(d string) string { return bootentry.FilePath(d) }
 
 // espPath is where an entry's path p is on the ESP mounted at esp: p is
 // cleaned as a rooted path first, so a ".." in it stays inside the ESP.

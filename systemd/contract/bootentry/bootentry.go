@@ -27,6 +27,16 @@ import (
 // Dir is where entries live, relative to the ESP's root.
 const Dir = "loader/entries"
 
+// FileDir holds, on the ESP, the kernels and initramfs images the node
+// copies for the releases it installs, each named by its sha256: two
+// releases booting the same file share it, a name always means the same
+// bytes, and `kiln verify --booted` checks each against its name.
+const FileDir = "kiln/sha256"
+
+// FilePath is the ESP path (as an entry names it) of the boot file with
+// digest d ("sha256:HEX").
+func FilePath(d string) string { return "/" + FileDir + "/" + strings.TrimPrefix(d, "sha256:") }
+
 // Suffix ends every entry's file name.
 const Suffix = ".conf"
 
