@@ -623,12 +623,24 @@ func buildKilnBinary(t *testing.T, dir string) string {
 	if msg, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/kiln: %v\n%s", err, msg)
 	}
-	cmd = exec.Command("go", "build", "-tags", "containers_image_openpgp,exclude_graphdriver_btrfs,nodeonly", "-ldflags=-s -w",
-		"-o", filepath.Join(dir, "kiln-agent"), "./cmd/kiln")
+	buildAgent(t, filepath.Join(dir, "kiln-agent"), "")
+	return out
+}
+
+// buildAgent builds the node's edition of kiln at out, stamped with
+// version when it is not "" (kiln --version then says it): a release's own
+// agent, which its stick carries.
+func buildAgent(t *testing.T, out, version string) string {
+	t.Helper()
+	ldflags := "-s -w"
+	if version != "" {
+		ldflags += " -X github.com/kiln-appliance/kiln/internal/version.version=" + version
+	}
+	cmd := exec.Command("go", "build", "-tags", "containers_image_openpgp,exclude_graphdriver_btrfs,nodeonly", "-ldflags="+ldflags, "-o", out, "./cmd/kiln")
 	cmd.Dir = repo.Root()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if msg, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build -tags nodeonly ./cmd/kiln: %v\n%s", err, msg)
+		t.Fatalf("go build -tags nodeonly ./cmd/kiln %s: %v\n%s", version, err, msg)
 	}
 	return out
 }

@@ -229,6 +229,12 @@ type upgradeOptions struct {
 	bases    map[string]string
 	// script fills in the scenario script's own @…@ values.
 	script map[string]string
+	// from names the release whose stick a release's stick is a delta from
+	// (default: the release before it).
+	from map[string]string
+	// agents gives a release a kiln-agent of its own, stamped with this
+	// version (default: the factory build's, beside kiln).
+	agents map[string]string
 }
 
 func (o upgradeOptions) preloadMode() string {
@@ -319,7 +325,14 @@ func newUpgradeSet(t *testing.T, checkScript string, options ...upgradeOptions) 
 	// signed by a key the release before it trusts.
 	from := set.disk
 	for _, r := range rels[1:] {
-		set.bundle(t, r.version, r.version, "--key", filepath.Join(dir, r.key+".key"), "--from", from)
+		if v, ok := h.from[r.version]; ok {
+			from = set.sticks[v]
+		}
+		args := []string{"--key", filepath.Join(dir, r.key+".key"), "--from", from}
+		if v, ok := h.agents[r.version]; ok {
+			args = append(args, "--agent", buildAgent(t, filepath.Join(dir, "kiln-agent-"+v), v))
+		}
+		set.bundle(t, r.version, r.version, args...)
 		from = set.sticks[r.version]
 	}
 	t.Logf("kiln build of 1.0.0 and bundles of the later releases took %s", time.Since(start).Round(time.Second))

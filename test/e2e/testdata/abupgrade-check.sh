@@ -1,25 +1,22 @@
 #!/bin/bash
 # The whole-appliance upgrade scenario (abupgrade_test.go, issue 23), on
 # every boot that reaches userspace of one machine built on the A/B base:
-#   boot 1: factory 1.0 (OS 1.0 in slot a)   -> plug 1.1 (a delta with OS 1.1)
-#   boot 2: 1.1 booted from its entry (slot b), tried, confirmed, blessed
+#   boot 1: factory 1.0 (OS 1.0 in slot a)   -> plug 1.1 (a delta with OS 1.1 and its own agent)
+#   boot 2: 1.1 booted from its entry (slot b), its agent, tried, confirmed, blessed
 #                                             -> plug 1.2 (its initramfs cannot boot)
 #   (1.2's three tries panic; systemd-boot falls back to 1.1's entry)
-#   boot 3: 1.1 again, by itself: the state rolled 1.2 back, its entry gone -> power off
+#   boot 3: 1.1 again, by itself: the state rolled 1.2 back, its entry gone
+#                                             -> plug 1.3 (OS 1.0 into slot a, its own agent, a workload image it lacks)
+#   boot 4: 1.3 booted from slot a with its agent; its health check fails: rolled back, reboot
+#   boot 5: 1.1 again, with 1.1's agent, 1.3's entry gone -> power off
 # Checks print "KILN-E2E: bN-<check> PASS|FAIL", the state "KILN-E2E-STATUS: n=N {json}".
 #@LIB@
 #@UPGRADE_LIB@
 USRA=@USR_A@; USRB=@USR_B@ # PARTUUIDs
-booted_entry() { cat /sys/firmware/efi/efivars/LoaderEntrySelected-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f 2>/dev/null | tail -c +5 | tr -d '\0'; }
 entries() { ls /efi/loader/entries | xargs; }
-os_version() { sed -n 's/^VERSION_ID=//p' /usr/lib/os-release | tr -d '"'; }
-usr_data() { lsblk -dno PARTUUID "$(veritysetup status usr | sed -n 's/^ *data device: *//p')"; }
-# booted ENTRY VERSION PARTUUID: this boot came from ENTRY, /usr is OS
-# VERSION from that partition, verified.
-booted() {
-    if [ "$(booted_entry)" = "$1" ]; then pass booted-entry "$1"; else fail booted-entry "$(booted_entry), want $1"; fi
-    if [ "$(os_version)" = "$2" ]; then pass os-release "VERSION_ID=$2"; else fail os-release "$(os_version), want $2"; fi
-    if [ "$(usr_data)" = "$3" ] && veritysetup status usr | grep -q 'status: *verified'; then pass usr-slot "$3"; else fail usr-slot "$(usr_data), want $3"; fi
+# agent_is VERSION: the agent every unit runs is the booted release's.
+agent_is() {
+    if [ "$("$AGENT" --version | head -n 1)" = "kiln-agent $1" ]; then pass agent "$("$AGENT" --version | head -n 1)"; else fail agent "$("$AGENT" --version 2>&1 | head -n 1), want $1"; fi
 }
 blessed() {
     if wait_for 120 sh -c '/usr/lib/systemd/systemd-bless-boot status | grep -qx good'; then pass blessed "$(entries)"; else fail blessed "$(/usr/lib/systemd/systemd-bless-boot status 2>&1 | oneline) $(entries)"; fi
@@ -35,6 +32,7 @@ case $n in
 2)
     settled 1.1.0
     booted kiln-1.1.0+3.conf 1.1 "$USRB"
+    agent_is 1.1.0-e2e
     if command -v jq >/dev/null; then pass os-1.1-package "$(command -v jq)"; else fail os-1.1-package "no jq in 1.1's /usr"; fi
     if "$AGENT" agent status | grep -q '^booted: *kiln-1.1.0 (release 1.1.0, slot b)'; then pass status-booted; else fail status-booted "$("$AGENT" agent status | oneline)"; fi
     blessed
@@ -52,6 +50,34 @@ case $n in
         fail rolled-back "$("$AGENT" agent status | oneline)"
     fi
     if journalctl -b 0 -q --no-pager -u kiln-release-begin.service | grep -q 'kiln: release 1.2.0 never reached boot-complete'; then pass begin-said-so; else fail begin-said-so "$(journalctl -b 0 -q --no-pager -u kiln-release-begin.service | tail -n 3 | oneline)"; fi
+    if [ "$(entries)" = "kiln-1.1.0.conf" ]; then pass entries "$(entries)"; else fail entries "$(entries)"; fi
+    agent_is 1.1.0-e2e
+    workload 1.1.0
+    show_status
+    plug 1.3.0
+    ;;
+4)
+    # Tried: slot a now holds 1.0's OS again, under 1.3's entry and agent.
+    booted kiln-1.3.0+3.conf 12 "$USRA"
+    agent_is 1.3.0-e2e
+    if status_is trying 1\\.3\\.0; then pass trying "1.3.0"; else fail trying "$("$AGENT" agent status | oneline)"; fi
+    # Its workload names an image it does not carry: the health check fails,
+    # rolls 1.3 back, removes its entry, and its FailureAction reboots (this
+    # script is stopped then): boot 5 checks the result.
+    echo "kiln-e2e: waiting for the health check to roll 1.3.0 back and reboot"
+    sleep 600
+    fail rollback-reboot "no reboot 600 s after 1.3.0 was tried: $("$AGENT" agent status | oneline)"
+    shutdown_now poweroff
+    ;;
+5)
+    settled 1.1.0
+    booted kiln-1.1.0.conf 1.1 "$USRB"
+    agent_is 1.1.0-e2e
+    if "$AGENT" agent status | grep -qE '^last: +rollback 1\.3\.0 FAILED: '; then
+        pass rolled-back "$("$AGENT" agent status | grep '^last:' | oneline)"
+    else
+        fail rolled-back "$("$AGENT" agent status | oneline)"
+    fi
     if [ "$(entries)" = "kiln-1.1.0.conf" ]; then pass entries "$(entries)"; else fail entries "$(entries)"; fi
     workload 1.1.0
     show_status

@@ -100,8 +100,14 @@ refused() {
 # otherwise), wait until VERSION is staged and the stick pulled out, reboot
 # into it.
 plug() {
+    echo "kiln-e2e: plug ${2:-$1}"
+    staged_reboot "$1"
+}
+
+# staged_reboot VERSION: wait until the stick in the node has VERSION
+# staged and is pulled out, reboot into it.
+staged_reboot() {
     local v=$1
-    echo "kiln-e2e: plug ${2:-$v}"
     if wait_for 600 status_is staged "${v//./\\.}"; then pass staged "$v"; else fail staged "$v not staged after 600 s"; diag "kiln-import@vdb1.service"; fi
     if wait_for 180 test ! -e /sys/block/vdb; then pass stick-removed; else fail stick-removed "vdb still there after 180 s"; fi
     show_status
@@ -113,4 +119,16 @@ plug() {
     echo "kiln-e2e: rebooting to try $v"
     shutdown_now reboot
     exit 0
+}
+
+# On a node whose OS is in A/B slots (issue 23):
+booted_entry() { cat /sys/firmware/efi/efivars/LoaderEntrySelected-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f 2>/dev/null | tail -c +5 | tr -d '\0'; }
+os_version() { sed -n 's/^VERSION_ID=//p' /usr/lib/os-release | tr -d '"'; }
+usr_data() { lsblk -dno PARTUUID "$(veritysetup status usr | sed -n 's/^ *data device: *//p')"; }
+# booted ENTRY VERSION PARTUUID: this boot came from ENTRY, /usr is OS
+# VERSION from that partition, verified.
+booted() {
+    if [ "$(booted_entry)" = "$1" ]; then pass booted-entry "$1"; else fail booted-entry "$(booted_entry), want $1"; fi
+    if [ "$(os_version)" = "$2" ]; then pass os-release "VERSION_ID=$2"; else fail os-release "$(os_version), want $2"; fi
+    if [ "$(usr_data)" = "$3" ] && veritysetup status usr | grep -q 'status: *verified'; then pass usr-slot "$3"; else fail usr-slot "$(usr_data), want $3"; fi
 }
