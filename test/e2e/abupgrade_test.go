@@ -45,6 +45,8 @@ func TestABUpgrade(t *testing.T) {
 		{"1.3.0", []string{pauseRef, toolsRef}, appRepo + ":1.3", []string{"factory"}, "factory"},
 	}
 	base11 := fixture.ABBaseRelease(t, fixture.ABRelease11).Path
+	checkABLayout(t, base11)
+	requireSamePartitions(t, base11, ab.Path) // what a 1.0 node's slots must take
 	set := newUpgradeSet(t, abUpgradeCheck, upgradeOptions{releases: rels,
 		bases: map[string]string{
 			"1.0.0": ab.Path,

@@ -33,7 +33,7 @@ case $n in
     settled 1.1.0
     booted kiln-1.1.0+3.conf 1.1 "$USRB"
     agent_is 1.1.0-e2e
-    if command -v jq >/dev/null; then pass os-1.1-package "$(command -v jq)"; else fail os-1.1-package "no jq in 1.1's /usr"; fi
+    if [ "$(echo '{"n":[1,2]}' | jq -c '.n|add' 2>&1)" = 3 ]; then pass os-1.1-package "$(jq --version) $(command -v jq) on $(findmnt -no SOURCE -T "$(command -v jq)")"; else fail os-1.1-package "jq in 1.1's /usr: $(command -v jq || echo none)"; fi
     if "$AGENT" agent status | grep -q '^booted: *kiln-1.1.0 (release 1.1.0, slot b)'; then pass status-booted; else fail status-booted "$("$AGENT" agent status | oneline)"; fi
     blessed
     if [ "$(entries)" = "kiln-1.0.conf kiln-1.1.0.conf" ]; then pass entries "$(entries)"; else fail entries "$(entries)"; fi
