@@ -154,7 +154,7 @@ func TestVerifyBootedSlots(t *testing.T) {
 		without []string
 	}{
 		{name: "upgraded", booted: true, want: []string{
-			"ok           partition 6 (usr-b) and 7 (usr-b-verity): every block through dm-verity (root hash @H11@, as entry kiln-1.1.0 (release 1.1.0) boots it)",
+			"ok           partition 6 (usr-b) and 7 (usr-b-verity): every block through dm-verity (root hash @H11@, as entry kiln-1.1.0 (version 1.1.0) boots it)",
 			"ok           partition 2 (EFI-SYSTEM): boot loader entries kiln-1.0, kiln-1.1.0, and the 2 kernel and initramfs files they name under /kiln/sha256, each against the sha256 it is named by",
 			"ok           partition 4 (usr-a)",
 			"not checked  partition 2 (EFI-SYSTEM): its other files",
@@ -164,11 +164,11 @@ func TestVerifyBootedSlots(t *testing.T) {
 			"differs from what the build wrote", "(if this disk has booted, run kiln verify --booted)",
 		}},
 		{name: "slot-block-flipped", booted: true, code: 1, damage: func(t *testing.T, d *upgradedDisk) { d.flip(t, "usr-b", 4096*3+17) },
-			want: []string{"partition 6 (usr-b) and 7 (usr-b-verity): fails dm-verity against root hash @H11@, with which entry kiln-1.1.0 (release 1.1.0) boots it"}},
+			want: []string{"partition 6 (usr-b) and 7 (usr-b-verity): fails dm-verity against root hash @H11@, with which entry kiln-1.1.0 (version 1.1.0) boots it"}},
 		{name: "hash-tree-flipped", booted: true, code: 1, damage: func(t *testing.T, d *upgradedDisk) { d.flip(t, "usr-b-verity", 4096+5) },
 			want: []string{"partition 6 (usr-b) and 7 (usr-b-verity): fails dm-verity"}},
 		{name: "factory-slot-flipped", booted: true, code: 1, damage: func(t *testing.T, d *upgradedDisk) { d.flip(t, "usr-a", 4096*2) },
-			want: []string{"partition 4 (usr-a) and 5 (usr-a-verity): fails dm-verity", "entry kiln-1.0 (release 1.0) boots it"}},
+			want: []string{"partition 4 (usr-a) and 5 (usr-a-verity): fails dm-verity", "entry kiln-1.0 (version 1.0) boots it"}},
 		{name: "boot-file-damaged", booted: true, code: 1, damage: func(t *testing.T, d *upgradedDisk) {
 			esp, _ := d.layout.Find("EFI-SYSTEM")
 			cmd := exec.Command("mdir", "-b", "-i", fmt.Sprintf("%s@@%d", d.path, esp.Offset), "::/kiln/sha256")
@@ -191,6 +191,22 @@ func TestVerifyBootedSlots(t *testing.T) {
 			"not checked  partition 6 (usr-b) and 7 (usr-b-verity): no boot loader entry boots this slot",
 			": OK, except what is not checked above",
 		}, without: []string{"kiln-1.1.0"}},
+		{name: "factory-slot-rewritten-in-part", booted: true, damage: func(t *testing.T, d *upgradedDisk) {
+			// As an import into slot a leaves it before its entry exists:
+			// usr-a's bytes changed, its hash partition as built.
+			p, _ := d.layout.Find("usr-a")
+			d.flip(t, "usr-a", p.Size-1)
+			esp, _ := d.layout.Find("EFI-SYSTEM")
+			cmd := exec.Command("mdel", "-i", fmt.Sprintf("%s@@%d", d.path, esp.Offset), "::/"+bootentry.Dir+"/kiln-1.0.conf")
+			cmd.Env = append(os.Environ(), "MTOOLS_SKIP_CHECK=1")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+		}, want: []string{
+			"not checked  partition 4 (usr-a): no boot loader entry boots this slot",
+			"ok           partition 5 (usr-a-verity)\n",
+			"ok           partition 6 (usr-b) and 7 (usr-b-verity): every block through dm-verity",
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := upgradeOnHost(t, disk10, ab11)

@@ -92,7 +92,7 @@ func CheckBooted(ctx context.Context, path string, l *gpt.Layout, changed []gpt.
 			if !isChanged(*usr) && !isChanged(*hash) {
 				continue
 			}
-			c, u, err := checkSlot(ctx, path, *usr, *hash, entries)
+			c, u, err := checkSlot(ctx, path, *usr, *hash, isChanged, entries)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -111,8 +111,9 @@ func CheckBooted(ctx context.Context, path string, l *gpt.Layout, changed []gpt.
 }
 
 // checkSlot checks the slot usr (hash tree in hash) against the root hash
-// of the entries that boot it.
-func checkSlot(ctx context.Context, disk string, usr, hash gpt.Partition, entries []*bootentry.Entry) (checked, unchecked []string, err error) {
+// of the entries that boot it; a slot no entry boots is reported by the
+// partitions of it that changed (the seal checked the others).
+func checkSlot(ctx context.Context, disk string, usr, hash gpt.Partition, changed func(gpt.Partition) bool, entries []*bootentry.Entry) (checked, unchecked []string, err error) {
 	part := fmt.Sprintf("%s and %d (%s)", partName(usr), hash.Number, hash.Name)
 	var boots []*bootentry.Entry
 	var rootHash string
@@ -134,7 +135,14 @@ func checkSlot(ctx context.Context, disk string, usr, hash gpt.Partition, entrie
 		boots = append(boots, e)
 	}
 	if len(boots) == 0 {
-		return nil, []string{part + ": no boot loader entry boots this slot (an upgrade wrote it, or began to): the boot loader never boots it as it is"}, nil
+		which := part
+		switch {
+		case !changed(hash):
+			which = partName(usr)
+		case !changed(usr):
+			which = partName(hash)
+		}
+		return nil, []string{which + ": no boot loader entry boots this slot (an upgrade wrote it, or began to): the boot loader never boots it as it is"}, nil
 	}
 	f, err := os.Open(disk)
 	if err != nil {
@@ -147,13 +155,14 @@ func checkSlot(ctx context.Context, disk string, usr, hash gpt.Partition, entrie
 	return []string{fmt.Sprintf("%s: every block through dm-verity (root hash %s, as %s boots it)", part, rootHash, entryNames(boots))}, nil, nil
 }
 
-// entryNames is "entry kiln-1.1.0 (release 1.1.0)" for each entry.
+// entryNames is "entry kiln-1.1.0 (version 1.1)" for each entry: the
+// entry's own version line, which is the OS's (the vendor's base entry's).
 func entryNames(es []*bootentry.Entry) string {
 	var s []string
 	for _, e := range es {
 		n := "entry " + e.ID
 		if e.Version != "" {
-			n += " (release " + e.Version + ")"
+			n += " (version " + e.Version + ")"
 		}
 		s = append(s, n)
 	}

@@ -16,7 +16,7 @@ USRA=@USR_A@; USRB=@USR_B@ # PARTUUIDs
 entries() { ls /efi/loader/entries | xargs; }
 # agent_is VERSION: the agent every unit runs is the booted release's.
 agent_is() {
-    if [ "$("$AGENT" --version | head -n 1)" = "kiln-agent $1" ]; then pass agent "$("$AGENT" --version | head -n 1)"; else fail agent "$("$AGENT" --version 2>&1 | head -n 1), want $1"; fi
+    if [ "$("$AGENT" --version | head -n 1)" = "kiln-agent $1" ]; then pass agent-version "$("$AGENT" --version | head -n 1)"; else fail agent-version "$("$AGENT" --version 2>&1 | head -n 1), want $1"; fi
 }
 blessed() {
     if wait_for 120 sh -c '/usr/lib/systemd/systemd-bless-boot status | grep -qx good'; then pass blessed "$(entries)"; else fail blessed "$(/usr/lib/systemd/systemd-bless-boot status 2>&1 | oneline) $(entries)"; fi
