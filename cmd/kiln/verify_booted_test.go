@@ -103,6 +103,17 @@ func (d *upgradedDisk) espPut(t *testing.T, p string, b []byte) {
 	}
 }
 
+// espDel removes the file at path p of the disk's ESP (mtools).
+func (d *upgradedDisk) espDel(t *testing.T, p string) {
+	t.Helper()
+	esp, _ := d.layout.Find("EFI-SYSTEM")
+	cmd := exec.Command("mdel", "-i", fmt.Sprintf("%s@@%d", d.path, esp.Offset), "::"+p)
+	cmd.Env = append(os.Environ(), "MTOOLS_SKIP_CHECK=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", cmd, err, out)
+	}
+}
+
 // flip inverts one byte at off of partition name.
 func (d *upgradedDisk) flip(t *testing.T, name string, off int64) {
 	t.Helper()
@@ -181,12 +192,7 @@ func TestVerifyBootedSlots(t *testing.T) {
 			d.espPut(t, strings.TrimPrefix(first, "::"), []byte("not the kernel"))
 		}, want: []string{"partition 2 (EFI-SYSTEM): /kiln/sha256/", "holds bytes whose sha256 is"}},
 		{name: "slot-written-not-booted", booted: true, damage: func(t *testing.T, d *upgradedDisk) {
-			esp, _ := d.layout.Find("EFI-SYSTEM")
-			cmd := exec.Command("mdel", "-i", fmt.Sprintf("%s@@%d", d.path, esp.Offset), "::/"+bootentry.Dir+"/kiln-1.1.0.conf")
-			cmd.Env = append(os.Environ(), "MTOOLS_SKIP_CHECK=1")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				t.Fatalf("%v: %s", err, out)
-			}
+			d.espDel(t, "/"+bootentry.Dir+"/kiln-1.1.0.conf")
 		}, want: []string{
 			"not checked  partition 6 (usr-b) and 7 (usr-b-verity): no boot loader entry boots this slot",
 			": OK, except what is not checked above",
@@ -196,12 +202,7 @@ func TestVerifyBootedSlots(t *testing.T) {
 			// usr-a's bytes changed, its hash partition as built.
 			p, _ := d.layout.Find("usr-a")
 			d.flip(t, "usr-a", p.Size-1)
-			esp, _ := d.layout.Find("EFI-SYSTEM")
-			cmd := exec.Command("mdel", "-i", fmt.Sprintf("%s@@%d", d.path, esp.Offset), "::/"+bootentry.Dir+"/kiln-1.0.conf")
-			cmd.Env = append(os.Environ(), "MTOOLS_SKIP_CHECK=1")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				t.Fatalf("%v: %s", err, out)
-			}
+			d.espDel(t, "/"+bootentry.Dir+"/kiln-1.0.conf")
 		}, want: []string{
 			"not checked  partition 4 (usr-a): no boot loader entry boots this slot",
 			"ok           partition 5 (usr-a-verity)\n",
