@@ -80,7 +80,9 @@ func TestABUpgrade(t *testing.T) {
 	for _, name := range []string{
 		"b1-current", "b1-booted-entry", "b1-os-release", "b1-usr-slot", "b1-staged", "b1-stick-removed",
 		"b2-current", "b2-booted-entry", "b2-os-release", "b2-usr-slot", "b2-os-1.1-package", "b2-status-booted", "b2-blessed", "b2-entries", "b2-cri-workload", "b2-staged",
-		"b2-agent-version",
+		"b2-agent-version", "b2-etc-var-kept", "b2-app-1.1-pinned", "b2-app-1.0-pinned",
+		"b3-etc-var-kept", "b3-app-1.1-pinned", "b3-app-1.0-unpinned",
+		"b5-etc-var-kept", "b5-app-1.1-pinned",
 		"b3-current", "b3-booted-entry", "b3-os-release", "b3-usr-slot", "b3-rolled-back", "b3-begin-said-so", "b3-entries", "b3-agent-version", "b3-cri-workload", "b3-staged",
 		"b4-booted-entry", "b4-os-release", "b4-usr-slot", "b4-agent-version", "b4-trying",
 		"b5-current", "b5-booted-entry", "b5-os-release", "b5-usr-slot", "b5-agent-version", "b5-rolled-back", "b5-entries", "b5-cri-workload",

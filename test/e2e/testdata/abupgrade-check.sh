@@ -18,6 +18,14 @@ entries() { ls /efi/loader/entries | xargs; }
 agent_is() {
     if [ "$("$AGENT" --version | head -n 1)" = "kiln-agent $1" ]; then pass agent-version "$("$AGENT" --version | head -n 1)"; else fail agent-version "$("$AGENT" --version 2>&1 | head -n 1), want $1"; fi
 }
+# What 1.0's first boot wrote under /etc and /var survives every upgrade and
+# rollback (the OS slots hold /usr only).
+MARKERS="/etc/kiln-e2e-written-on-1.0 /var/lib/kiln-e2e-written-on-1.0"
+kept() {
+    local f bad=
+    for f in $MARKERS; do [ "$(cat "$f" 2>/dev/null)" = "written by 1.0's first boot" ] || bad="$bad $f"; done
+    if [ -z "$bad" ]; then pass etc-var-kept "$MARKERS"; else fail etc-var-kept "changed or gone:$bad"; fi
+}
 blessed() {
     if wait_for 120 sh -c '/usr/lib/systemd/systemd-bless-boot status | grep -qx good'; then pass blessed "$(entries)"; else fail blessed "$(/usr/lib/systemd/systemd-bless-boot status 2>&1 | oneline) $(entries)"; fi
 }
@@ -26,6 +34,8 @@ case $n in
     settled 1.0.0
     booted ignition-firstboot.conf 12 "$USRA" # the first boot (Ignition); the A/B base 1.0 keeps Debian's VERSION_ID
     workload 1.0.0
+    for f in $MARKERS; do echo "written by 1.0's first boot" >"$f"; done
+    sync
     show_status
     plug 1.1.0
     ;;
@@ -37,7 +47,10 @@ case $n in
     if "$AGENT" agent status | grep -q '^booted: *kiln-1.1.0 (release 1.1.0, slot b)'; then pass status-booted; else fail status-booted "$("$AGENT" agent status | oneline)"; fi
     blessed
     if [ "$(entries)" = "kiln-1.0.conf kiln-1.1.0.conf" ]; then pass entries "$(entries)"; else fail entries "$(entries)"; fi
+    kept
     workload 1.1.0
+    pinned app-1.1-pinned 1.1.0 true
+    pinned app-1.0-pinned 1.0.0 true
     show_status
     plug 1.2.0
     ;;
@@ -52,7 +65,12 @@ case $n in
     if journalctl -b 0 -q --no-pager -u kiln-release-begin.service | grep -q 'kiln: release 1.2.0 never reached boot-complete'; then pass begin-said-so; else fail begin-said-so "$(journalctl -b 0 -q --no-pager -u kiln-release-begin.service | tail -n 3 | oneline)"; fi
     if [ "$(entries)" = "kiln-1.1.0.conf" ]; then pass entries "$(entries)"; else fail entries "$(entries)"; fi
     agent_is 1.1.0-e2e
+    kept
     workload 1.1.0
+    # 1.2's import wrote 1.0's slot: 1.0 is no longer kept, so no longer pinned
+    # (its image stays on the read-only image partition).
+    pinned app-1.1-pinned 1.1.0 true
+    pinned app-1.0-unpinned 1.0.0 false
     show_status
     plug 1.3.0
     ;;
@@ -79,7 +97,9 @@ case $n in
         fail rolled-back "$("$AGENT" agent status | oneline)"
     fi
     if [ "$(entries)" = "kiln-1.1.0.conf" ]; then pass entries "$(entries)"; else fail entries "$(entries)"; fi
+    kept
     workload 1.1.0
+    pinned app-1.1-pinned 1.1.0 true
     show_status
     shutdown_now poweroff
     ;;
