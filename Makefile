@@ -113,8 +113,12 @@ fuzz:
 # own slots (vm.Schedule) start the longest scenarios first, so Go's
 # -parallel only has to let them all ask (docs/e2e.md). The timeout leaves
 # CI's 90 min room for the phases before (about 6 min on the CI machine).
+# The fixtures (base OS disks, CRI-O, the kubelet) are built first, on their
+# own, into the machine-wide cache ($$KILN_E2E_CACHE, else /var/cache/kiln-e2e),
+# so the time table the tests print at the end is the scenarios' alone.
 E2E_PARALLEL ?= 3
 e2e: deps-e2e build
+	$(GO) run $(GOFLAGS) ./test/e2e/fixture/prebuild
 	KILN_E2E_MACHINES=$(E2E_PARALLEL) $(GO) test -tags=$(TAGS),e2e -trimpath -count=1 -timeout 83m -parallel 64 -v ./test/e2e/...
 
 clean:

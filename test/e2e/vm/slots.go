@@ -27,11 +27,13 @@ type slots struct {
 	opens   time.Time // no slot is handed out before: see gather
 	waiting []*waiter // longest first
 	holders map[string]bool
+	freedBy []string // who gave back the free slots, for the time table
 }
 
 type waiter struct {
 	expected time.Duration
 	ready    chan struct{}
+	from     string // the test whose slot it got
 }
 
 var machines = &slots{free: machineCount(), holders: map[string]bool{}}
@@ -64,6 +66,7 @@ func Hold(t testing.TB, expected time.Duration) (release func()) {
 }
 
 func (s *slots) acquire(name string, expected time.Duration) {
+	record.asked(name)
 	w := &waiter{expected: expected, ready: make(chan struct{})}
 	s.mu.Lock()
 	if s.opens.IsZero() {
@@ -75,6 +78,7 @@ func (s *slots) acquire(name string, expected time.Duration) {
 	s.mu.Unlock()
 	s.dispatch()
 	<-w.ready
+	record.granted(name, w.from)
 	s.mu.Lock()
 	s.holders[name] = true
 	s.mu.Unlock()
@@ -84,7 +88,9 @@ func (s *slots) release(name string) {
 	s.mu.Lock()
 	delete(s.holders, name)
 	s.free++
+	s.freedBy = append(s.freedBy, name)
 	s.mu.Unlock()
+	record.ended(name)
 	s.dispatch()
 }
 
@@ -99,6 +105,9 @@ func (s *slots) dispatch() {
 		w := s.waiting[0]
 		s.waiting = s.waiting[1:]
 		s.free--
+		if n := len(s.freedBy); n > 0 {
+			w.from, s.freedBy = s.freedBy[n-1], s.freedBy[:n-1]
+		}
 		close(w.ready)
 	}
 }

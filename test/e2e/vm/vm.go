@@ -153,6 +153,7 @@ type Result struct {
 	Duration time.Duration   // QEMU start to power-off
 	lines    []string        // console lines, escape sequences removed
 	at       []time.Duration // when each line arrived, from QEMU start
+	restarts int             // the boot started again after an early kernel fault
 }
 
 // When returns how long after QEMU started the first console line holding
@@ -295,6 +296,8 @@ func Run(t testing.TB, disk string, opts ...Option) (*Result, error) {
 	}
 	res, err := run(t, disk, c)
 	if res != nil {
+		record.boot(t.Name(), bootTime{name: bootName(t.Name(), c.name), duration: res.Duration,
+			restarts: res.restarts, failed: err != nil})
 		// CI keeps only the end of the output: a failed test ends with what
 		// systemd said went wrong in this run, boot by boot.
 		t.Cleanup(func() {
@@ -399,15 +402,15 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 		var again bool
 		again, waitErr = c.runQEMU(ctx, cancel, args, qmpPath, mon, hooks, sc, console, &stderr)
 		if again && sc.stuck {
-			// The guest kernel got stuck before init ran (an emulator
-			// fault, not the appliance's: nothing on the disks has changed);
-			// twice in one run is a fault of the run.
+			// The guest kernel got stuck or panicked before init ran (an
+			// emulator fault, not the appliance's: nothing on the disks has
+			// changed); a third time in one run is a fault of the run.
 			if stuckRestarts++; stuckRestarts > 2 {
-				sc.failedOn = "soft lockup"
+				sc.failedOn = "the guest kernel " + sc.fault + " before init ran, a third time"
 				break
 			}
-			t.Logf("vm: %s: the guest kernel got stuck before init ran; QEMU starts this boot again (%d of 2)", c.name, stuckRestarts)
-			fmt.Fprintf(logFile, "# the guest kernel got stuck before init ran: qemu-system-x86_64 starts again (%s into the run)\n", time.Since(start).Round(time.Second))
+			t.Logf("vm: %s: the guest kernel %s before init ran; QEMU starts this boot again (%d of 2)", c.name, sc.fault, stuckRestarts)
+			fmt.Fprintf(logFile, "# the guest kernel %s before init ran: qemu-system-x86_64 starts again (%s into the run)\n", sc.fault, time.Since(start).Round(time.Second))
 			continue
 		}
 		if !again || waitErr != nil || ctx.Err() != nil || sc.failedOn != "" || hooks.failed() {
@@ -415,7 +418,7 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 		}
 	}
 	hookErr := hooks.stop()
-	res := &Result{Console: logPath, Duration: time.Since(start), lines: sc.lines, at: sc.at}
+	res := &Result{Console: logPath, Duration: time.Since(start), lines: sc.lines, at: sc.at, restarts: stuckRestarts}
 
 	tail := func() string {
 		return fmt.Sprintf("last console lines:\n%s\nfull console log: %s",
@@ -522,8 +525,9 @@ type scanner struct {
 	failedOn string
 
 	// The current QEMU process: whether its guest reached userspace, and
-	// whether its kernel got stuck (see stuckRE).
+	// whether its kernel got stuck or panicked before (see earlyFault).
 	userspace, stuck bool
+	fault            string // earlyFault's word for the last such fault
 	// restart ends the current QEMU process only (set per process).
 	restart func()
 }
@@ -533,6 +537,23 @@ type scanner struct {
 // once left a guest kernel spinning in its crypto self-test from its first
 // seconds (stuck for 1,568 s when the run's timeout ended it).
 var stuckRE = regexp.MustCompile(`soft lockup - CPU#\d+ stuck for (\d{4,}|[2-9]\d\d|1[2-9]\d)s!`)
+
+// earlyFault says how the guest kernel failed before init ran, if line
+// shows it did: stuck for minutes (stuckRE), or panicked where a panic is a
+// failure (failOn has "Kernel panic"). Under a loaded host TCG starved the
+// kernel's IO-APIC timer check at its first instant ("Kernel panic - not
+// syncing: IO-APIC + timer doesn't work!"); the fixture boots with
+// no_timer_check, and any other panic before init is the emulator's too:
+// nothing of the appliance has run yet.
+func earlyFault(line string, failOn []string) string {
+	switch {
+	case stuckRE.MatchString(line):
+		return "got stuck"
+	case strings.Contains(line, "Kernel panic") && slices.Contains(failOn, "Kernel panic"):
+		return "panicked"
+	}
+	return ""
+}
 
 // userspaceRE matches systemd's status lines: init has started, and the
 // guest may have written to its disks.
@@ -565,12 +586,20 @@ func (s *scanner) scan(r io.Reader, stop func()) {
 				if verbose || strings.Contains(l, CheckPrefix) {
 					s.t.Logf("%s| %s", s.name, l)
 				}
+				if _, name, ok := strings.Cut(l, CheckPrefix+" "); ok {
+					name, _, _ = strings.Cut(name, " ")
+					record.check(name)
+				}
 				s.userspace = s.userspace || userspaceRE.MatchString(l)
-				// Once init has run, a lockup is left to the run's timeout:
-				// at load 8 a starved udev worker reported 71 s, and recovered.
-				if !s.stuck && !s.userspace && s.restart != nil && stuckRE.MatchString(l) {
-					s.stuck = true
-					s.restart() // nothing has run yet: boot again
+				// Once init has run, a fault is left to the run's timeout and
+				// patterns: at load 8 a starved udev worker reported a 71 s
+				// lockup, and recovered.
+				if !s.stuck && !s.userspace && s.restart != nil {
+					if why := earlyFault(l, s.failOn); why != "" {
+						s.stuck, s.fault = true, why
+						s.restart() // nothing has run yet: boot again
+						continue
+					}
 				}
 				for _, f := range s.failOn {
 					if s.failedOn == "" && strings.Contains(l, f) {
@@ -600,6 +629,15 @@ func defaultLogDir(t testing.TB) string {
 		return filepath.Join(d, sanitize(t.Name()))
 	}
 	return filepath.Join(repo.Root(), "test", "e2e", ".cache", "logs", sanitize(t.Name()))
+}
+
+// bootName names a boot in the time table: the subtest (if any) and the
+// boot's own name.
+func bootName(test, boot string) string {
+	if _, sub, ok := strings.Cut(test, "/"); ok {
+		return sub + ":" + boot
+	}
+	return boot
 }
 
 func sanitize(s string) string {

@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -81,26 +82,35 @@ func TestWithoutFailOn(t *testing.T) {
 	}
 }
 
-// A guest kernel stuck for minutes before init ran restarts the boot; once
-// init ran, or for a lockup of tens of seconds (a starved vCPU thread), the
-// scanner does nothing (the run's timeout bounds it).
+// A guest kernel stuck for minutes, or panicked, before init ran restarts
+// the boot; once init ran, or for a lockup of tens of seconds (a starved
+// vCPU thread), the scanner does nothing about a lockup (the run's timeout
+// bounds it), and a panic fails the boot. A boot that expects a panic (no
+// "Kernel panic" among its failure patterns) is never restarted for one.
 func TestScannerStuckKernel(t *testing.T) {
 	starved := "[   32.56] watchdog: BUG: soft lockup - CPU#0 stuck for 26s! [kworker/0:1:12]\n"
 	stuck := "[  160.56] watchdog: BUG: soft lockup - CPU#0 stuck for 130s! [cryptomgr_test:51]\n" +
 		"[ 1688.56] watchdog: BUG: soft lockup - CPU#0 stuck for 1568s! [cryptomgr_test:51]\n"
+	timerPanic := "[    0.41] Kernel panic - not syncing: IO-APIC + timer doesn't work!  Boot with apic=debug\n"
+	initPanic := "kiln-e2e: this initramfs cannot boot the system\n[    4.20] Kernel panic - not syncing: Attempted to kill init!\n"
+	noPanicFail := slices.DeleteFunc(slices.Clone(DefaultFailOn), func(f string) bool { return f == "Kernel panic" })
 	for _, tt := range []struct {
 		name            string
+		failOn          []string
 		console         string
 		restarts, stops int
 		failedOn        string
 	}{
-		{"before init", "BdsDxe: starting Boot0001\n" + starved + stuck, 1, 0, ""},
-		{"after init", "[  OK  ] Reached target local-fs.target\n" + stuck, 0, 0, ""},
-		{"starved only", "BdsDxe: starting Boot0001\n" + starved + "[  OK  ] Started x.\n" + starved, 0, 0, ""},
+		{"before init", DefaultFailOn, "BdsDxe: starting Boot0001\n" + starved + stuck, 1, 0, ""},
+		{"after init", DefaultFailOn, "[  OK  ] Reached target local-fs.target\n" + stuck, 0, 0, ""},
+		{"starved only", DefaultFailOn, "BdsDxe: starting Boot0001\n" + starved + "[  OK  ] Started x.\n" + starved, 0, 0, ""},
+		{"panic before init", DefaultFailOn, "BdsDxe: starting Boot0001\n" + timerPanic, 1, 0, ""},
+		{"panic after init", DefaultFailOn, "[  OK  ] Reached target local-fs.target\n" + timerPanic, 0, 1, "Kernel panic"},
+		{"panic expected", noPanicFail, "BdsDxe: starting Boot0001\n" + initPanic, 0, 0, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			restarts, stops := 0, 0
-			s := newScanner(DefaultFailOn, t, "test")
+			s := newScanner(tt.failOn, t, "test")
 			s.restart = func() { restarts++ }
 			s.scan(strings.NewReader(tt.console), func() { stops++ })
 			if restarts != tt.restarts || stops != tt.stops || s.failedOn != tt.failedOn {

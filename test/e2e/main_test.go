@@ -1,0 +1,59 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kiln-appliance/kiln/test/e2e/repo"
+	"github.com/kiln-appliance/kiln/test/e2e/vm"
+)
+
+// minCheckNames is how many distinct KILN-E2E check names a full run's
+// guests reported when it was last raised: a full run that reports fewer
+// has dropped a check. A check that moves to another scenario keeps its
+// name; one that is removed for good lowers this number in the same
+// commit, saying why (docs/e2e.md).
+const minCheckNames = 0
+
+// TestMain prints the run's time table (and keeps it beside the console
+// logs), and fails a full run whose guests reported fewer distinct checks
+// than minCheckNames.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	code := m.Run()
+	var table strings.Builder
+	vm.WriteReport(&table)
+	fmt.Print(table.String())
+	logs := os.Getenv("KILN_E2E_LOGS")
+	if logs == "" {
+		logs = filepath.Join(repo.Root(), "test", "e2e", ".cache", "logs")
+	}
+	if err := os.MkdirAll(logs, 0o755); err == nil {
+		os.WriteFile(filepath.Join(logs, "time-table.txt"), []byte(table.String()), 0o644)
+		os.WriteFile(filepath.Join(logs, "check-names.txt"), []byte(strings.Join(vm.CheckNames(), "\n")+"\n"), 0o644)
+	}
+	if full() {
+		if n := len(vm.CheckNames()); n < minCheckNames {
+			fmt.Printf("FAIL: the guests reported %d distinct check names, fewer than the %d of the last full run: a check was dropped (see %s)\n",
+				n, minCheckNames, filepath.Join(logs, "check-names.txt"))
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// full says whether this run runs every test (no -run, -skip or -short).
+func full() bool {
+	for _, name := range []string{"test.run", "test.skip"} {
+		if f := flag.Lookup(name); f != nil && f.Value.String() != "" {
+			return false
+		}
+	}
+	return !testing.Short()
+}
