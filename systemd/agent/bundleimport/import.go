@@ -210,7 +210,7 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 	}, retry...)
 	switch {
 	case errors.Is(err, release.ErrFailedBefore): // recorded since the check above
-		return nil, refused(source, fmt.Errorf("%w; %s", err, retryHint(m.Version, source)))
+		return nil, fmt.Errorf("bundle %s refused: %w; %s; nothing was staged", source, err, retryHint(m.Version, source))
 	case errors.Is(err, slotwrite.ErrDamaged) || errors.Is(err, bootloader.ErrDamaged):
 		return nil, fmt.Errorf("bundle %s refused: %w; nothing was staged, the inactive slot has no boot entry and the node stays on release %s", source, err, self.current.Version)
 	case err != nil:
