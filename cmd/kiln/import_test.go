@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -293,7 +294,34 @@ func TestImport(t *testing.T) {
 		if s := n.state(t); s.Current.Version != "1.0.0" || s.Trying != nil || s.Last == nil || s.Last.OK {
 			t.Errorf("after the failed check: %+v", s)
 		}
-		n.mustKiln(t, rs, "agent", "import", b12) // the same release may be staged again
+		// The same stick again (plugged in, or left in at boot): refused,
+		// saying when and why it failed and how to retry it; nothing changed.
+		before := n.snapshot(t)
+		out, code = n.kiln(t, rs, "agent", "import", b12)
+		for _, want := range []string{"bundle " + b12 + " refused: release 1.2.0 failed on this node before: rolled back on ",
+			" UTC: health check: after 1s command sh -c echo app not ready; exit 1 failed (exit status 1): app not ready; ",
+			"send this line to the factory and ask for a fixed release; to try 1.2.0 once more anyway, run: " + contract.AgentPath + " agent import --retry-failed " + b12 + "; nothing was changed"} {
+			if code != 1 || !strings.Contains(out, want) {
+				t.Errorf("the failed release again: exit %d, want %q in:\n%s", code, want, out)
+			}
+		}
+		if d := diffSnapshot(before, n.snapshot(t)); d != "" {
+			t.Errorf("the refused import changed the node:\n%s", d)
+		}
+		// Retried by hand: staged, said loudly, and the failure stays in
+		// the status until a release is confirmed.
+		out = n.mustKiln(t, rs, "agent", "import", "--retry-failed", b12)
+		for _, want := range []string{"kiln: RETRYING release 1.2.0, which failed on this node before, as asked (--retry-failed): release 1.2.0 failed on this node before: rolled back on ",
+			"release 1.2.0 is staged again; the stick may be removed now; reboot the appliance (systemctl reboot) to try it once more"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("the retry: want %q in:\n%s", want, out)
+			}
+		}
+		status := rs.mustKiln(t, "agent", "status", "--root", n.root)
+		if !regexp.MustCompile(`(?m)^last: +stage 1\.2\.0 ok `).MatchString(status) ||
+			!regexp.MustCompile(`(?m)^failed: +1\.2\.0 rolled back at \S+Z: health check: after 1s command sh -c echo app not ready; exit 1 failed \(exit status 1\): app not ready$`).MatchString(status) {
+			t.Errorf("status after the retry:\n%s", status)
+		}
 		n.mustRelease(t, rs, "begin")
 		out = n.mustKiln(t, rs, "agent", "release", "check", "--timeout", "10s", "--", "true")
 		if !strings.Contains(out, `health check of release 1.2.0: "true" exits 0, within 10s`) {
@@ -302,8 +330,11 @@ func TestImport(t *testing.T) {
 		if !strings.Contains(out, "release 1.2.0 passed its health check and is now current") {
 			t.Errorf("passing check:\n%s", out)
 		}
-		if s := n.state(t); s.Current.Version != "1.2.0" || s.Previous == nil || s.Previous.Version != "1.0.0" {
+		if s := n.state(t); s.Current.Version != "1.2.0" || s.Previous == nil || s.Previous.Version != "1.0.0" || s.Failed != nil {
 			t.Errorf("after the passed check: %+v", s)
+		}
+		if status := rs.mustKiln(t, "agent", "status", "--root", n.root); strings.Contains(status, "failed:") {
+			t.Errorf("status after the confirm still shows a failure:\n%s", status)
 		}
 	})
 

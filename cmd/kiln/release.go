@@ -156,6 +156,11 @@ func printStatus(w io.Writer, ns nodeStatus) {
 		}
 		fmt.Fprintf(w, "%-9s %s %s %s%s (%s)\n", "last:", l.Action, l.Version, ok, msg, time.Unix(l.Time, 0).UTC().Format(time.RFC3339))
 	}
+	// Kept until a release is confirmed: a re-staged release that failed
+	// before is not mistaken for a fresh one.
+	for _, f := range st.Failed {
+		fmt.Fprintf(w, "%-9s %s rolled back at %s: %s\n", "failed:", f.Version, time.Unix(f.Time, 0).UTC().Format(time.RFC3339), f.Message)
+	}
 	match := "as the state says"
 	switch {
 	case !st.Recorded:

@@ -5,11 +5,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/kiln-appliance/kiln/builder/stage"
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
+	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -103,5 +105,47 @@ func TestAgentReleaseAndStatus(t *testing.T) {
 	}
 	if got, _ := os.ReadFile(log); string(got) != "try-restart crio.service\ntry-restart crio.service\n" {
 		t.Errorf("systemctl was run with:\n%s", got)
+	}
+}
+
+// The status keeps showing the releases that failed since the last
+// confirm, one line each, whatever the last transition was.
+func TestPrintStatusFailed(t *testing.T) {
+	t.Parallel()
+	health := state.Result{Action: "rollback", Version: "1.1.0", Message: "health check: app.service is not active", Time: 1800000000}
+	boots := state.Result{Action: "rollback", Version: "1.2.0", Message: "release 1.2.0 never reached boot-complete", Time: 1800003600}
+	staged := &contract.Release{Version: "1.1.0"}
+	for _, tc := range []struct {
+		name   string
+		status release.Status
+		want   []string // the lines from last: on, up to pins:
+	}{
+		{"nothing failed", release.Status{Last: &state.Result{Action: "confirm", Version: "1.1.0", OK: true, Time: 1800000000}},
+			[]string{"last:     confirm 1.1.0 ok (2027-01-15T08:00:00Z)"}},
+		{"just rolled back", release.Status{Last: &health, Failed: []state.Result{health}},
+			[]string{"last:     rollback 1.1.0 FAILED: health check: app.service is not active (2027-01-15T08:00:00Z)",
+				"failed:   1.1.0 rolled back at 2027-01-15T08:00:00Z: health check: app.service is not active"}},
+		{"staged again", release.Status{Staged: staged, Last: &state.Result{Action: "stage", Version: "1.1.0", OK: true, Time: 1800001800}, Failed: []state.Result{health}},
+			[]string{"last:     stage 1.1.0 ok (2027-01-15T08:30:00Z)",
+				"failed:   1.1.0 rolled back at 2027-01-15T08:00:00Z: health check: app.service is not active"}},
+		{"two failed", release.Status{Last: &boots, Failed: []state.Result{health, boots}},
+			[]string{"last:     rollback 1.2.0 FAILED: release 1.2.0 never reached boot-complete (2027-01-15T09:00:00Z)",
+				"failed:   1.1.0 rolled back at 2027-01-15T08:00:00Z: health check: app.service is not active",
+				"failed:   1.2.0 rolled back at 2027-01-15T09:00:00Z: release 1.2.0 never reached boot-complete"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := tc.status
+			st.Recorded, st.PinsCurrent, st.Current = true, true, contract.Release{Version: "1.0.0"}
+			var b strings.Builder
+			printStatus(&b, nodeStatus{Status: &st, ImagesError: "not looked at"})
+			out := b.String()
+			from, to := strings.Index(out, "last:"), strings.Index(out, "pins:")
+			if from < 0 || to < from {
+				t.Fatalf("no last: before pins: in\n%s", out)
+			}
+			if got, want := strings.Split(strings.TrimSuffix(out[from:to], "\n"), "\n"), tc.want; !slices.Equal(got, want) {
+				t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+		})
 	}
 }

@@ -49,6 +49,7 @@ type importer struct {
 	osStep  func(step string)
 	osJobs  int
 	images  func() (storage.Store, error)
+	retry   bool
 }
 
 // WithRoot prefixes every node path (trust, image partition, /var) with dir,
@@ -69,6 +70,11 @@ func WithMachine(m *release.Machine) Option { return func(i *importer) { i.machi
 func WithImageStore(open func() (storage.Store, error)) Option {
 	return func(i *importer) { i.images = open }
 }
+
+// WithRetryFailed stages a release that failed on this node before (rolled
+// back since a release was last confirmed), which Import otherwise refuses:
+// a technician's deliberate retry, never the stick's automatic import.
+func WithRetryFailed() Option { return func(i *importer) { i.retry = true } }
 
 // WithOSStepHook calls f before each step of the OS install (osinstall):
 // the crash tests kill the import there.
@@ -133,6 +139,9 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 	case err != nil:
 		return nil, refused(source, err)
 	}
+	if err := i.checkFailedBefore(source, m.Version, self); err != nil {
+		return nil, err
+	}
 	free, err := freeBytes(i.path("/var"))
 	if err != nil {
 		return nil, err
@@ -186,6 +195,10 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 			return nil, err
 		}
 	}
+	var retry []release.ImportOption
+	if i.retry {
+		retry = append(retry, release.RetryFailed())
+	}
 	s, err := i.machine.Import(ctx, r, func(ctx context.Context, blobDir string) error {
 		if err := i.fill(ctx, r, incoming, blobDir); err != nil {
 			return err
@@ -194,15 +207,47 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 			return nil
 		}
 		return osPlan.Write(ctx, osinstall.WithLog(i.log), osinstall.WithStepHook(i.osStep), osinstall.WithJobs(i.osJobs))
-	})
+	}, retry...)
 	switch {
+	case errors.Is(err, release.ErrFailedBefore): // recorded since the check above
+		return nil, fmt.Errorf("bundle %s refused: %w; %s; nothing was staged", source, err, retryHint(m.Version, source))
 	case errors.Is(err, slotwrite.ErrDamaged) || errors.Is(err, bootloader.ErrDamaged):
 		return nil, fmt.Errorf("bundle %s refused: %w; nothing was staged, the inactive slot has no boot entry and the node stays on release %s", source, err, self.current.Version)
 	case err != nil:
 		return nil, fmt.Errorf("import from %s: %w; nothing was staged, plug the stick in again to retry", source, err)
 	}
+	if self.failure(m.Version) != nil {
+		// Run by hand (the stick's unit never retries): its reboot
+		// policy does not follow.
+		fmt.Fprintf(i.log, "release %s is staged again; the stick may be removed now; reboot the appliance (systemctl reboot) to try it once more\n", m.Version)
+		return s, nil
+	}
 	fmt.Fprintf(i.log, "release %s is staged; the stick may be removed now\n", m.Version)
 	return s, nil
+}
+
+// checkFailedBefore refuses a release that failed on this node before,
+// saying when, why and how to retry it, unless the technician asked to
+// retry: then it says loudly that it is retried. The stick's import runs
+// by itself whenever it is plugged in, and at every boot while it stays
+// in: taking a failed release again by default would try it again and
+// again, each time with the reboots and rollback it took before.
+func (i *importer) checkFailedBefore(source, version string, self self) error {
+	f := self.failure(version)
+	switch {
+	case f == nil:
+		return nil
+	case !i.retry:
+		return refused(source, fmt.Errorf("%w; %s", release.FailedBefore(*f), retryHint(version, source)))
+	}
+	fmt.Fprintf(i.log, "kiln: RETRYING release %s, which failed on this node before, as asked (--retry-failed): %v\n", version, release.FailedBefore(*f))
+	return nil
+}
+
+// retryHint is what a technician does about a release that failed before.
+func retryHint(version, source string) string {
+	return fmt.Sprintf("it will most likely fail the same way: send this line to the factory and ask for a fixed release; "+
+		"to try %s once more anyway, run: %s agent import --retry-failed %s", version, contract.AgentPath, source)
 }
 
 // refused wraps a check's error as the console's one-line verdict.
@@ -221,7 +266,11 @@ type self struct {
 	factory  contract.Release
 	current  contract.Release
 	contents *contract.Contents
+	state    *state.State
 }
+
+// failure is how version failed on this node before, or nil.
+func (s self) failure(version string) *state.Result { return s.state.Failure(version) }
 
 // partitionAgent is the digest of the image partition's agent.
 func (s self) partitionAgent() string {
@@ -274,7 +323,7 @@ func (i *importer) node() (self, error) {
 	if current.OS == nil && current.Version == factory.Version {
 		current.OS = factory.OS
 	}
-	return self{node: n, factory: factory, current: current, contents: c}, nil
+	return self{node: n, factory: factory, current: current, contents: c, state: st}, nil
 }
 
 // onPartition: the image partition holds blob d.

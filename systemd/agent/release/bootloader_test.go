@@ -144,6 +144,20 @@ func (n *node) fellBack(t *testing.T, from, msg string) *state.State {
 		t.Errorf("entries %q: 1.1's must be gone, so the boot loader cannot pick it again", got)
 	}
 	n.checkConverged(t)
+	// The same stick again: refused, the fallback's reason kept.
+	if f := s.Failure("1.1.0"); f == nil || f.Message != s.Last.Message {
+		t.Errorf("failures %+v: want 1.1's fallback", s.Failures())
+	}
+	r := testReleases["1.1.0"].record()
+	o := os11
+	r.OS = &o
+	before := n.snapshot(t)
+	if _, err := n.machine("b4").Stage(context.Background(), r); !errors.Is(err, ErrFailedBefore) || !strings.Contains(err.Error(), msg) {
+		t.Errorf("stage of 1.1 again after the fallback: %v", err)
+	}
+	if d := diffSnapshots(before, n.snapshot(t)); d != "" {
+		t.Errorf("the refusal changed the node:\n%s", d)
+	}
 	return s
 }
 

@@ -107,6 +107,7 @@ func TestKilledAtEveryStep(t *testing.T) {
 		{"confirm", trying13, op{Action: "confirm", Version: "1.3.0"}},
 		{"rollback", trying13, op{Action: "rollback", Version: "1.3.0"}},
 		{"abandon", upTo12, op{Action: "abandon", Version: "1.3.0"}},
+		{"retry a release that failed", append(append([]op(nil), trying13...), op{Action: "rollback", Version: "1.3.0"}, op{Action: "import", Version: "1.3.0"}), op{Action: "retry", Version: "1.3.0"}},
 		{"begin past the last attempt", append(append([]op(nil), trying13...), op{Action: "begin", Boot: "b4"}, op{Action: "begin", Boot: "b5"}), op{Action: "begin", Boot: "b6"}},
 	}
 	for _, sc := range scenarios {

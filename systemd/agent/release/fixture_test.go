@@ -232,7 +232,7 @@ func (f removerFunc) RemoveImages(ctx context.Context, ims []contract.Image) err
 
 // op is one transition as the tests (and the crash helper) name it.
 type op struct {
-	Action  string // init, stage, begin, confirm, rollback, abandon, converge
+	Action  string // init, import, stage, import+stage, retry, begin, confirm, rollback, abandon, converge
 	Version string
 	Boot    string
 }
@@ -250,6 +250,8 @@ func (n *node) run(t testing.TB, m *Machine, o op) (*state.State, error) {
 		return nil, nil
 	case "stage":
 		return m.Stage(ctx, testReleases[o.Version].record())
+	case "retry": // stage a release that failed before, as a technician asks
+		return m.Import(ctx, testReleases[o.Version].record(), nil, RetryFailed())
 	case "import+stage":
 		tr := testReleases[o.Version]
 		return m.Import(ctx, tr.record(), func(_ context.Context, dir string) error {

@@ -151,12 +151,16 @@ func (m *Machine) transition(ctx context.Context, action string, next func(s *st
 		return nil, fmt.Errorf("%s: %w", action, err)
 	}
 	s := clone(old)
+	// A failure only Last holds (an older agent recorded it) is kept in
+	// Failed before next moves Last on; one next records is added after.
+	s.Failed = s.Failures()
 	switch err := next(s); {
 	case errors.Is(err, errUnchanged):
 		return old, m.converge(ctx, old)
 	case err != nil:
 		return nil, err
 	}
+	s.Failed = s.Failures()
 	// Pin before recording: whatever either state keeps stays pinned while
 	// the state file changes, so no kill point leaves a kept image unpinned.
 	m.step("widen pins")

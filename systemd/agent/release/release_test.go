@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -16,7 +17,7 @@ import (
 )
 
 // The life of a node: factory 1.0, upgrades to 1.1 and 1.2 confirmed, 1.3
-// rolled back, a staged 1.3 abandoned. After every step the node is at rest
+// rolled back, staged again as a retry and abandoned. After every step the node is at rest
 // and consistent, and running the step again changes nothing.
 func TestLifecycle(t *testing.T) {
 	t.Parallel()
@@ -36,11 +37,11 @@ func TestLifecycle(t *testing.T) {
 		{op{Action: "stage", Version: "1.3.0"}, "1.2.0/1.1.0/1.3.0/-", "quay.io/acme/app:1.0"},
 		{op{Action: "begin", Boot: "b3"}, "1.2.0/1.1.0/-/1.3.0", "quay.io/acme/app:1.0"},
 		{op{Action: "rollback", Version: "1.3.0"}, "1.2.0/1.1.0/-/-", "quay.io/acme/app:1.0 quay.io/acme/app:1.3"},
-		{op{Action: "stage", Version: "1.3.0"}, "1.2.0/1.1.0/1.3.0/-", "quay.io/acme/app:1.0 quay.io/acme/app:1.3"},
+		{op{Action: "retry", Version: "1.3.0"}, "1.2.0/1.1.0/1.3.0/-", "quay.io/acme/app:1.0 quay.io/acme/app:1.3"},
 		{op{Action: "abandon", Version: "1.3.0"}, "1.2.0/1.1.0/-/-", "quay.io/acme/app:1.0 quay.io/acme/app:1.3 quay.io/acme/app:1.3"},
 	}
 	for _, st := range steps {
-		if st.op.Action == "stage" {
+		if st.op.Action == "stage" || st.op.Action == "retry" {
 			testReleases[st.op.Version].importBlobs(t, n.root)
 		}
 		s, err := n.run(t, n.machine(st.op.Boot), st.op)
@@ -74,6 +75,120 @@ func TestLifecycle(t *testing.T) {
 	s, _ := n.machine("").Load()
 	if s.Last == nil || s.Last.Action != "abandon" || s.Last.Version != "1.3.0" || !s.Last.OK {
 		t.Errorf("last result %+v", s.Last)
+	}
+	if len(s.Failed) != 1 || s.Failed[0].Version != "1.3.0" {
+		t.Errorf("failed %+v: 1.3's rollback must be kept after the retry and the abandon", s.Failed)
+	}
+}
+
+// A release rolled back on this node (its health check, kiln's boot count)
+// is refused when it is imported again, saying when and why, and changing
+// nothing; a deliberate retry stages it, and the failure stays recorded
+// (and in the status) until a release is confirmed.
+func TestFailedBefore(t *testing.T) {
+	t.Parallel()
+	at := func(sec int64) Option { return WithClock(func() time.Time { return time.Unix(sec, 0) }) }
+	const healthFailed = "release 1.1.0 failed on this node before: rolled back on 2023-11-14 22:13:20 UTC: health check failed: app.service is not active"
+	rolledBack := []op{{Action: "init"}, {Action: "import", Version: "1.1.0"}, {Action: "stage", Version: "1.1.0"},
+		{Action: "begin", Boot: "b1"}, {Action: "rollback", Version: "1.1.0"}}
+	notConfirmed := []op{{Action: "init"}, {Action: "import", Version: "1.1.0"}, {Action: "stage", Version: "1.1.0"},
+		{Action: "begin", Boot: "b1"}, {Action: "begin", Boot: "b2"}, {Action: "begin", Boot: "b3"}, {Action: "begin", Boot: "b4"}}
+	for _, tc := range []struct {
+		name    string
+		setup   []op
+		then    []op   // after the refusal is checked
+		refused string // the release a stage of 1.1.0 is refused for, and why
+		failed  string // version: message of each failure in the state after then
+		last    string
+	}{
+		{"health check failed", rolledBack, nil, healthFailed,
+			"1.1.0: health check failed: app.service is not active", "rollback 1.1.0"},
+		{"not confirmed after 3 boots", notConfirmed, nil,
+			"release 1.1.0 failed on this node before: rolled back on 2023-11-14 22:13:20 UTC: not confirmed healthy after 3 boots",
+			"1.1.0: not confirmed healthy after 3 boots", "rollback 1.1.0"},
+		{"retried: staged, the failure kept", rolledBack, []op{{Action: "retry", Version: "1.1.0"}}, healthFailed,
+			"1.1.0: health check failed: app.service is not active", "stage 1.1.0"},
+		{"retried and abandoned: the failure kept", rolledBack, []op{{Action: "retry", Version: "1.1.0"}, {Action: "abandon", Version: "1.1.0"}}, healthFailed,
+			"1.1.0: health check failed: app.service is not active", "abandon 1.1.0"},
+		{"another release failed too: both kept", rolledBack, []op{{Action: "import", Version: "1.2.0"}, {Action: "stage", Version: "1.2.0"},
+			{Action: "begin", Boot: "b2"}, {Action: "rollback", Version: "1.2.0"}}, healthFailed,
+			"1.1.0: health check failed: app.service is not active, 1.2.0: health check failed: app.service is not active", "rollback 1.2.0"},
+		{"another release confirmed: forgotten", rolledBack, []op{{Action: "import", Version: "1.2.0"}, {Action: "stage", Version: "1.2.0"},
+			{Action: "begin", Boot: "b2"}, {Action: "confirm", Version: "1.2.0"}}, healthFailed, "", "confirm 1.2.0"},
+		{"retried and confirmed: forgotten", rolledBack, []op{{Action: "retry", Version: "1.1.0"}, {Action: "begin", Boot: "b2"},
+			{Action: "confirm", Version: "1.1.0"}}, healthFailed, "", "confirm 1.1.0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			n := newNode(t)
+			n.mustRun(t, tc.setup...)
+			before := n.snapshot(t)
+			called := false
+			_, err := n.machine("b9", at(1800000000)).Import(context.Background(), testReleases["1.1.0"].record(),
+				func(context.Context, string) error { called = true; return nil })
+			if !errors.Is(err, ErrFailedBefore) || called || !strings.Contains(err.Error(), tc.refused) {
+				t.Errorf("stage of 1.1.0 again: %v (fill called: %v), want %v saying %q", err, called, ErrFailedBefore, tc.refused)
+			}
+			if d := diffSnapshots(before, n.snapshot(t)); d != "" {
+				t.Errorf("the refusal changed the node:\n%s", d)
+			}
+			for _, o := range tc.then {
+				if o.Action == "retry" || o.Action == "stage" {
+					testReleases[o.Version].importBlobs(t, n.root)
+				}
+				if _, err := n.run(t, n.machine(o.Boot, at(1800000000)), o); err != nil {
+					t.Fatalf("%s: %v", o, err)
+				}
+			}
+			s := n.checkConverged(t)
+			var failed []string
+			for _, f := range s.Failed {
+				failed = append(failed, f.Version+": "+f.Message)
+			}
+			if got := strings.Join(failed, ", "); got != tc.failed {
+				t.Errorf("failed in the state: %q, want %q", got, tc.failed)
+			}
+			if got := s.Last.Action + " " + s.Last.Version; got != tc.last {
+				t.Errorf("last %q, want %q", got, tc.last)
+			}
+			st, err := n.machine("b9").Status()
+			if err != nil || !reflect.DeepEqual(st.Failed, s.Failures()) {
+				t.Errorf("status: failed %+v (%v), want %+v", st.Failed, err, s.Failures())
+			}
+		})
+	}
+}
+
+// The failure an agent that predates Failed recorded (only in last, the
+// field dropped when it wrote) refuses the release too, and is kept in
+// Failed by the next transition, which moves last on.
+func TestFailedBeforeOlderAgent(t *testing.T) {
+	t.Parallel()
+	n := newNode(t)
+	n.mustRun(t, op{Action: "init"}, op{Action: "import", Version: "1.1.0"}, op{Action: "stage", Version: "1.1.0"},
+		op{Action: "begin", Boot: "b1"}, op{Action: "rollback", Version: "1.1.0"})
+	p := filepath.Join(n.root, contract.StateFile)
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(mustRead(t, p), &raw); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := raw["failed"]; !ok {
+		t.Fatalf("the rollback recorded no failed: %s", mustRead(t, p))
+	}
+	delete(raw, "failed") // as the older agent writes it back
+	if err := os.WriteFile(p, mustJSON(t, raw), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.machine("b2").Stage(context.Background(), testReleases["1.1.0"].record()); !errors.Is(err, ErrFailedBefore) {
+		t.Errorf("stage of 1.1.0 after an older agent wrote the state: %v", err)
+	}
+	n.mustRun(t, op{Action: "import", Version: "1.2.0"}, op{Action: "stage", Version: "1.2.0"})
+	s, err := n.machine("b2").Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Failed) != 1 || s.Failed[0].Version != "1.1.0" || s.Last.Action != "stage" {
+		t.Errorf("after staging 1.2: failed %+v, last %+v; want 1.1's failure kept", s.Failed, s.Last)
 	}
 }
 
@@ -463,7 +578,7 @@ func TestKeyRotation(t *testing.T) {
 	expect("1.1 tried", "A")
 	n.mustRun(t, op{Action: "rollback", Version: "1.1.0"})
 	expect("1.1 rolled back", "A")
-	n.mustRun(t, op{Action: "import", Version: "1.1.0"}, op{Action: "stage", Version: "1.1.0"}, op{Action: "begin", Boot: "b2"}, op{Action: "confirm", Version: "1.1.0"})
+	n.mustRun(t, op{Action: "import", Version: "1.1.0"}, op{Action: "retry", Version: "1.1.0"}, op{Action: "begin", Boot: "b2"}, op{Action: "confirm", Version: "1.1.0"})
 	expect("1.1 confirmed", "A", "B")
 	n.mustRun(t, op{Action: "import", Version: "1.2.0"}, op{Action: "stage", Version: "1.2.0"}, op{Action: "begin", Boot: "b3"}, op{Action: "confirm", Version: "1.2.0"})
 	expect("1.2 confirmed", "B")

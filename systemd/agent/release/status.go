@@ -22,6 +22,9 @@ type Status struct {
 	Attempts int               `json:"attempts,omitempty"`
 	Retired  []string          `json:"retired,omitempty"` // versions still being removed
 	Last     *state.Result     `json:"last,omitempty"`
+	// Failed are the releases rolled back since a release was last
+	// confirmed (the latest last): shown until one is, whatever Last says.
+	Failed []state.Result `json:"failed,omitempty"`
 	// Booted is the ID of the boot loader entry this boot came from, on a
 	// node whose boot loader says (systemd-boot): whose release runs.
 	Booted string   `json:"booted,omitempty"`
@@ -48,7 +51,7 @@ func (m *Machine) Status() (*Status, error) {
 	}
 	st := &Status{
 		Recorded: recorded, Current: s.Current, Previous: s.Previous, Staged: s.Staged, Trying: s.Trying,
-		Attempts: s.Attempts, Last: s.Last,
+		Attempts: s.Attempts, Last: s.Last, Failed: s.Failures(),
 	}
 	for _, r := range s.Retired {
 		st.Retired = append(st.Retired, r.Version)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 
@@ -18,7 +19,28 @@ var (
 	ErrNotNewer = errors.New("release is not newer than the current one")
 	ErrBusy     = errors.New("another release is staged or being tried")
 	ErrNoSuch   = errors.New("no such release in this state")
+	// ErrFailedBefore: the release was rolled back on this node since a
+	// release was last confirmed; Import stages it again only with
+	// RetryFailed.
+	ErrFailedBefore = errors.New("failed on this node before")
 )
+
+// ImportOption changes what Import agrees to.
+type ImportOption func(*importOptions)
+
+type importOptions struct{ retryFailed bool }
+
+// RetryFailed lets Import stage a release that failed on this node before
+// (a technician's deliberate retry; the failure stays recorded until a
+// release is confirmed).
+func RetryFailed() ImportOption { return func(o *importOptions) { o.retryFailed = true } }
+
+// FailedBefore is the refusal of a release that failed on this node before:
+// when and why, and how to retry it deliberately.
+func FailedBefore(f state.Result) error {
+	return fmt.Errorf("release %s %w: rolled back on %s: %s", f.Version, ErrFailedBefore,
+		time.Unix(f.Time, 0).UTC().Format("2006-01-02 15:04:05 UTC"), f.Message)
+}
 
 // maxAttempts is how many boots a trying release gets to be confirmed
 // before the next boot rolls it back.
@@ -35,7 +57,11 @@ type Fill func(ctx context.Context, blobDir string) error
 // while they are copied. When fill fails nothing is recorded; the blobs it
 // left are reused by the next import (fill may skip blobs already there) or
 // collected by the next converge.
-func (m *Machine) Import(ctx context.Context, r contract.Release, fill Fill) (*state.State, error) {
+func (m *Machine) Import(ctx context.Context, r contract.Release, fill Fill, opts ...ImportOption) (*state.State, error) {
+	var o importOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if err := checkRelease(r); err != nil {
 		return nil, fmt.Errorf("stage %s: %w", r.Version, err)
 	}
@@ -59,6 +85,9 @@ func (m *Machine) Import(ctx context.Context, r contract.Release, fill Fill) (*s
 		}
 		if err := checkSlot(s, r); err != nil {
 			return fmt.Errorf("stage %s: %w", r.Version, err)
+		}
+		if f := s.Failure(r.Version); f != nil && !o.retryFailed {
+			return fmt.Errorf("stage %s: %w", r.Version, FailedBefore(*f))
 		}
 		if fill != nil {
 			if err := fill(ctx, filepath.Join(m.path(contract.ReleaseStore), "blobs", "sha256")); err != nil {
@@ -162,6 +191,7 @@ func (m *Machine) Confirm(ctx context.Context, version string) (*state.State, er
 		s.Previous = &prev
 		s.Current = *s.Trying
 		s.Trying, s.Attempts, s.TryingBoot = nil, 0, ""
+		s.Failed = nil // a confirmed release starts the record afresh
 		s.Last = m.result("confirm", version, true, "")
 		return nil
 	})

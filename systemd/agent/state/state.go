@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/systemd/contract"
@@ -45,6 +46,13 @@ type State struct {
 	Retired []contract.Release `json:"retired,omitempty"`
 	// Last is the outcome of the last transition.
 	Last *Result `json:"last,omitempty"`
+	// Failed are the releases rolled back since a release was last
+	// confirmed, one per version, the latest last: the import refuses
+	// them unless asked to retry, and status keeps showing them after
+	// Last moves on. Confirm empties it. An agent that predates the
+	// field drops it when it writes; Failures then still finds a
+	// failure it recorded in Last.
+	Failed []Result `json:"failed,omitempty"`
 }
 
 // Result is the outcome of a transition, for `kiln agent status` and monitoring.
@@ -54,6 +62,39 @@ type Result struct {
 	OK      bool   `json:"ok"`
 	Message string `json:"message,omitempty"`
 	Time    int64  `json:"time"` // Unix seconds
+}
+
+// Failure says whether r records a release that failed (was rolled back).
+func (r *Result) Failure() bool { return r != nil && !r.OK && r.Action == "rollback" }
+
+// Failures returns Failed with Last added when Last is a failure Failed
+// does not hold yet (recorded by this transition, or by an agent that
+// knows only Last), replacing an older failure of the same version.
+func (s *State) Failures() []Result {
+	fs := slices.Clone(s.Failed)
+	l := s.Last
+	if !l.Failure() {
+		return fs
+	}
+	i := slices.IndexFunc(fs, func(r Result) bool { return r.Version == l.Version })
+	switch {
+	case i < 0:
+		fs = append(fs, *l)
+	case fs[i] != *l:
+		fs = append(slices.Delete(fs, i, i+1), *l)
+	}
+	return fs
+}
+
+// Failure returns how version last failed on this node since a release was
+// confirmed, or nil when it did not.
+func (s *State) Failure(version string) *Result {
+	for _, r := range slices.Backward(s.Failures()) {
+		if r.Version == version {
+			return &r
+		}
+	}
+	return nil
 }
 
 // Releases returns the releases the node keeps (Current, Previous, Staged,
