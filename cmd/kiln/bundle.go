@@ -28,6 +28,9 @@ func newBundleCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bundle RECIPE -o OUTPUT --key NAME.key [--from RELEASE]...",
 		Short: "Write a signed field upgrade bundle for a USB stick (or a single file)",
+		Example: `  kiln bundle appliance.yaml -o upgrade.img --key factory.key                          # full
+  kiln bundle appliance.yaml -o upgrade.img --key factory.key --from disk-1.0.raw     # delta
+  kiln bundle appliance.yaml -o upgrade.bundle --key factory.key --format file`,
 		Long: `Bundle writes the release described by RECIPE and its lock as a signed upgrade bundle: by default
 a raw image for a USB stick (dd it, or use any USB writer), with --format file a single file to
 copy to the node. --from names what the appliances run (a previous lock with its recipe beside it,
@@ -37,7 +40,7 @@ a full bundle that applies to any earlier release. See docs/bundles.md.`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if o.Output == "" || o.Key == "" {
-				return usageError{fmt.Errorf("both -o OUTPUT and --key NAME.key are needed (usage: kiln %s)", cmd.Use)}
+				return usageError{fmt.Errorf("both -o OUTPUT and --key NAME.key are needed (usage: %s)", usageLine(cmd))}
 			}
 			if o.Format != bundle.FormatImage && o.Format != bundle.FormatFile {
 				return usageError{fmt.Errorf("--format %q: want image or file", o.Format)}

@@ -26,11 +26,17 @@ func newInspectCommand() *cobra.Command {
 	var format string
 	cmd := &cobra.Command{
 		Use:   "inspect DISK|BUNDLE|STICK",
-		Short: "Show a disk image's partitions and images, what an upgrade bundle holds and whom it is for, or what a reflash stick carries",
-		Args:  exactArgs(1),
+		Short: "Show what a disk, an upgrade bundle or a reflash stick holds",
+		Long: `Inspect shows a disk image's partitions, OS slots, images, release files and trusted keys;
+an upgrade bundle's release, whom it is for, its images, release files and the keys trusted
+after it; or what a reflash stick carries. --format json prints the same for machines.`,
+		Example: `  kiln inspect disk.raw
+  kiln inspect upgrade.img
+  kiln inspect --format json disk.raw`,
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if format != "text" && format != "json" {
-				return usageError{fmt.Errorf("--output %q: want text or json", format)}
+				return usageError{fmt.Errorf("--format %q: want text or json", format)}
 			}
 			id, err := identify(args[0])
 			switch {
@@ -58,7 +64,7 @@ func newInspectCommand() *cobra.Command {
 			return printDisk(cmd.OutOrStdout(), rep, format)
 		},
 	}
-	cmd.Flags().StringVarP(&format, "output", "o", "text", "output format: text or json")
+	formatFlag(cmd, &format)
 	return cmd
 }
 
@@ -67,8 +73,16 @@ func newVerifyCommand() *cobra.Command {
 	var keys []string
 	cmd := &cobra.Command{
 		Use:   "verify DISK | verify BUNDLE --key NAME.pub",
-		Short: "Check that a disk holds exactly the bytes kiln wrote (both GPTs, every partition, the image partition through dm-verity, every file against kiln.json), or a bundle (signature, every blob re-hashed)",
-		Args:  exactArgs(1),
+		Short: "Check that a disk, a bundle or a reflash stick is exactly what kiln wrote",
+		Long: `Verify checks that a disk holds exactly the bytes kiln wrote (both GPTs, every partition, the
+image partition through dm-verity, every file against kiln.json); with --key, also that the disk
+trusts each key (its nodes accept bundles signed with it). Of an upgrade bundle it checks the
+signature against --key and re-hashes every blob; of a reflash stick, the disk it carries.`,
+		Example: `  kiln verify disk.raw
+  kiln verify disk.raw --key factory.pub      # and: its nodes accept bundles factory.key signs
+  kiln verify upgrade.img --key factory.pub   # signature, every blob re-hashed
+  kiln verify --booted /dev/sdX               # a disk taken out of a node that ran`,
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := identify(args[0])
 			switch {
