@@ -91,6 +91,11 @@ func newRootCommand() *cobra.Command {
 	// cobra's shell completion still runs, unlisted: kiln documents no
 	// completion, and its help would be the one without an example.
 	root.CompletionOptions.HiddenDefaultCmd = true
+	if version.Current().Edition == version.Node { // serve and agent only
+		root.Example = `  kiln agent status                 # the node's releases, pins and images
+  kiln serve /var/lib/kiln/images   # the read-only registry (run by systemd)
+  kiln --version`
+	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	// --version by hand: cobra's own runs a text/template, which costs the
 	// node edition 3 MiB (reflection keeps every exported method).
