@@ -35,6 +35,10 @@ type Report struct {
 	// Sizes of the image partition's parts (oci, storage, bin), bytes,
 	// hard-linked files counted once per path as kiln.json lists them.
 	Sizes map[string]int64 `json:"sizes,omitempty"`
+	// Trust is the keys a built disk's nodes accept upgrade bundles from,
+	// ReleaseFiles its release's files, both from its Ignition config.
+	Trust        []contract.TrustKey    `json:"trust,omitempty"`
+	ReleaseFiles []contract.ReleaseFile `json:"releaseFiles,omitempty"`
 	// Verified is what Verify checked against the build's seal, and what
 	// it could not check.
 	Verified *seal.Report `json:"verified,omitempty"`
@@ -80,6 +84,9 @@ func Inspect(disk string) (rep *Report, err error) {
 		return nil, fmt.Errorf("%s: %w", disk, err)
 	}
 	rep.OSSlots = rep.Contents.OSSlots
+	if rep.Trust, rep.ReleaseFiles, err = DiskRelease(disk); err != nil {
+		return nil, err
+	}
 	rep.Sizes = map[string]int64{}
 	for _, file := range rep.Contents.Files {
 		top, _, _ := strings.Cut(file.Path, "/")

@@ -230,7 +230,7 @@ func TestLoadErrors(t *testing.T) {
 		{"user", head + oneImage + "ignition: {user: Admin}\n", `r.yaml:7:18: ignition.user: "Admin" is not a valid user name; use lower-case letters, digits, '_' or '-' (e.g. core)`},
 
 		// Trust and release files.
-		{"trust without semver", head + oneImage + "version: '1.0'\ntrust: [k.pub]\n", `r.yaml:7:10: version: version "1.0" is not semver (MAJOR.MINOR.PATCH, e.g. 1.4.0): 1.0 is not in dotted-tri format; upgrade bundles (trust is set) order releases by semver`},
+		{"trust without semver", head + oneImage + "version: '1.0'\ntrust: [k.pub]\n", `r.yaml:7:10: version: version "1.0" is not semver: write MAJOR.MINOR.PATCH, e.g. 1.2.0 (or 1.2.0-rc.1); upgrade bundles (trust is set) order releases by semver`},
 		{"trust without version", head + oneImage + "trust: [k.pub]\n", `r.yaml:1:1: version: required field is missing; a recipe with trust keys takes upgrade bundles, which need a semver version: add e.g. "version: 1.0.0"`},
 		{"trust empty entry", head + oneImage + "version: 1.0.0\ntrust: ['']\n", `r.yaml:8:9: trust[0]: is empty; give the path of a public key file (kiln key generate writes NAME.pub), or remove the entry`},
 		{"release path outside", head + oneImage + "release:\n  files:\n    - {path: /etc/passwd, source: p}\n", `r.yaml:9:14: release.files[0].path: "/etc/passwd" is outside the directories a release may own (/etc/containers/systemd/, /etc/kubernetes/manifests/, /etc/kiln/release/)`},

@@ -4,20 +4,17 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"strings"
 
-	"github.com/vincent-petithory/dataurl"
-
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/version"
-	"github.com/kiln-appliance/kiln/partitions/bootconfig"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/squashfs"
 	"github.com/kiln-appliance/kiln/recipes"
@@ -118,37 +115,17 @@ func baseFromDisk(p string, l *gpt.Layout) (*base, error) {
 // (the files under contract.TrustDir, as the factory build writes them); nil
 // when it trusts none (built before trust existed, or without it).
 func diskTrust(disk string) ([]ed25519.PublicKey, error) {
-	raw, err := bootconfig.Read(disk)
+	trust, _, err := builder.DiskRelease(disk)
 	if err != nil {
 		return nil, err
 	}
-	var cfg struct {
-		Storage struct {
-			Files []struct {
-				Path     string `json:"path"`
-				Contents struct {
-					Source *string `json:"source"`
-				} `json:"contents"`
-			} `json:"files"`
-		} `json:"storage"`
-	}
-	if err := json.Unmarshal(raw, &cfg); err != nil {
-		return nil, fmt.Errorf("ignition config: %w", err)
-	}
 	var keys []ed25519.PublicKey
-	for _, f := range cfg.Storage.Files {
-		if path.Dir(f.Path) != contract.TrustDir || f.Contents.Source == nil {
-			continue
-		}
-		u, err := dataurl.DecodeString(*f.Contents.Source)
+	for _, k := range trust {
+		pub, err := bundle.ParsePublicKey([]byte(k.PublicKey))
 		if err != nil {
-			return nil, fmt.Errorf("ignition config: %s: %w", f.Path, err)
+			return nil, err
 		}
-		k, err := bundle.ParsePublicKey(u.Data)
-		if err != nil {
-			return nil, fmt.Errorf("ignition config: %s: %w", f.Path, err)
-		}
-		keys = append(keys, k)
+		keys = append(keys, pub)
 	}
 	return keys, nil
 }
@@ -234,7 +211,7 @@ func isLock(p string) bool {
 // baseFromLock reads a lock and the recipe beside it (for the recipe's name,
 // version and trust); the blobs come from the images' manifests, fetched
 // into the cache if they are not there yet.
-func (b *bundler) baseFromLock(ctx context.Context, p string) (*base, error) {
+func (b *bundler) baseFromLock(ctx context.Context, p string) (rel *base, err error) {
 	lock, err := recipes.ReadLock(p)
 	if err != nil {
 		return nil, err
@@ -243,6 +220,14 @@ func (b *bundler) baseFromLock(ctx context.Context, p string) (*base, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if errors.Is(err, fs.ErrNotExist) {
+			err = fmt.Errorf("%w; --from a lock reads the old release's recipe beside it, and that recipe's files "+
+				"(trust keys, base, local layouts) where it names them, relative to it: keep the old release's "+
+				"directory whole (a copy, or a checkout of its tag), or give --from that release's disk, "+
+				"kiln.json or bundle instead", err)
+		}
+	}()
 	if err := lock.Check(r); err != nil {
 		return nil, err
 	}
@@ -254,7 +239,7 @@ func (b *bundler) baseFromLock(ctx context.Context, p string) (*base, error) {
 	if err != nil {
 		return nil, builder.LockError(lock, err)
 	}
-	rel := &base{recipe: r.Name, arch: r.Arch, release: contract.ReleaseID{Version: r.Version, LockDigest: digestOf(lockBytes)}, blobs: map[string]bool{}, schema: bundle.SchemaVersion,
+	rel = &base{recipe: r.Name, arch: r.Arch, release: contract.ReleaseID{Version: r.Version, LockDigest: digestOf(lockBytes)}, blobs: map[string]bool{}, schema: bundle.SchemaVersion,
 		lockBase: r.Resolve(r.Base.Path)}
 	for _, img := range imgs {
 		rel.blobs[img.Descriptor.Digest.String()] = true

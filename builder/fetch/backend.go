@@ -213,7 +213,7 @@ func (b *ociBackend) pick(entries []v1.Descriptor) (v1.Descriptor, error) {
 	case len(found) == 0:
 		return v1.Descriptor{}, fmt.Errorf("%w: %s: no image named %q in %s; it has %s", ErrNotFound, b.src, b.src.Tag, b.src.Path, strings.Join(names, ", "))
 	case b.src.Tag == "":
-		return v1.Descriptor{}, fmt.Errorf("%w: %s: the layout holds %d images (%s); say which with oci:%s:TAG", ErrBadSource, b.src, len(found), strings.Join(names, ", "), b.src.Path)
+		return v1.Descriptor{}, fmt.Errorf("%w: %s: the layout holds %d images (%s); say which, e.g. source: %s:%s", ErrBadSource, b.src, len(found), strings.Join(names, ", "), b.src, exampleRef(found))
 	}
 	return v1.Descriptor{}, fmt.Errorf("%w: %s: %d images in %s match %q; use the full name (%s)", ErrBadSource, b.src, len(found), b.src.Path, b.src.Tag, strings.Join(names, ", "))
 }
@@ -307,7 +307,7 @@ func newArchiveBackend(src source) (*archiveBackend, error) {
 			}
 			switch {
 			case tag == nil && len(m) > 1:
-				return nil, fmt.Errorf("%w: %s: the archive holds %d images (%s); say which with docker-archive:%s:REF", ErrBadSource, src, len(m), strings.Join(tags, ", "), src.Path)
+				return nil, fmt.Errorf("%w: %s: the archive holds %d images (%s); say which, e.g. source: %s:%s", ErrBadSource, src, len(m), strings.Join(tags, ", "), src, append(tags, "REF")[0])
 			case tag != nil && !slices.Contains(tags, tag.Name()) && !slices.Contains(tags, src.Ref):
 				return nil, fmt.Errorf("%w: %s: no image tagged %s in %s; it has %s", ErrNotFound, src, src.Ref, src.Path, strings.Join(tags, ", "))
 			}
@@ -436,4 +436,14 @@ func pickPlatform(raw []byte, src source, platform v1.Platform) (v1.Descriptor, 
 	}
 	return v1.Descriptor{}, fmt.Errorf("%w: %s has no %s image; it has: %s. Pick an image built for %s, or change the recipe's arch",
 		ErrPlatform, src, platform, strings.Join(have, ", "), platform)
+}
+
+// exampleRef is the name of one of found for a hint ("TAG" when unnamed).
+func exampleRef(found []v1.Descriptor) string {
+	for _, d := range found {
+		if ref := d.Annotations[refNameAnnotation]; ref != "" {
+			return ref
+		}
+	}
+	return "TAG"
 }

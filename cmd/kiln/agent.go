@@ -11,6 +11,7 @@ import (
 	"go.podman.io/storage"
 	stypes "go.podman.io/storage/types"
 
+	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/systemd/agent/firstboot"
 	"github.com/kiln-appliance/kiln/systemd/agent/gate"
 	"github.com/kiln-appliance/kiln/systemd/agent/pins"
@@ -27,6 +28,11 @@ func newAgentCommand() *cobra.Command {
 	agent := &cobra.Command{
 		Use:   "agent",
 		Short: "On-node programs run by kiln's systemd units",
+		Example: `  kiln agent status                   # the node's releases, pins and images
+  kiln agent import /dev/sdb2         # an upgrade stick's bundle partition`,
+		// The factory's kiln has them too, but they run on the node: its
+		// help lists them; the factory's does not (they still run).
+		Hidden: version.Current().Edition != version.Node,
 	}
 	agent.AddCommand(newMirrorGateCommand(), newWaitImagesCommand(), newWritePinsCommand(), newPreloadCopyCommand(),
 		newStatusCommand(), newReleaseCommand(), newImportCommand(), newReflashCommand(), newRestoreImagesCommand())
@@ -59,7 +65,9 @@ func newMirrorGateCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "mirror-gate PARTITION",
-		Short: "Point the container runtime at the local registry once it serves this partition's images",
+		Short: "Point the runtime at the local registry once it serves the partition's images",
+		Example: `  kiln agent mirror-gate --timeout 120s --state /var/lib/kiln/state.json /var/lib/kiln/images
+  kiln agent mirror-gate --remove /var/lib/kiln/images`,
 		Long: "Waits until the local registry answers GET /v2/ and serves every image of PARTITION/kiln.json\n" +
 			"by digest, then writes the registries.conf drop-in that mirrors their hosts to it.\n" +
 			"With --state, also waits for the images of the release the node runs (the one being tried at an\n" +
@@ -112,7 +120,9 @@ func newWaitImagesCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "wait-images PARTITION",
-		Short: "Wait until every image of the partition is in local containers/storage, then write the first-boot marker",
+		Short: "Wait until local storage holds every image of the partition; mark first boot",
+		Example: `  kiln agent wait-images --timeout 600s --marker /var/lib/kiln/firstboot.done /var/lib/kiln/images
+  kiln agent wait-images --state /var/lib/kiln/state.json /var/lib/kiln/images`,
 		Long: "Polls the node's containers/storage (as configured in /etc/containers/storage.conf, including\n" +
 			"additional image stores) until it holds every image of PARTITION/kiln.json, by digest; with\n" +
 			"--state, every image of the release the node runs instead (after an upgrade).\n" +
@@ -179,8 +189,9 @@ func newWaitImagesCommand() *cobra.Command {
 func newWritePinsCommand() *cobra.Command {
 	var path string
 	cmd := &cobra.Command{
-		Use:   "write-pins PARTITION",
-		Short: "Write CRI-O's image pins for every image of the partition",
+		Use:     "write-pins PARTITION",
+		Short:   "Write CRI-O's image pins for every image of the partition",
+		Example: `  kiln agent write-pins /var/lib/kiln/images && systemctl reload crio`,
 		Long: "Atomically replaces --path with a crio.conf.d drop-in pinning every image of PARTITION/kiln.json\n" +
 			"by digest and by name. Reload CRI-O afterwards (systemctl reload crio).",
 		Args: partitionArg,
@@ -203,8 +214,9 @@ func newWritePinsCommand() *cobra.Command {
 func newPreloadCopyCommand() *cobra.Command {
 	var from, to string
 	cmd := &cobra.Command{
-		Use:   "preload-copy --from STORE --to STORE",
-		Short: "Copy every preloaded image into the node's main containers/storage store (preload mode copy)",
+		Use:     "preload-copy --from STORE --to STORE",
+		Short:   "Copy every preloaded image into the node's main store (preload mode copy)",
+		Example: `  kiln agent preload-copy --from /var/lib/kiln/images/storage --to /var/lib/containers/storage`,
 		Long: "Copies each image of the preloaded store (--from, on the image partition) into the main store (--to),\n" +
 			"keeping image IDs and digests. Images already there are skipped, so running it again is cheap.",
 		Args: exactArgs(0),

@@ -43,6 +43,8 @@ func newBuildCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "build RECIPE -o DISK",
 		Short: "Build an appliance disk image from a recipe",
+		Example: `  kiln build appliance.yaml -o disk.raw
+  kiln build appliance.yaml -o disk.raw --refresh-lock   # re-resolve the tags first`,
 		Long: `Build resolves the recipe's images (using RECIPE's lock file when it is fresh, writing one when
 there is none), fetches and verifies them into the blob cache, stages the image partition and writes
 the disk image. The output appears only when the build succeeded; an existing file is replaced then,
@@ -75,9 +77,10 @@ and left untouched by a failed or interrupted build.`,
 func newLockCommand() *cobra.Command {
 	var fetch fetchFlags
 	cmd := &cobra.Command{
-		Use:   "lock RECIPE",
-		Short: "Resolve every image of a recipe to a digest and write the lock file beside it",
-		Args:  exactArgs(1),
+		Use:     "lock RECIPE",
+		Short:   "Resolve every image of a recipe to a digest; write the lock file beside it",
+		Example: `  kiln lock appliance.yaml   # writes appliance.lock`,
+		Args:    exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r, err := recipes.Load(args[0])
 			if err != nil {

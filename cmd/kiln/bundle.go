@@ -15,6 +15,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/version"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	bundlefmt "github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
 
@@ -28,6 +29,9 @@ func newBundleCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bundle RECIPE -o OUTPUT --key NAME.key [--from RELEASE]...",
 		Short: "Write a signed field upgrade bundle for a USB stick (or a single file)",
+		Example: `  kiln bundle appliance.yaml -o upgrade.img --key factory.key                          # full
+  kiln bundle appliance.yaml -o upgrade.img --key factory.key --from disk-1.0.raw     # delta
+  kiln bundle appliance.yaml -o upgrade.bundle --key factory.key --format file`,
 		Long: `Bundle writes the release described by RECIPE and its lock as a signed upgrade bundle: by default
 a raw image for a USB stick (dd it, or use any USB writer), with --format file a single file to
 copy to the node. --from names what the appliances run (a previous lock with its recipe beside it,
@@ -37,7 +41,7 @@ a full bundle that applies to any earlier release. See docs/bundles.md.`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if o.Output == "" || o.Key == "" {
-				return usageError{fmt.Errorf("both -o OUTPUT and --key NAME.key are needed (usage: kiln %s)", cmd.Use)}
+				return usageError{fmt.Errorf("both -o OUTPUT and --key NAME.key are needed (usage: %s)", usageLine(cmd))}
 			}
 			if o.Format != bundle.FormatImage && o.Format != bundle.FormatFile {
 				return usageError{fmt.Errorf("--format %q: want image or file", o.Format)}
@@ -132,17 +136,31 @@ func printBundle(w io.Writer, rep *bundle.Report, format string) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d of %d\n", img.Name, short(img.Digest), human.Bytes(img.Size), yesNo(img.Served), yesNo(img.Preloaded), n, len(img.Blobs)+1)
 	}
 	tw.Flush()
-	if len(m.ReleaseFiles) > 0 {
+	printRelease(w, m.ReleaseFiles, m.Trust, "after this release")
+	return nil
+}
+
+// printRelease lists a release's files and the keys its nodes trust, under
+// a disk's or a bundle's images; when says when they trust them.
+func printRelease(w io.Writer, files []contract.ReleaseFile, trust []contract.TrustKey, when string) {
+	if len(files) > 0 {
 		fmt.Fprintln(w, "\nRelease files:")
-		for _, f := range m.ReleaseFiles {
-			fmt.Fprintf(w, "  %s (%04o, %s)\n", f.Path, f.Mode, human.Bytes(f.Size))
+		for _, f := range files {
+			size := human.Bytes(f.Size)
+			if f.Digest == "" {
+				size = "fetched by Ignition"
+			}
+			fmt.Fprintf(w, "  %s (%04o, %s)\n", f.Path, f.Mode, size)
 		}
 	}
-	fmt.Fprintln(w, "\nTrusted keys after this release:")
-	for _, k := range m.Trust {
+	if len(trust) == 0 {
+		fmt.Fprintln(w, "\nTrusted keys: none (its nodes accept no upgrade bundle; a recipe lists keys under trust)")
+		return
+	}
+	fmt.Fprintf(w, "\nTrusted keys %s:\n", when)
+	for _, k := range trust {
 		fmt.Fprintf(w, "  %s\n", k.KeyID)
 	}
-	return nil
 }
 
 func formatName(f string) string {

@@ -321,6 +321,33 @@ func TestBundles(t *testing.T) {
 		}
 	})
 
+	t.Run("a disk's inspect and verify --key say whom its nodes trust", func(t *testing.T) {
+		data, err := os.ReadFile(rs.pub)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, err := bundlefmt.ParsePublicKey(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := bundlefmt.KeyID(pub)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := rs.mustKiln(t, "inspect", disk10)
+		for _, want := range []string{"Release files:\n  /etc/containers/systemd/app.container (0644, ", "Trusted keys (its nodes accept upgrade bundles signed with these):\n  " + id + "\n"} {
+			if !strings.Contains(text, want) {
+				t.Errorf("inspect of the disk lacks %q:\n%s", want, text)
+			}
+		}
+		if out := rs.mustKiln(t, "verify", disk10, "--key", rs.pub); !strings.Contains(out, "key ID "+id+") is trusted") || !strings.Contains(out, "OK") {
+			t.Errorf("verify --key with the key the disk trusts:\n%s", out)
+		}
+		if out, code := rs.kiln(t, "verify", disk10, "--key", rs.pub, "--key", rs.otherPub); code != 1 || !strings.Contains(out, "does not trust "+rs.otherPub) || !strings.Contains(out, "it trusts "+id) {
+			t.Errorf("verify --key with a key the disk does not trust: exit %d\n%s", code, out)
+		}
+	})
+
 	t.Run("reproducible, and the file is the stick's partition", func(t *testing.T) {
 		again := filepath.Join(rs.dir, "again.img")
 		rs.mustKiln(t, "bundle", r12, "-o", again, "--key", rs.key)
@@ -396,6 +423,10 @@ func TestBundleBadInput(t *testing.T) {
 	for _, r := range []string{r10, r11, other, same} {
 		rs.mustKiln(t, "lock", r)
 	}
+	// An old release's lock whose recipe names its key relative to it, the key not copied along.
+	keyless := rs.recipe(t, "acme", "0.8.0", "")
+	replaceInFile(t, keyless, "trust: ["+rs.pub+"]", "trust: [keys/factory.pub]")
+	rs.mustKiln(t, "lock", keyless)
 	b11 := filepath.Join(rs.dir, "b11.img")
 	rs.mustKiln(t, "bundle", r11, "-o", b11, "--key", rs.key)
 	// arm64 images do not exist: a kiln.json claiming to be the arm64 release will do.
@@ -426,6 +457,8 @@ func TestBundleBadInput(t *testing.T) {
 		{"output is a directory", []string{"bundle", r11, "--key", rs.key, "-o", outDir}, 1, "is a directory"},
 		{"output is a block device", []string{"bundle", r11, "--key", rs.key, "-o", dev}, 1, "not a regular file"},
 		{"bad format", []string{"bundle", r11, "--key", rs.key, "--format", "iso"}, 2, "--format"},
+		{"from a lock without its recipe's key", []string{"bundle", r11, "--key", rs.key, "--from", recipesLock(keyless)}, 1,
+			"acme-0.8.0/keys/factory.pub: no such file or directory; --from a lock reads the old release's recipe beside it"},
 		{"from is not a release", []string{"bundle", r11, "--key", rs.key, "--from", rs.pub}, 1, "not a kiln disk, kiln.json, bundle or lock file"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -14,7 +14,9 @@ func newImportCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "import SOURCE",
-		Short: "Import an upgrade bundle (a stick's partition device or a bundle file) and stage its release",
+		Short: "Import an upgrade bundle (a stick's partition or a file); stage its release",
+		Example: `  kiln agent import /dev/sdb2              # an upgrade stick's bundle partition
+  kiln agent import /tmp/upgrade.bundle    # a bundle file (kiln bundle --format file)`,
 		Long: "Checks the bundle's signature against the keys in " + contract.TrustDir + " before using anything from it,\n" +
 			"then that it is for this appliance and arch, newer than the running release (a delta: made for it),\n" +
 			"that nothing else is staged and that /var has room; then copies its blobs into the release store and\n" +

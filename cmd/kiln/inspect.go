@@ -3,9 +3,11 @@
 package main
 
 import (
+	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -18,6 +20,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	bundlefmt "github.com/kiln-appliance/kiln/systemd/contract/bundle"
 )
 
 func init() { subcommands = append(subcommands, newInspectCommand, newVerifyCommand) }
@@ -26,11 +29,17 @@ func newInspectCommand() *cobra.Command {
 	var format string
 	cmd := &cobra.Command{
 		Use:   "inspect DISK|BUNDLE|STICK",
-		Short: "Show a disk image's partitions and images, what an upgrade bundle holds and whom it is for, or what a reflash stick carries",
-		Args:  exactArgs(1),
+		Short: "Show what a disk, an upgrade bundle or a reflash stick holds",
+		Long: `Inspect shows a disk image's partitions, OS slots, images, release files and trusted keys;
+an upgrade bundle's release, whom it is for, its images, release files and the keys trusted
+after it; or what a reflash stick carries. --format json prints the same for machines.`,
+		Example: `  kiln inspect disk.raw
+  kiln inspect upgrade.img
+  kiln inspect --format json disk.raw`,
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if format != "text" && format != "json" {
-				return usageError{fmt.Errorf("--output %q: want text or json", format)}
+				return usageError{fmt.Errorf("--format %q: want text or json", format)}
 			}
 			id, err := identify(args[0])
 			switch {
@@ -58,7 +67,7 @@ func newInspectCommand() *cobra.Command {
 			return printDisk(cmd.OutOrStdout(), rep, format)
 		},
 	}
-	cmd.Flags().StringVarP(&format, "output", "o", "text", "output format: text or json")
+	formatFlag(cmd, &format)
 	return cmd
 }
 
@@ -66,9 +75,17 @@ func newVerifyCommand() *cobra.Command {
 	var o builder.VerifyOptions
 	var keys []string
 	cmd := &cobra.Command{
-		Use:   "verify DISK | verify BUNDLE --key NAME.pub",
-		Short: "Check that a disk holds exactly the bytes kiln wrote (both GPTs, every partition, the image partition through dm-verity, every file against kiln.json), or a bundle (signature, every blob re-hashed)",
-		Args:  exactArgs(1),
+		Use:   "verify DISK|BUNDLE|STICK [--key NAME.pub]...",
+		Short: "Check that a disk, a bundle or a reflash stick is exactly what kiln wrote",
+		Long: `Verify checks that a disk holds exactly the bytes kiln wrote (both GPTs, every partition, the
+image partition through dm-verity, every file against kiln.json); with --key, also that the disk
+trusts each key (its nodes accept bundles signed with it). Of an upgrade bundle it checks the
+signature against --key and re-hashes every blob; of a reflash stick, the disk it carries.`,
+		Example: `  kiln verify disk.raw
+  kiln verify disk.raw --key factory.pub      # and: its nodes accept bundles factory.key signs
+  kiln verify upgrade.img --key factory.pub   # signature, every blob re-hashed
+  kiln verify --booted /dev/sdX               # a disk taken out of a node that ran`,
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := identify(args[0])
 			switch {
@@ -92,9 +109,20 @@ func newVerifyCommand() *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: OK (%s %s %s bundle signed by %s, %d files, %d images verified)\n", args[0], m.Recipe, m.Version, m.Kind, rep.Verified, len(m.Files), len(m.Images))
 				return nil
 			case id.kind == reflashStick:
+				if len(keys) > 0 {
+					return usageError{fmt.Errorf("%s is a reflash stick, which nothing signs: drop --key (kiln verify DISK --key checks the keys a disk trusts)", args[0])}
+				}
 				return verifyReflashStick(cmd, args[0])
 			}
+			pubs, err := readKeys(keys) // before the long read: a wrong --key fails at once
+			if err != nil {
+				return err
+			}
 			rep, err := builder.Verify(cmd.Context(), args[0], o, newProgress())
+			if err != nil {
+				return err
+			}
+			trusted, err := checkTrusted(args[0], keys, pubs, rep.Trust)
 			if err != nil {
 				return err
 			}
@@ -102,13 +130,41 @@ func newVerifyCommand() *cobra.Command {
 			v := rep.Verified
 			fmt.Fprintf(w, "%s: checked against the build's seal (disk GUID %s):\n", args[0], rep.Layout.GUID)
 			checked := append(v.Checked, fmt.Sprintf("%d files, %d images against kiln.json", len(rep.Contents.Files), len(rep.Contents.Images)))
+			checked = append(checked, trusted...)
 			printChecks(w, args[0], checked, v.Unchecked, "exactly the bytes the build wrote")
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&o.Booted, "booted", false, "the disk has booted on a node: skip boot, root and the GPT headers, which the node changes; check the OS slots and ESP an upgrade rewrote by what the node wrote (dm-verity against each boot entry's root hash)")
-	cmd.Flags().StringArrayVar(&keys, "key", nil, "public key a bundle must be signed with (NAME.pub; repeatable)")
+	cmd.Flags().StringArrayVar(&keys, "key", nil, "public key a bundle must be signed with, or a disk must trust (NAME.pub; repeatable)")
 	return cmd
+}
+
+// checkTrusted says, for each key given to verify a disk with, that the
+// disk trusts it (its nodes accept bundles it signs), or fails naming the
+// keys the disk does trust.
+func checkTrusted(disk string, paths []string, pubs []ed25519.PublicKey, trust []contract.TrustKey) ([]string, error) {
+	var ok []string
+	for i, pub := range pubs {
+		id, err := bundlefmt.KeyID(pub)
+		if err != nil {
+			return nil, err
+		}
+		if slices.ContainsFunc(trust, func(k contract.TrustKey) bool { return k.KeyID == id }) {
+			ok = append(ok, fmt.Sprintf("%s (key ID %s) is trusted: the disk's nodes accept bundles signed with it", paths[i], id))
+			continue
+		}
+		var ids []string
+		for _, k := range trust {
+			ids = append(ids, k.KeyID)
+		}
+		has := "it trusts none (its recipe lists no trust)"
+		if len(ids) > 0 {
+			has = "it trusts " + strings.Join(ids, ", ")
+		}
+		return nil, fmt.Errorf("%s holds the bytes the build wrote, but does not trust %s (key ID %s): its nodes would refuse bundles signed with it; %s", disk, paths[i], id, has)
+	}
+	return ok, nil
 }
 
 // printChecks lists what verify checked and what it could not, then says
@@ -210,6 +266,7 @@ func printReport(w io.Writer, rep *builder.Report) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", img.Name, short(img.Digest), human.Bytes(img.Size), yesNo(img.Served), yesNo(img.Preloaded))
 	}
 	tw.Flush()
+	printRelease(w, rep.ReleaseFiles, rep.Trust, "(its nodes accept upgrade bundles signed with these)")
 }
 
 func short(d string) string {

@@ -119,12 +119,17 @@ func TestInspectGolden(t *testing.T) {
 	}}
 	refused := &builder.Report{Disk: "ab-base-3.raw", Layout: abLayout,
 		OSSlotsError: `the base has 3 usr partitions (3 "usr-a", 5 "usr-b", 8 "usr-c"), where A/B slots are two: give it two (B no smaller than A), or none (no OS upgrades)`}
-	plain := &builder.Report{Disk: "disk.raw", Layout: stick.Layout, Contents: stick.Disk.Contents, Sizes: map[string]int64{"bin": 11 << 20}}
+	plain := &builder.Report{Disk: "disk.raw", Layout: stick.Layout, Contents: stick.Disk.Contents, Sizes: map[string]int64{"bin": 11 << 20},
+		ReleaseFiles: delta.Manifest.ReleaseFiles, Trust: delta.Manifest.Trust}
+	// A disk whose recipe trusts no key: no bundle is accepted.
+	untrusting := *plain
+	untrusting.ReleaseFiles, untrusting.Trust = nil, nil
 
 	for name, print := range map[string]func(*bytes.Buffer, string) error{
 		"disk-ab-base":          func(w *bytes.Buffer, f string) error { return printDisk(w, abBase, f) },
 		"disk-ab-base-refused":  func(w *bytes.Buffer, f string) error { return printDisk(w, refused, f) },
 		"disk-no-slots":         func(w *bytes.Buffer, f string) error { return printDisk(w, plain, f) },
+		"disk-no-trust":         func(w *bytes.Buffer, f string) error { return printDisk(w, &untrusting, f) },
 		"bundle-delta":          func(w *bytes.Buffer, f string) error { return printBundle(w, delta, f) },
 		"bundle-schema1":        func(w *bytes.Buffer, f string) error { return printBundle(w, &old, f) },
 		"bundle-os":             func(w *bytes.Buffer, f string) error { return printBundle(w, &withOS, f) },

@@ -18,15 +18,19 @@ func init() { subcommands = append(subcommands, newKeyCommand) }
 
 func newKeyCommand() *cobra.Command {
 	key := &cobra.Command{
-		Use:   "key",
-		Short: "Manage the keys that sign upgrade bundles",
+		Use:     "key",
+		Short:   "Manage the keys that sign upgrade bundles",
+		Example: `  kiln key generate factory   # factory.key signs bundles; factory.pub goes in the recipe's trust`,
 	}
 	key.AddCommand(&cobra.Command{
 		Use:   "generate NAME",
-		Short: "Write a new ed25519 key pair: NAME.key (private, PKCS#8 PEM, mode 0600) and NAME.pub (public, PKIX PEM)",
-		Long: `Generate writes NAME.key, the private key that signs bundles (keep it off the appliances and
-out of version control), and NAME.pub, the public key a recipe lists under trust. Neither file is
-overwritten: generating over an existing key would orphan every appliance that trusts it.`,
+		Short: "Write a new ed25519 key pair: NAME.key (private) and NAME.pub (public)",
+		Long: `Generate writes NAME.key, the private key that signs bundles (PKCS#8 PEM, mode 0600; keep it
+off the appliances and out of version control), and NAME.pub, the public key a recipe lists under
+trust (PKIX PEM). Neither file is overwritten: generating over an existing key would orphan every
+appliance that trusts it.`,
+		Example: `  kiln key generate factory        # factory.key and factory.pub
+  kiln key generate keys/factory   # keys/factory.key and keys/factory.pub`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]

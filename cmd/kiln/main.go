@@ -76,10 +76,25 @@ func main() {
 
 func newRootCommand() *cobra.Command {
 	root := &cobra.Command{
-		Use:           "kiln",
-		Short:         "Build immutable appliance disk images with their container images inside",
+		Use:   "kiln",
+		Short: "Build immutable appliance disk images with their container images inside",
+		Example: `  kiln lock appliance.yaml                # resolve every tag to a digest: appliance.lock
+  kiln build appliance.yaml -o disk.raw   # the disk image (uses the lock; writes one if missing)
+  kiln inspect disk.raw                   # what it holds
+  kiln verify disk.raw                    # exactly the bytes the build wrote
+  kiln write disk.raw /dev/sdX            # onto a removable stick, read back
+  kiln key generate factory               # the key pair that signs upgrade bundles
+  kiln bundle appliance.yaml -o upgrade.img --key factory.key --from disk-1.0.raw`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+	}
+	// cobra's shell completion still runs, unlisted: kiln documents no
+	// completion, and its help would be the one without an example.
+	root.CompletionOptions.HiddenDefaultCmd = true
+	if version.Current().Edition == version.Node { // serve and agent only
+		root.Example = `  kiln agent status                 # the node's releases, pins and images
+  kiln serve /var/lib/kiln/images   # the read-only registry (run by systemd)
+  kiln --version`
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	// --version by hand: cobra's own runs a text/template, which costs the
@@ -96,18 +111,86 @@ func newRootCommand() *cobra.Command {
 	for _, add := range subcommands {
 		root.AddCommand(add())
 	}
+	checkUsage(root)
 	return root
+}
+
+// checkUsage makes every way of calling a command wrongly a usage error
+// (exit 2), which cobra leaves as plain errors (exit 1) or, for a group
+// such as `kiln key`, answers an unknown subcommand with its help and
+// exit 0: an unknown command, a wrong number of arguments, a required flag
+// left out.
+func checkUsage(cmd *cobra.Command) {
+	switch {
+	case cmd.HasSubCommands():
+		cmd.Args = unknownCommand
+		if cmd.RunE == nil && cmd.Run == nil {
+			cmd.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+		}
+	case cmd.Args != nil:
+		args := cmd.Args
+		cmd.Args = func(cmd *cobra.Command, a []string) error {
+			err := args(cmd, a)
+			var ue usageError
+			if err != nil && !errors.As(err, &ue) {
+				err = usageError{fmt.Errorf("%w (usage: %s)", err, usageLine(cmd))}
+			}
+			return err
+		}
+	}
+	if cmd.PreRunE == nil && cmd.PreRun == nil {
+		// Before cobra's own check of the same, which would exit 1.
+		cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
+			if err := cmd.ValidateRequiredFlags(); err != nil {
+				return usageError{fmt.Errorf("%w (usage: %s)", err, usageLine(cmd))}
+			}
+			return nil
+		}
+	}
+	for _, c := range cmd.Commands() {
+		checkUsage(c)
+	}
+}
+
+// unknownCommand refuses arguments to a command that only groups others.
+func unknownCommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	hint := fmt.Sprintf("run '%s --help' for the commands", cmd.CommandPath())
+	cmd.SuggestionsMinimumDistance = 2 // cobra's own default, set only on its own path
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		hint = fmt.Sprintf("did you mean '%s %s'? (%s)", cmd.CommandPath(), s[0], hint)
+	}
+	return usageError{fmt.Errorf("unknown command %q for %q: %s", args[0], cmd.CommandPath(), hint)}
+}
+
+// usageLine is how cmd is called, from kiln on: "kiln key generate NAME".
+func usageLine(cmd *cobra.Command) string {
+	if !cmd.HasParent() {
+		return cmd.Use
+	}
+	return cmd.Parent().CommandPath() + " " + cmd.Use
 }
 
 // subcommands is filled by the init functions of this package's other files,
 // one file per command, so each command stays in one place.
 var subcommands []func() *cobra.Command
 
+// formatFlag adds --format text|json. -o/--output, its name before -o
+// came to mean the file a command writes (build, bundle, reflash-stick),
+// still sets it for the scripts that use it, unlisted.
+func formatFlag(cmd *cobra.Command, format *string) {
+	cmd.Flags().StringVar(format, "format", "text", "output format: text or json")
+	cmd.Flags().StringVarP(format, "output", "o", "text", "the same as --format")
+	cmd.Flags().MarkHidden("output")
+}
+
 // exactArgs is cobra.ExactArgs with kiln's usage exit code.
 func exactArgs(n int) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if err := cobra.ExactArgs(n)(cmd, args); err != nil {
-			return usageError{fmt.Errorf("%w (usage: kiln %s)", err, cmd.Use)}
+			return usageError{fmt.Errorf("%w (usage: %s)", err, usageLine(cmd))}
 		}
 		return nil
 	}

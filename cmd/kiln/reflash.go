@@ -17,7 +17,9 @@ func newReflashCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "reflash [PAYLOAD]",
-		Short: "Write the appliance disk a reflash stick carries to the replacement disk, read it back, power off",
+		Short: "Write a reflash stick's appliance disk to the replacement disk; read it back",
+		Example: `  kiln agent reflash /run/kiln/reflash
+  kiln agent reflash --unattended /run/kiln/reflash`,
 		Long: `Run by the reflash stick's unit on the console. PAYLOAD is the stick's mounted payload partition
 (default ` + recovery.MountPoint + `). Picks the target disk by the stick's rule (default: the one
 non-removable disk that is neither the stick nor mounted), refusing when none or several fit, or

@@ -24,7 +24,9 @@ func newReflashStickCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "reflash-stick RECIPE [--disk DISK] -o STICK",
-		Short: "Write a recovery stick image that reflashes a replaced disk with the appliance disk, proven by reading it back",
+		Short: "Write a recovery stick image that reflashes a replaced disk",
+		Example: `  kiln reflash-stick appliance.yaml -o reflash.img
+  kiln reflash-stick appliance.yaml --disk disk.raw -o reflash.img   # a disk built before`,
 		Long: `Reflash-stick builds the appliance disk from RECIPE and its lock exactly as kiln build does (the
 same bytes; the lock and the blob cache as kiln build uses them), or takes DISK, built before with
 kiln build. It checks the disk as kiln verify does (it must be the disk built from RECIPE), then
@@ -38,7 +40,7 @@ any error. See docs/technician.md.`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if o.Output == "" {
-				return usageError{fmt.Errorf("-o STICK is needed (usage: kiln %s)", cmd.Use)}
+				return usageError{fmt.Errorf("-o STICK is needed (usage: %s)", usageLine(cmd))}
 			}
 			if o.Disk != "" && (o.Build.CacheDir != "" || o.Build.RefreshLock || fetch.insecure) {
 				return usageError{fmt.Errorf("--cache, --refresh-lock and --insecure-registries apply only when reflash-stick builds the disk: drop them, or drop --disk DISK")}

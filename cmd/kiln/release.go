@@ -72,11 +72,13 @@ func newStatusCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show the node's releases (current, previous, staged or trying), its pins and the last result",
-		Args:  exactArgs(0),
+		Short: "Show the node's releases, its pins, its images and the last result",
+		Example: `  kiln agent status
+  kiln agent status --format json   # for monitoring`,
+		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if format != "text" && format != "json" {
-				return usageError{fmt.Errorf("--output %q: want text or json", format)}
+				return usageError{fmt.Errorf("--format %q: want text or json", format)}
 			}
 			m, err := flags.machine(cmd)
 			if err != nil {
@@ -98,7 +100,7 @@ func newStatusCommand() *cobra.Command {
 		},
 	}
 	flags.addRoot(cmd)
-	cmd.Flags().StringVarP(&format, "output", "o", "text", "output format: text or json")
+	formatFlag(cmd, &format)
 	return cmd
 }
 
@@ -202,14 +204,17 @@ func bootedRelease(st *release.Status) string {
 func newReleaseCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "release",
-		Short: "Move the node between releases: begin trying the staged one, confirm it, roll it back, abandon it",
+		Short: "Move the node between releases: try, confirm, roll back or abandon one",
+		Example: `  kiln agent release abandon 1.1.0   # drop a staged release before it is tried
+  kiln agent release converge        # finish an interrupted change`,
 	}
 	var flags releaseFlags
 	var reason string
 	sub := []*cobra.Command{
 		{
-			Use:   "begin [PARTITION]",
-			Short: "At boot, before CRI-O: record the factory release if nothing is recorded, then try the staged release",
+			Use:     "begin [PARTITION]",
+			Short:   "At boot, before CRI-O: record the factory release, try a staged one",
+			Example: `  kiln agent release begin /var/lib/kiln/images`,
 			Long: "Records the image partition's release (PARTITION/kiln.json, default " + contract.MountPoint + ") as current when the\n" +
 				"node has no release state, then begins trying a staged release (its files installed, its images pinned),\n" +
 				"or rolls back one that was not confirmed after 3 boots. Every boot may run it; it also finishes any\n" +
@@ -236,9 +241,10 @@ func newReleaseCommand() *cobra.Command {
 			},
 		},
 		{
-			Use:   "confirm VERSION",
-			Short: "The release being tried passed its health check: make it current (the current one becomes previous)",
-			Args:  exactArgs(1),
+			Use:     "confirm VERSION",
+			Short:   "Make the release being tried current (the current one becomes previous)",
+			Example: `  kiln agent release confirm 1.1.0`,
+			Args:    exactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				m, err := flags.machine(cmd)
 				if err != nil {
@@ -249,9 +255,10 @@ func newReleaseCommand() *cobra.Command {
 			},
 		},
 		{
-			Use:   "rollback VERSION --reason TEXT",
-			Short: "The release being tried failed its health check: put the current release back",
-			Args:  exactArgs(1),
+			Use:     "rollback VERSION --reason TEXT",
+			Short:   "The release being tried failed its health check: put the current release back",
+			Example: `  kiln agent release rollback 1.1.0 --reason "the app does not answer"`,
+			Args:    exactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				m, err := flags.machine(cmd)
 				if err != nil {
@@ -262,9 +269,10 @@ func newReleaseCommand() *cobra.Command {
 			},
 		},
 		{
-			Use:   "abandon VERSION",
-			Short: "Drop the staged release before it is tried",
-			Args:  exactArgs(1),
+			Use:     "abandon VERSION",
+			Short:   "Drop the staged release before it is tried",
+			Example: `  kiln agent release abandon 1.1.0`,
+			Args:    exactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				m, err := flags.machine(cmd)
 				if err != nil {
@@ -275,9 +283,10 @@ func newReleaseCommand() *cobra.Command {
 			},
 		},
 		{
-			Use:   "converge",
-			Short: "Make the pins, release files and release store match the recorded state (finishes an interrupted change)",
-			Args:  exactArgs(0),
+			Use:     "converge",
+			Short:   "Make pins, release files and store match the state (finish a change)",
+			Example: `  kiln agent release converge`,
+			Args:    exactArgs(0),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				m, err := flags.machine(cmd)
 				if err != nil {
@@ -306,9 +315,10 @@ func newReleaseCommand() *cobra.Command {
 // boot (the registry serving it, the health check).
 func newReleaseTryingCommand(flags *releaseFlags) *cobra.Command {
 	return &cobra.Command{
-		Use:   "trying",
-		Short: "Exit 0 (printing its version) when a release is being tried, 1 when none is, 255 when the state is unreadable",
-		Args:  exactArgs(0),
+		Use:     "trying",
+		Short:   "Exit 0 when a release is being tried, 1 when none is, 255 on a bad state file",
+		Example: `  kiln agent release trying   # as a unit's ExecCondition=`,
+		Args:    exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			st, err := release.New(release.WithRoot(flags.root)).Load()
 			switch {
@@ -330,9 +340,10 @@ func newReleaseTryingCommand(flags *releaseFlags) *cobra.Command {
 // boot-complete.target requires on a counted boot.
 func newReleaseConfirmedCommand(flags *releaseFlags) *cobra.Command {
 	return &cobra.Command{
-		Use:   "confirmed",
-		Short: "Exit 0 when this boot's entry is the current, confirmed release's (the boot loader may bless it), 1 otherwise",
-		Args:  exactArgs(0),
+		Use:     "confirmed",
+		Short:   "Exit 0 when this boot's entry is the current, confirmed release's, else 1",
+		Example: `  kiln agent release confirmed   # before the boot loader marks the entry good`,
+		Args:    exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r, err := release.New(release.WithRoot(flags.root)).Confirmed()
 			if err != nil {
@@ -352,6 +363,8 @@ func newReleaseCheckCommand(flags *releaseFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "check [--unit UNIT]… [--timeout D] [-- COMMAND [ARG…]]",
 		Short: "Health-check the release being tried: confirm it, or roll it back and exit 1",
+		Example: `  kiln agent release check --timeout 5m
+  kiln agent release check --timeout 90s --unit crio.service -- /usr/bin/curl -fsS http://127.0.0.1:8080/healthz`,
 		Long: "With a release being tried, waits until every --unit is active and COMMAND (if given) exits 0, then\n" +
 			"confirms the release; at --timeout it rolls the release back, says what failed and exits 1 (the unit\n" +
 			"then reboots into the previous release). With nothing being tried it does nothing.",

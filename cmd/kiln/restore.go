@@ -19,8 +19,9 @@ import (
 func newRestoreImagesCommand() *cobra.Command {
 	var flags releaseFlags
 	cmd := &cobra.Command{
-		Use:   "restore-images [PARTITION]",
-		Short: "At boot, after CRI-O started and before the workloads: put back every kept image the runtime lost",
+		Use:     "restore-images [PARTITION]",
+		Short:   "At boot, after CRI-O: put back every kept image local storage lost",
+		Example: `  kiln agent restore-images /var/lib/kiln/images`,
 		Long: "Finds, by digest, every image the node must hold in local storage (the current, previous and tried\n" +
 			"releases', a staged release's preloaded ones; served-only images are left to the registry when it runs\n" +
 			"this boot) and copies each missing one back from the image partition (PARTITION, default " + contract.MountPoint + ")\n" +

@@ -22,6 +22,8 @@ func newServeCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve [--listen ADDR] [--state FILE] DIR...",
 		Short: "Serve OCI layouts (or mounted image partitions) as a read-only local registry",
+		Example: `  kiln serve /var/lib/kiln/images
+  kiln serve --listen 127.0.0.1:5050 --state /var/lib/kiln/state.json /var/lib/kiln/images`,
 		Long: `Serve one or more OCI image layouts as a pull-only OCI distribution registry.
 Each DIR is an OCI layout, or a mounted kiln image partition (DIR/kiln.json; DIR/oci is served).
 Repositories carry their upstream host: quay.io/acme/app:1.2 is /v2/quay.io/acme/app/manifests/1.2.

@@ -26,7 +26,10 @@ func newWriteCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "write IMAGE DEVICE",
-		Short: "Write a disk or bundle stick image to a removable device, then read every byte back",
+		Short: "Write a disk or stick image to a removable device, then read it back",
+		Example: `  kiln write disk.raw /dev/sdX
+  kiln write upgrade.img /dev/sdX --key factory.pub
+  kiln write reflash.img /dev/sdX`,
 		Long: `Write checks IMAGE as kiln verify does (a bundle needs --key), refuses a DEVICE that is not a whole
 block device, is mounted or held, is not removable (unless --force) or is smaller than IMAGE, all
 before writing anything; then writes IMAGE from the device's first byte, flushes, drops the

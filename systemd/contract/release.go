@@ -86,8 +86,8 @@ func (r Release) ID() ReleaseID { return ReleaseID{Version: r.Version, LockDiges
 // optional -prerelease and +build).
 func ParseVersion(v string) (*semver.Version, error) {
 	sv, err := semver.NewVersion(v)
-	if err != nil {
-		return nil, fmt.Errorf("version %q is not semver (MAJOR.MINOR.PATCH, e.g. 1.4.0): %v", v, err)
+	if err != nil { // the library's own words ("dotted-tri") say less than an example
+		return nil, fmt.Errorf("version %q is not semver: write MAJOR.MINOR.PATCH, e.g. 1.2.0 (or 1.2.0-rc.1)", v)
 	}
 	return sv, nil
 }

@@ -47,7 +47,7 @@ func TestCompareVersions(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"1.0", "v1.0.0", ""} {
-		if _, err := CompareVersions(bad, "1.0.0"); err == nil || !strings.Contains(err.Error(), "is not semver (MAJOR.MINOR.PATCH, e.g. 1.4.0)") {
+		if _, err := CompareVersions(bad, "1.0.0"); err == nil || !strings.Contains(err.Error(), "is not semver: write MAJOR.MINOR.PATCH, e.g. 1.2.0") {
 			t.Errorf("CompareVersions(%q): %v", bad, err)
 		}
 	}
