@@ -27,8 +27,10 @@ APT_PKGS := gdisk squashfs-tools e2fsprogs dosfstools mtools fdisk skopeo podman
 APT_E2E  := ovmf debootstrap gcc libc6-dev make
 # The reference registry the benchmarks measure kiln serve against.
 APT_BENCH := docker-registry
+# Graphviz renders the docs' pictures (make pictures).
+APT_PICTURES := graphviz
 
-.PHONY: all build test demo demo-upgrade bench e2e fuzz deps deps-e2e deps-bench clean vet
+.PHONY: all build test demo demo-upgrade bench e2e fuzz deps deps-e2e deps-bench deps-pictures pictures clean vet
 
 all: build
 
@@ -45,6 +47,9 @@ deps-e2e:
 
 deps-bench:
 	@./test/deps.sh $(APT_PKGS) $(APT_BENCH)
+
+deps-pictures:
+	@./test/deps.sh $(APT_PICTURES)
 
 # The node edition's files (tag nodeonly) are vetted too: nothing else builds them with their tests.
 vet:
@@ -77,6 +82,12 @@ demo-upgrade: demo
 	$(BIN) bundle recipes/demo-1.1.yaml --key $(DEMO_KEY).key --from out/demo.raw -o out/demo-1.1.img
 	$(BIN) verify out/demo-1.1.img --key $(DEMO_KEY).pub
 	$(BIN) inspect out/demo-1.1.img
+
+# The docs' pictures: each docs/pictures/NAME.dot rendered to NAME.svg beside
+# it. The SVGs are checked in, so the docs show them without Graphviz.
+PICTURES := $(patsubst %.dot,%.svg,$(wildcard docs/pictures/*.dot))
+pictures: deps-pictures
+	@for f in $(PICTURES); do echo "dot -Tsvg $${f%.svg}.dot -o $$f"; dot -Tsvg "$${f%.svg}.dot" -o "$$f" || exit 1; done
 
 bench: deps-bench build
 	$(GO) test $(GOFLAGS) -run '^$$' -bench . -benchtime 1x -timeout 60m ./...
