@@ -16,6 +16,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
+	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/partitions/bootconfig"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
@@ -325,7 +326,7 @@ func (b *bundler) readBaseOS(ctx context.Context, disk, rootHash string) (*baseO
 	if err != nil {
 		return nil, err
 	}
-	rel, err := readOSRelease(ctx, disk, dir)
+	rel, err := readOSRelease(ctx, disk, dir, progress.Discard())
 	if err != nil {
 		return nil, err
 	}
