@@ -215,7 +215,8 @@ func statusLine(name string, done, total int64, elapsed time.Duration) string {
 }
 
 // doneLine ends a task. Its bytes are the same quantity as the started
-// line's total: a task that ends short of (or past) its total says both.
+// line's total: a task that ends visibly short of (or past) its total says
+// both.
 func doneLine(name string, done, total int64, elapsed time.Duration, err error) string {
 	took := elapsed.Round(time.Millisecond)
 	switch {
@@ -227,8 +228,8 @@ func doneLine(name string, done, total int64, elapsed time.Duration, err error) 
 		return fmt.Sprintf("%s: done in %s", name, took)
 	}
 	bytes := human.Bytes(done)
-	if total > 0 && done != total {
-		bytes += " of " + human.Bytes(total)
+	if of := human.Bytes(total); total > 0 && of != bytes { // as printed: 26.0 MiB of 26.0 MiB says nothing
+		bytes += " of " + of
 	}
 	return fmt.Sprintf("%s: done, %s in %s (%s/s)", name, bytes, took, human.Bytes(rate(done, elapsed)))
 }

@@ -88,6 +88,7 @@ func TestDoneLine(t *testing.T) {
 	}{
 		{2 << 20, 2 << 20, nil, "x: done, 2.0 MiB in 2s (1.0 MiB/s)"},
 		{407, 1536 << 10, nil, "x: done, 407 B of 1.5 MiB in 2s (203 B/s)"},
+		{27237376, 27262976, nil, "x: done, 26.0 MiB in 2s (13.0 MiB/s)"}, // equal as printed
 		{2 << 20, 0, nil, "x: done, 2.0 MiB in 2s (1.0 MiB/s)"},
 		{0, 0, nil, "x: done in 2s"},
 		{0, 1 << 20, nil, "x: done in 2s"},
