@@ -105,7 +105,7 @@ type VerifyOptions = seal.VerifyOptions
 // byte. The file check returns every problem found, not just the first.
 func Verify(ctx context.Context, disk string, o VerifyOptions, p progress.Reporter) (rep *Report, err error) {
 	defer recoverAs(&err, disk+": image partition")
-	o.Upgradable = osslots.Upgradable
+	o.Upgradable, o.Progress = osslots.Upgradable, p
 	sealed, err := seal.Verify(ctx, disk, o)
 	var damaged *seal.VerifyError
 	if errors.As(err, &damaged) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
+	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/squashfs"
@@ -310,7 +311,7 @@ func (b *bundler) readBaseOS(ctx context.Context, disk, rootHash string) (*baseO
 	if err != nil {
 		return nil, err
 	}
-	rel, err := readOSRelease(ctx, disk, dir)
+	rel, err := readOSRelease(ctx, disk, dir, progress.Discard())
 	if err != nil {
 		return nil, err
 	}

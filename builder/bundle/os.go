@@ -15,6 +15,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder/slotcut"
 	"github.com/kiln-appliance/kiln/builder/stage"
+	"github.com/kiln-appliance/kiln/internal/progress"
 	pbase "github.com/kiln-appliance/kiln/partitions/base"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/osslots"
@@ -48,7 +49,8 @@ type bootFile struct {
 
 // readOSRelease reads the OS of the disk at path into dir (a compressed
 // disk's partitions are copied out there): nil when it has no OS slots.
-func readOSRelease(ctx context.Context, path, dir string) (rel *osRelease, err error) {
+// Reading a slot is a task of p, named only when there is one.
+func readOSRelease(ctx context.Context, path, dir string, p progress.Reporter) (rel *osRelease, err error) {
 	l, raw, err := pbase.ReadLayout(path)
 	if err != nil {
 		return nil, err
@@ -57,6 +59,8 @@ func readOSRelease(ctx context.Context, path, dir string) (rel *osRelease, err e
 	if slots == nil || err != nil {
 		return nil, err
 	}
+	task := p.Task("read the base's OS slot", 0)
+	defer func() { task.Done(err) }()
 	usr, _, err := bootentry.ParseUsrVerity(entry.Options) // osslots found it mounts the slot
 	if err != nil {
 		return nil, fmt.Errorf("boot loader entry %s: %w", entry.ID, err)
@@ -191,9 +195,7 @@ func (b *bundler) readOS(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	task := b.o.Progress.Task("read the base's OS slot", 0)
-	rel, err := readOSRelease(ctx, p, dir)
-	task.Done(err)
+	rel, err := readOSRelease(ctx, p, dir, b.o.Progress)
 	if err != nil {
 		return r.Errorf("base.path", "base image %s: %v", p, err)
 	}

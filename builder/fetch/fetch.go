@@ -149,7 +149,14 @@ func (c *Cache) fetch(ctx context.Context, r Request, reporter progress.Reporter
 	for _, d := range missing {
 		g.Go(func() error {
 			open := func(ctx context.Context) (io.ReadCloser, error) { return b.blob(ctx, d) }
-			return c.put(gctx, d, source, open, counter)
+			copied := &byteCount{w: counter}
+			if err := c.put(gctx, d, source, open, copied); err != nil {
+				return err
+			}
+			// Another image sharing the blob may have fetched it, counted on
+			// its own task: count it here too, so this task ends at its total.
+			progress.Count(counter, d.Size-copied.n)
+			return nil
 		})
 	}
 	err = g.Wait()
@@ -256,4 +263,15 @@ func (l *lazyBackend) blob(ctx context.Context, d v1.Descriptor) (io.ReadCloser,
 		return nil, err
 	}
 	return b.blob(ctx, d)
+}
+
+// byteCount passes writes on to w and counts them.
+type byteCount struct {
+	w io.Writer
+	n int64
+}
+
+func (c *byteCount) Write(p []byte) (int, error) {
+	c.n += int64(len(p))
+	return c.w.Write(p)
 }

@@ -415,3 +415,68 @@ func TestFetchStreams(t *testing.T) {
 		t.Logf("fetching 64 MiB allocated %d KiB", n>>10)
 	}
 }
+
+// TestFetchAllProgressShared: each image's task ends at the total it
+// started with, though a layer it shares with another image was fetched
+// (and counted) by that image's task.
+func TestFetchAllProgressShared(t *testing.T) {
+	dir := t.TempDir()
+	imgs, err := images.RandomImages(dir, 4, 4<<20, 0.5, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reqs []Request
+	for _, img := range imgs {
+		reqs = append(reqs, Request{Source: "oci:" + dir + ":" + img.Ref, Digest: img.Digest, Platform: amd64})
+	}
+	c, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := &taskReporter{}
+	if _, err := c.FetchAll(context.Background(), reqs, rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.tasks) != len(imgs) {
+		t.Fatalf("%d tasks for %d images", len(rep.tasks), len(imgs))
+	}
+	for _, task := range rep.tasks {
+		if task.written != task.total || !task.done {
+			t.Errorf("%s: %d bytes of %d, done %v: want all of its total, done", task.name, task.written, task.total, task.done)
+		}
+	}
+}
+
+// taskReporter records each task's total and the bytes counted on it.
+type taskReporter struct {
+	mu    sync.Mutex
+	tasks []*recordedTask
+}
+
+type recordedTask struct {
+	mu             sync.Mutex
+	name           string
+	total, written int64
+	done           bool
+}
+
+func (r *taskReporter) Task(name string, total int64) progress.Task {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t := &recordedTask{name: name, total: total}
+	r.tasks = append(r.tasks, t)
+	return t
+}
+
+func (t *recordedTask) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.written += int64(len(p))
+	return len(p), nil
+}
+
+func (t *recordedTask) Done(error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.done = true
+}

@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/output"
@@ -176,6 +177,11 @@ func (s *stick) buildDisk(ctx context.Context) error {
 	}
 	fmt.Fprintf(s.log, "built the appliance disk (%s, %d images, disk GUID %s)\n", human.Bytes(res.Layout.Size), len(res.Contents.Images), res.Layout.GUID)
 	s.o.Disk = bo.Output
+	// The next steps name the disk as that line does, not by its path in
+	// the work directory.
+	s.o.Progress = progress.Rename(s.o.Progress, func(name string) string {
+		return strings.ReplaceAll(name, bo.Output, "the appliance disk")
+	})
 	return nil
 }
 
@@ -238,7 +244,8 @@ func (s *stick) assemble(ctx context.Context) error {
 		partitions.WithPartition(recovery.PartitionName, recovery.PartitionType),
 		partitions.WithIgnition(s.ignition),
 		partitions.WithTempDir(s.work), // swept with it if this run is killed
-		partitions.WithProgress(s.o.Progress))
+		// The disk's build showed the same steps: these are the stick's.
+		partitions.WithProgress(progress.Rename(s.o.Progress, func(name string) string { return name + " (stick)" })))
 	return err
 }
 

@@ -5,6 +5,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -102,7 +103,12 @@ func newLockCommand() *cobra.Command {
 	return cmd
 }
 
-// newProgress shows a live bar on a terminal and plain lines otherwise.
+// newProgress shows a live bar on a terminal and plain lines otherwise,
+// one every logEvery per running task between its start and its end.
 func newProgress() progress.Reporter {
-	return progress.New(os.Stderr, term.IsTerminal(int(os.Stderr.Fd())))
+	return progress.New(os.Stderr, term.IsTerminal(int(os.Stderr.Fd())), progress.Every(logEvery))
 }
+
+// logEvery spaces the progress lines of a log (no terminal): often enough to
+// show a long fetch or write is moving, rarely enough to keep a CI log short.
+const logEvery = 10 * time.Second

@@ -181,6 +181,9 @@ func TestBundleOSSlot(t *testing.T) {
 
 	b11 := filepath.Join(rs.dir, "upgrade-1.1.img")
 	out := rs.mustKiln(t, "bundle", r11, "-o", b11, "--key", rs.key, "--from", disk10)
+	if !strings.Contains(out, "read the base's OS slot: done") {
+		t.Errorf("a base with slots: no progress of reading its slot:\n%s", out)
+	}
 	m, f, fsStart := openBundle(t, rs, b11)
 	u, e := m.OS.Usr, m.OS.Entry
 

@@ -181,6 +181,9 @@ func TestBundles(t *testing.T) {
 	if !strings.Contains(out, "delta bundle") {
 		t.Errorf("bundle output does not say it is a delta:\n%s", out)
 	}
+	if strings.Contains(out, "OS slot") {
+		t.Errorf("a base without slots: the progress names a step about OS slots:\n%s", out)
+	}
 	rs.mustKiln(t, "bundle", r12, "-o", b12, "--key", rs.key)
 	rs.mustKiln(t, "bundle", r12, "-o", b12file, "--key", rs.key, "--format", "file")
 

@@ -609,8 +609,14 @@ func TestInterruptLeavesNothing(t *testing.T) {
 	// Interrupt as each long step starts (its progress line), so every run
 	// is cut short at a known place; a build that finishes anyway fails.
 	for _, step := range []string{"stage image partition", "write image filesystem", "check blobs read in place", "copy base partitions"} {
-		if code, log := interruptAt(t, f.cache, step, "build", f.recipe, "-o", out); code != 130 {
+		code, log := interruptAt(t, f.cache, step, "build", f.recipe, "-o", out)
+		if code != 130 {
 			t.Errorf("SIGINT when %q started: exit %d, want 130\n%s", step, code, log)
+		}
+		// The user reads what happened in their words, the task too.
+		if strings.Contains(log, "context canceled") || !strings.Contains(log, step+": interrupted after ") ||
+			!strings.Contains(log, "\nkiln: ") || !strings.Contains(log[strings.LastIndex(log, "\nkiln: "):], "interrupted") {
+			t.Errorf("SIGINT when %q started: the messages do not say interrupted:\n%s", step, log)
 		}
 		assertUntouched(t, f.dir, out)
 		leftovers, _ := filepath.Glob(filepath.Join(f.cache, "kiln", "build-*"))

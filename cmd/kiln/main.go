@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/sirupsen/logrus"
@@ -59,11 +60,12 @@ func main() {
 	if err == nil {
 		return
 	}
-	fmt.Fprintf(os.Stderr, "kiln: %v\n", err)
+	interrupted := ctx.Err() != nil || errors.Is(err, context.Canceled)
+	fmt.Fprintf(os.Stderr, "kiln: %s\n", errorMessage(err, interrupted))
 	var ue usageError
 	var ce exitCodeError
 	switch {
-	case ctx.Err() != nil || errors.Is(err, context.Canceled):
+	case interrupted:
 		os.Exit(exitInterrupted)
 	case errors.As(err, &ue):
 		os.Exit(exitUsage)
@@ -72,6 +74,22 @@ func main() {
 	default:
 		os.Exit(exitFailure)
 	}
+}
+
+// errorMessage is err as the user reads it. When interrupted (Ctrl-C,
+// SIGTERM), Go's "context canceled", wherever the chain wraps it, reads
+// "interrupted", and an error that does not say why (a tool killed by the
+// same signal) is marked so.
+func errorMessage(err error, interrupted bool) string {
+	msg := err.Error()
+	if !interrupted {
+		return msg
+	}
+	msg = strings.ReplaceAll(msg, context.Canceled.Error(), "interrupted")
+	if !strings.Contains(msg, "interrupted") {
+		msg = "interrupted: " + msg
+	}
+	return msg
 }
 
 func newRootCommand() *cobra.Command {

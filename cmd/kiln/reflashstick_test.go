@@ -116,10 +116,14 @@ func TestReflashStickFromRecipe(t *testing.T) {
 	stick := filepath.Join(f.dir, "stick.raw")
 	// No lock yet: written, as kiln build writes it.
 	out := mustKiln(t, f, "reflash-stick", f.recipe, "-o", stick)
-	for _, want := range []string{"wrote " + stick, "carrying the disk built from " + f.recipe, "stage image partition: started", "write image filesystem: done"} {
+	for _, want := range []string{"wrote " + stick, "carrying the disk built from " + f.recipe, "stage image partition: started", "write image filesystem: done",
+		"verify the appliance disk: done", "record the appliance disk: done", "write image filesystem (stick): done"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("reflash-stick does not say %q:\n%s", want, out)
 		}
+	}
+	if strings.Contains(out, ".kiln-reflash-") {
+		t.Errorf("reflash-stick names its work directory:\n%s", out)
 	}
 	if _, err := os.Stat(filepath.Join(f.dir, "appliance.lock")); err != nil {
 		t.Errorf("no lock written beside the recipe: %v", err)

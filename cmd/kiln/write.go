@@ -91,7 +91,7 @@ func checkImage(cmd *cobra.Command, image string, keys []string, noVerify bool) 
 		}
 		return nil
 	case reflashStick:
-		if _, err := seal.Verify(cmd.Context(), image, seal.VerifyOptions{PartitionName: recovery.PartitionName}); err != nil {
+		if _, err := seal.Verify(cmd.Context(), image, seal.VerifyOptions{PartitionName: recovery.PartitionName, Progress: newProgress()}); err != nil {
 			return fmt.Errorf("not writing %s: %s failed verification; the stick image is damaged or was modified: make it again: %w", image, image, err)
 		}
 		return nil
@@ -111,7 +111,7 @@ func checkImage(cmd *cobra.Command, image string, keys []string, noVerify bool) 
 // verifyReflashStick checks a stick image (or a written stick) against the
 // seal kiln reflash-stick left in it: every byte, the payload by sha256.
 func verifyReflashStick(cmd *cobra.Command, path string) error {
-	rep, err := seal.Verify(cmd.Context(), path, seal.VerifyOptions{PartitionName: recovery.PartitionName})
+	rep, err := seal.Verify(cmd.Context(), path, seal.VerifyOptions{PartitionName: recovery.PartitionName, Progress: newProgress()})
 	if err != nil {
 		return fmt.Errorf("%s failed verification; the stick is damaged or was modified: make or write it again:\n  %w", path, err)
 	}

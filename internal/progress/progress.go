@@ -65,3 +65,16 @@ func (s *sharedWriter) Write(p []byte) (int, error) {
 	defer s.mu.Unlock()
 	return s.w.Write(p)
 }
+
+// Rename reports r's tasks under the names rename gives them: a step that
+// works on a temporary file is named by what the user knows it as.
+func Rename(r Reporter, rename func(string) string) Reporter {
+	return renamed{r, rename}
+}
+
+type renamed struct {
+	Reporter
+	rename func(string) string
+}
+
+func (r renamed) Task(name string, total int64) Task { return r.Reporter.Task(r.rename(name), total) }

@@ -1,8 +1,11 @@
 package progress
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"time"
 
@@ -23,10 +26,15 @@ func New(w io.Writer, terminal bool, opts ...Option) Reporter {
 // Option configures New.
 type Option func(*text)
 
-// Every adds, to the log lines, one per running task at most every d with
-// the bytes done and the rate: for a console that must show long work is
-// moving (the node's import) but cannot redraw a line.
+// Every adds, to the log lines, one per running task every d with the bytes
+// done, the rate and the time left: a log or a console that cannot redraw a
+// line still shows that long work is moving, or that it stalled (the lines
+// come from a clock, not only from the work's writes).
 func Every(d time.Duration) Option { return func(r *text) { r.every = d } }
+
+// redrawEvery refreshes a terminal's status line when no bytes move, so its
+// rate and time left do not freeze on a stall.
+const redrawEvery = time.Second
 
 type text struct {
 	w        io.Writer
@@ -38,6 +46,8 @@ type text struct {
 	active     map[*task]struct{}
 	lastDraw   time.Time
 	lineLength int
+	stopTicker chan struct{} // non-nil while the ticker runs
+	noTicker   bool          // tests drive tick with their own clock
 }
 
 type task struct {
@@ -65,6 +75,7 @@ func (r *text) Task(name string, total int64) Task {
 			fmt.Fprintf(r.w, "%s: started\n", name)
 		}
 	}
+	r.startTicker()
 	return t
 }
 
@@ -73,17 +84,7 @@ func (t *task) Write(p []byte) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	t.done += int64(len(p))
-	switch now := r.now(); {
-	case r.terminal && now.Sub(r.lastDraw) > 100*time.Millisecond:
-		r.draw()
-	case !r.terminal && r.every > 0 && now.Sub(t.shown) >= r.every:
-		t.shown = now
-		line := fmt.Sprintf("%s: %s", t.name, human.Bytes(t.done))
-		if t.total > 0 {
-			line += fmt.Sprintf(" of %s (%d%%)", human.Bytes(t.total), t.done*100/t.total)
-		}
-		fmt.Fprintf(r.w, "%s, %s/s\n", line, human.Bytes(rate(t.done, now.Sub(t.start))))
-	}
+	r.tick(r.now())
 	return len(p), nil
 }
 
@@ -95,24 +96,75 @@ func (t *task) Done(err error) {
 		return // Done twice
 	}
 	delete(r.active, t)
-	r.clear()
-	elapsed := r.now().Sub(t.start)
-	switch {
-	case err != nil:
-		fmt.Fprintf(r.w, "%s: failed after %s: %v\n", t.name, elapsed.Round(time.Millisecond), err)
-	case t.done > 0:
-		fmt.Fprintf(r.w, "%s: done, %s in %s (%s/s)\n", t.name, human.Bytes(t.done), elapsed.Round(time.Millisecond), human.Bytes(rate(t.done, elapsed)))
-	default:
-		fmt.Fprintf(r.w, "%s: done in %s\n", t.name, elapsed.Round(time.Millisecond))
+	if len(r.active) == 0 && r.stopTicker != nil {
+		close(r.stopTicker)
+		r.stopTicker = nil
 	}
+	r.clear()
+	fmt.Fprintln(r.w, doneLine(t.name, t.done, t.total, r.now().Sub(t.start), err))
 	if r.terminal {
 		r.draw()
 	}
 }
 
+// startTicker makes tick run on a clock while tasks are active (Done
+// stops it with the last one).
+func (r *text) startTicker() {
+	d := r.every
+	if r.terminal {
+		d = redrawEvery
+	}
+	if d <= 0 || r.noTicker || r.stopTicker != nil {
+		return
+	}
+	stop := make(chan struct{})
+	r.stopTicker = stop
+	go func() {
+		ticker := time.NewTicker(d)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-ticker.C:
+				r.mu.Lock()
+				r.tick(r.now())
+				r.mu.Unlock()
+			}
+		}
+	}()
+}
+
+// tick shows what is due at now: the terminal's status line, redrawn at
+// most every 100 ms, or a log line for each task not shown for r.every.
+func (r *text) tick(now time.Time) {
+	if r.terminal {
+		if now.Sub(r.lastDraw) >= 100*time.Millisecond {
+			r.draw()
+		}
+		return
+	}
+	if r.every <= 0 {
+		return
+	}
+	tasks := make([]*task, 0, len(r.active))
+	for t := range r.active {
+		if now.Sub(t.shown) >= r.every {
+			tasks = append(tasks, t)
+		}
+	}
+	// The oldest task first, as they started.
+	slices.SortFunc(tasks, func(a, b *task) int { return a.start.Compare(b.start) })
+	for _, t := range tasks {
+		t.shown = now
+		fmt.Fprintln(r.w, statusLine(t.name, t.done, t.total, now.Sub(t.start)))
+	}
+}
+
 // draw redraws the status line: the active tasks' bytes done of their total.
 func (r *text) draw() {
-	r.lastDraw = r.now()
+	now := r.now()
+	r.lastDraw = now
 	if len(r.active) == 0 {
 		return
 	}
@@ -129,11 +181,7 @@ func (r *text) draw() {
 	if len(r.active) > 1 {
 		name = fmt.Sprintf("%s (+%d more)", name, len(r.active)-1)
 	}
-	line := fmt.Sprintf("%s: %s", name, human.Bytes(done))
-	if total > 0 {
-		line += fmt.Sprintf(" / %s  %3d%%", human.Bytes(total), done*100/max(total, 1))
-	}
-	line += fmt.Sprintf("  %s/s", human.Bytes(rate(done, r.now().Sub(start))))
+	line := statusLine(name, done, total, now.Sub(start))
 	r.clear()
 	fmt.Fprint(r.w, line)
 	r.lineLength = len(line)
@@ -143,6 +191,60 @@ func (r *text) clear() {
 	if r.terminal && r.lineLength > 0 {
 		fmt.Fprintf(r.w, "\r%*s\r", r.lineLength, "")
 		r.lineLength = 0
+	}
+}
+
+// statusLine is a running task's progress after elapsed: bytes done of the
+// total, the rate and the time left (while both are known), or only how
+// long it has run when it counts no bytes.
+func statusLine(name string, done, total int64, elapsed time.Duration) string {
+	if done == 0 && total == 0 {
+		return fmt.Sprintf("%s: running for %s", name, clock(elapsed))
+	}
+	line := fmt.Sprintf("%s: %s", name, human.Bytes(done))
+	if total > 0 {
+		line += fmt.Sprintf(" of %s (%d%%)", human.Bytes(total), done*100/total)
+	}
+	perSecond := rate(done, elapsed)
+	line += fmt.Sprintf(", %s/s", human.Bytes(perSecond))
+	if total > done && perSecond > 0 {
+		left := time.Duration(float64(total-done) / float64(perSecond) * float64(time.Second))
+		line += fmt.Sprintf(", about %s left", clock(left))
+	}
+	return line
+}
+
+// doneLine ends a task. Its bytes are the same quantity as the started
+// line's total: a task that ends visibly short of (or past) its total says
+// both.
+func doneLine(name string, done, total int64, elapsed time.Duration, err error) string {
+	took := elapsed.Round(time.Millisecond)
+	switch {
+	case errors.Is(err, context.Canceled):
+		return fmt.Sprintf("%s: interrupted after %s", name, took)
+	case err != nil:
+		return fmt.Sprintf("%s: failed after %s: %v", name, took, err)
+	case done == 0:
+		return fmt.Sprintf("%s: done in %s", name, took)
+	}
+	bytes := human.Bytes(done)
+	if of := human.Bytes(total); total > 0 && of != bytes { // as printed: 26.0 MiB of 26.0 MiB says nothing
+		bytes += " of " + of
+	}
+	return fmt.Sprintf("%s: done, %s in %s (%s/s)", name, bytes, took, human.Bytes(rate(done, elapsed)))
+}
+
+// clock prints a duration to the second, for a person watching: 45s,
+// 2m05s, 1h20m (to the minute from an hour on).
+func clock(d time.Duration) string {
+	d = d.Round(time.Second)
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	default:
+		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
 	}
 }
 

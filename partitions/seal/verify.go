@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/partitions/bootconfig"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/verity"
@@ -27,6 +28,9 @@ type VerifyOptions struct {
 	// from the build's goes to Report.Rewritten, for the caller to check
 	// by what the node wrote, instead of failing.
 	Upgradable func(gpt.Partition) bool
+	// Progress, when set, shows the bytes read, of the disk's size, as a
+	// task named for the disk (reading a large disk takes minutes).
+	Progress progress.Reporter
 }
 
 // Report is what Verify checked and what it could not.
@@ -53,6 +57,12 @@ func (e *VerifyError) Unwrap() error { return e.Err }
 // outside them, and the image partition through its verity tree. It stops
 // at the first damaged part and never panics, whatever the bytes.
 func Verify(ctx context.Context, path string, o VerifyOptions) (rep *Report, err error) {
+	var v *verification
+	defer func() { // last: err is final, a recovered panic's too
+		if v != nil && v.task != nil {
+			v.task.Done(err)
+		}
+	}()
 	defer func() {
 		if r := recover(); r != nil { // a reader bug must not turn into exit 2
 			rep, err = nil, &VerifyError{"disk", fmt.Errorf("unreadable (kiln's reader failed: %v): damaged or not a kiln disk", r)}
@@ -63,7 +73,7 @@ func Verify(ctx context.Context, path string, o VerifyOptions) (rep *Report, err
 		return nil, fmt.Errorf("verify disk: %w", err)
 	}
 	defer f.Close()
-	v := &verification{f: f, o: o, rep: &Report{}}
+	v = &verification{f: f, r: f, path: path, o: o, rep: &Report{}}
 	if v.o.PartitionName == "" {
 		v.o.PartitionName = contract.PartitionName
 	}
@@ -87,9 +97,12 @@ func Verify(ctx context.Context, path string, o VerifyOptions) (rep *Report, err
 // verification is one run of Verify: each step reads what the steps before
 // it left here.
 type verification struct {
-	f   *os.File
-	o   VerifyOptions
-	rep *Report
+	f    *os.File
+	r    io.ReaderAt   // f, counting on task once the seal says the disk's size
+	path string        // as given, to name the task
+	task progress.Task // nil without o.Progress
+	o    VerifyOptions
+	rep  *Report
 
 	size    int64       // bytes of the file or device
 	sector  int64       // bytes
@@ -157,6 +170,10 @@ func (v *verification) readSeal(context.Context) error {
 		return &VerifyError{"seal", err}
 	}
 	v.seal, v.rep.Seal = s, s
+	if v.o.Progress != nil {
+		v.task = v.o.Progress.Task("verify "+v.path+" against its seal", s.DiskSize)
+		v.r = countingReader{v.f, v.task}
+	}
 	v.rep.Checked = append(v.rep.Checked, "seal (matches the disk GUID)")
 	return nil
 }
@@ -196,7 +213,7 @@ func (v *verification) checkGPT(ctx context.Context) error {
 		rep.Unchecked = append(rep.Unchecked, fmt.Sprintf("bytes 92-%d of the GPT header sectors (LBA 1 and LBA %d): "+
 			"this disk's seal (version %d) does not record them; a disk built by this kiln has every byte checked", sec-1, alt, s.SchemaVersion))
 	}
-	if d, err := v.digests(io.NewSectionReader(v.f, 0, s.DiskSize)).outside(ctx, s.DiskSize, v.layout.Partitions, 1, alt); err != nil {
+	if d, err := v.digests(io.NewSectionReader(v.r, 0, s.DiskSize)).outside(ctx, s.DiskSize, v.layout.Partitions, 1, alt); err != nil {
 		return &VerifyError{"disk", err}
 	} else if d != s.Outside {
 		return &VerifyError{"protective MBR, GPT entries or the gaps between partitions", errors.New("differ from what the build wrote")}
@@ -230,7 +247,7 @@ func (v *verification) checkEntries(context.Context) error {
 func (v *verification) checkImage(ctx context.Context) error {
 	s, img := v.seal, v.img
 	ip := fmt.Sprintf("image partition %d (%s)", img.Number, v.o.PartitionName)
-	part := io.NewSectionReader(v.f, img.Offset, img.Size)
+	part := io.NewSectionReader(v.r, img.Offset, img.Size)
 	if vt := s.Image.Verity; vt != nil {
 		g, err := vt.PartitionGUID()
 		if err != nil {
@@ -277,7 +294,7 @@ func (v *verification) checkPartitions(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		d, err := v.digests(v.f).span(ctx, p.Offset, int64(sp.LastLBA-sp.FirstLBA+1)*v.sector)
+		d, err := v.digests(v.r).span(ctx, p.Offset, int64(sp.LastLBA-sp.FirstLBA+1)*v.sector)
 		if err != nil {
 			return &VerifyError{part, err}
 		}
@@ -295,4 +312,16 @@ func (v *verification) checkPartitions(ctx context.Context) error {
 		v.rep.Checked = append(v.rep.Checked, part)
 	}
 	return nil
+}
+
+// countingReader counts the bytes read from r on w (a progress task).
+type countingReader struct {
+	r io.ReaderAt
+	w io.Writer
+}
+
+func (c countingReader) ReadAt(p []byte, off int64) (int, error) {
+	n, err := c.r.ReadAt(p, off)
+	progress.Count(c.w, int64(n))
+	return n, err
 }

@@ -8,9 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/partitions"
 	"github.com/kiln-appliance/kiln/partitions/bootconfig"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
@@ -351,3 +353,45 @@ func TestTwoImagePartitions(t *testing.T) {
 		t.Errorf("Verify: %v, want %q", err, want)
 	}
 }
+
+// Verify shows its reading of the disk as one task, named for the disk, of
+// the disk's size, ended with Verify's error.
+func TestVerifyProgress(t *testing.T) {
+	disk, _ := disktest.Sealed(t, false)
+	l, err := gpt.Inspect(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec taskRecorder
+	mustVerify(t, disk, VerifyOptions{Progress: &rec})
+	// Every byte but the GPT headers and the seal, read before the task.
+	if want := []string{"verify " + disk + " against its seal"}; !slices.Equal(rec.tasks, want) ||
+		rec.total != l.Size || rec.done > rec.total || rec.done < rec.total-64<<10 || len(rec.ended) != 1 || rec.ended[0] != nil {
+		t.Errorf("tasks %q of %d bytes, %d read, ended %v; want %q of %d, all but the headers read, ended once with nil",
+			rec.tasks, rec.total, rec.done, rec.ended, want, l.Size)
+	}
+
+	_, scratch := scratchCopy(t, disk)
+	ip, _ := l.Find(contract.PartitionName)
+	fixtures.FlipByte(t, scratch, ip.Offset+ip.Size/2)
+	var damaged taskRecorder
+	_, err = Verify(context.Background(), scratch, VerifyOptions{Progress: &damaged})
+	if err == nil || len(damaged.ended) != 1 || damaged.ended[0] != err {
+		t.Errorf("a damaged disk: Verify said %v, its task ended with %v; want the same error", err, damaged.ended)
+	}
+}
+
+// taskRecorder records the one task Verify starts.
+type taskRecorder struct {
+	tasks       []string
+	total, done int64
+	ended       []error
+}
+
+func (r *taskRecorder) Task(name string, total int64) progress.Task {
+	r.tasks, r.total = append(r.tasks, name), total
+	return r
+}
+
+func (r *taskRecorder) Write(p []byte) (int, error) { r.done += int64(len(p)); return len(p), nil }
+func (r *taskRecorder) Done(err error)              { r.ended = append(r.ended, err) }
