@@ -51,6 +51,9 @@ func newInspectCommand() *cobra.Command {
 				}
 				return printReflashStick(cmd.OutOrStdout(), rep, format)
 			}
+			if err := needTools(cmd, slotTools); err != nil {
+				return err
+			}
 			rep, err := builder.Inspect(args[0])
 			if err != nil {
 				return err
@@ -93,6 +96,11 @@ func newVerifyCommand() *cobra.Command {
 				return nil
 			case id.kind == reflashStick:
 				return verifyReflashStick(cmd, args[0])
+			}
+			if o.Booted {
+				if err := needTools(cmd, slotTools); err != nil {
+					return err
+				}
 			}
 			rep, err := builder.Verify(cmd.Context(), args[0], o, newProgress())
 			if err != nil {
