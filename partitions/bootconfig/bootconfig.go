@@ -177,7 +177,7 @@ func Read(path string) ([]byte, error) {
 func Find(l *gpt.Layout) (*gpt.Partition, error) {
 	p, ok := l.Find(Partition)
 	if !ok {
-		return nil, fmt.Errorf("no partition named or labelled %q (partitions: %s); kiln writes the Ignition config there, as coreos-installer does: use a CoreOS-like base image", Partition, l.Names())
+		return nil, fmt.Errorf("no partition named or labelled %q (partitions: %s); kiln writes the Ignition config there, as coreos-installer does: use a CoreOS-like base image (docs/base.md says what it must have)", Partition, l.Names())
 	}
 	if p.Filesystem != gpt.FSExt4 {
 		fsName := p.Filesystem
