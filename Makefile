@@ -28,7 +28,7 @@ APT_E2E  := ovmf debootstrap gcc libc6-dev make
 # The reference registry the benchmarks measure kiln serve against.
 APT_BENCH := docker-registry
 
-.PHONY: all build test demo demo-upgrade bench e2e fuzz deps deps-e2e deps-bench clean vet
+.PHONY: all build install test demo demo-upgrade bench e2e fuzz deps deps-e2e deps-bench clean vet
 
 all: build
 
@@ -36,6 +36,16 @@ build:
 	@mkdir -p out
 	$(GO) build $(GOFLAGS) -ldflags='$(LDFLAGS)' -o $(BIN) ./cmd/kiln
 	$(GO) build -tags=$(TAGS),nodeonly -trimpath -ldflags='-s -w $(LDFLAGS)' -o $(AGENT_BIN) ./cmd/kiln
+
+# kiln and kiln-agent side by side in $(DESTDIR)$(PREFIX)/bin: kiln takes
+# the agent beside it. Not built here, so that `make build` runs as the user
+# with Go on the PATH and `sudo make install` needs no Go.
+PREFIX  ?= /usr/local
+DESTDIR ?=
+install:
+	@test -x $(BIN) && test -x $(AGENT_BIN) || { echo "$(BIN) and $(AGENT_BIN) are missing: run make build first" >&2; exit 1; }
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(BIN) $(AGENT_BIN) $(DESTDIR)$(PREFIX)/bin/
 
 deps:
 	@./test/deps.sh $(APT_PKGS)
