@@ -148,8 +148,9 @@ func TestPackagesInstallTheTools(t *testing.T) {
 	}
 }
 
-// `make deps` installs every tool's package.
-func TestMakeDepsInstallsThem(t *testing.T) {
+// aptPkgs is the Makefile's APT_PKGS, what `make deps` installs.
+func aptPkgs(t *testing.T) []string {
+	t.Helper()
 	b, err := os.ReadFile("../../Makefile")
 	if err != nil {
 		t.Fatal(err)
@@ -158,7 +159,12 @@ func TestMakeDepsInstallsThem(t *testing.T) {
 	if m == nil {
 		t.Fatal("no APT_PKGS in the Makefile")
 	}
-	pkgs := strings.Fields(strings.ReplaceAll(string(m[1]), "\\", " "))
+	return strings.Fields(strings.ReplaceAll(string(m[1]), "\\", " "))
+}
+
+// `make deps` installs every tool's package.
+func TestMakeDepsInstallsThem(t *testing.T) {
+	pkgs := aptPkgs(t)
 	for _, tool := range Tools {
 		if !slices.Contains(pkgs, tool.Package) {
 			t.Errorf("APT_PKGS %v lacks %s (for %s)", pkgs, tool.Package, tool.Name)
@@ -181,6 +187,21 @@ func TestREADMEListsTheTools(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("README.md lists the host tools\n%q\nthe table has\n%q", got, want)
+	}
+}
+
+// The README's prerequisites list the packages `make deps` installs.
+func TestREADMEListsAptPkgs(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)Makefile's `APT_PKGS`.*?```\n(.*?)```").FindSubmatch(b)
+	if m == nil {
+		t.Fatal("README.md has no block of the Makefile's APT_PKGS")
+	}
+	if got, want := strings.Fields(string(m[1])), aptPkgs(t); !slices.Equal(got, want) {
+		t.Errorf("README.md lists the Debian packages\n%q\nAPT_PKGS has\n%q", got, want)
 	}
 }
 
