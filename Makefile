@@ -30,7 +30,7 @@ APT_BENCH := docker-registry
 # Graphviz renders the docs' pictures (make pictures).
 APT_PICTURES := graphviz
 
-.PHONY: all build test demo demo-upgrade bench e2e fuzz deps deps-e2e deps-bench deps-pictures pictures clean vet
+.PHONY: all build install test demo demo-upgrade bench e2e fuzz deps deps-e2e deps-bench deps-pictures pictures clean vet
 
 all: build
 
@@ -38,6 +38,16 @@ build:
 	@mkdir -p out
 	$(GO) build $(GOFLAGS) -ldflags='$(LDFLAGS)' -o $(BIN) ./cmd/kiln
 	$(GO) build -tags=$(TAGS),nodeonly -trimpath -ldflags='-s -w $(LDFLAGS)' -o $(AGENT_BIN) ./cmd/kiln
+
+# kiln and kiln-agent side by side in $(DESTDIR)$(PREFIX)/bin: kiln takes
+# the agent beside it. Not built here, so that `make build` runs as the user
+# with Go on the PATH and `sudo make install` needs no Go.
+PREFIX  ?= /usr/local
+DESTDIR ?=
+install:
+	@test -x $(BIN) && test -x $(AGENT_BIN) || { echo "$(BIN) and $(AGENT_BIN) are missing: run make build first" >&2; exit 1; }
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(BIN) $(AGENT_BIN) $(DESTDIR)$(PREFIX)/bin/
 
 deps:
 	@./test/deps.sh $(APT_PKGS)

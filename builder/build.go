@@ -20,6 +20,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/partitions/base"
+	"github.com/kiln-appliance/kiln/partitions/bootconfig"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/osslots"
 	"github.com/kiln-appliance/kiln/recipes"
@@ -90,7 +91,7 @@ func Build(ctx context.Context, recipePath string, o Options) (*Result, error) {
 	steps := []func(context.Context) error{
 		b.createOutput, // first: an unwritable output fails now, not after an hour of fetching
 		b.sweepLeftovers,
-		b.readOSSlots, // before any fetch: a base that cannot be upgraded slot by slot fails now
+		b.readOSSlots, // before any fetch: a base without a boot partition, or that cannot be upgraded slot by slot, fails now
 		b.lockImages,
 		b.fetchImages,
 		b.stagePartition,
@@ -196,6 +197,11 @@ func (b *build) readOSSlots(context.Context) error {
 	l, raw, err := base.ReadLayout(path)
 	if err != nil {
 		return err
+	}
+	// The partition the Ignition config goes into, checked now: a base
+	// without one would otherwise fail only once the images are fetched.
+	if _, err := bootconfig.Find(l); err != nil {
+		return r.Errorf("base.path", "base image %s: %v", path, err)
 	}
 	s, err := osslots.Read(path, l, raw, "")
 	if err != nil {

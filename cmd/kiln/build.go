@@ -52,6 +52,9 @@ the disk image. The output appears only when the build succeeded; an existing fi
 and left untouched by a failed or interrupted build.`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := needTools(cmd, diskTools); err != nil {
+				return err
+			}
 			o.Fetch = fetch.options()
 			o.Log = cmd.ErrOrStderr()
 			o.Progress = newProgress()

@@ -46,6 +46,9 @@ a full bundle that applies to any earlier release. See docs/bundles.md.`,
 			if o.Format != bundle.FormatImage && o.Format != bundle.FormatFile {
 				return usageError{fmt.Errorf("--format %q: want image or file", o.Format)}
 			}
+			if err := needTools(cmd, bundleTools); err != nil {
+				return err
+			}
 			o.Fetch = fetch.options()
 			o.Log = cmd.ErrOrStderr()
 			o.Progress = newProgress()

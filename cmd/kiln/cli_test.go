@@ -457,7 +457,8 @@ func TestBadInput(t *testing.T) {
 		{
 			name: "base without boot partition",
 			base: "noboot.raw",
-			want: []string{"boot"},
+			// base.path's line: refused as the base is read, before the lock and the fetch.
+			want: []string{"appliance.yaml:7:9: base.path:", `no partition named or labelled "boot"`, "docs/base.md"},
 		},
 		{
 			name: "A/B base whose slot B is smaller than A",

@@ -60,6 +60,9 @@ after it; or what a reflash stick carries. --format json prints the same for mac
 				}
 				return printReflashStick(cmd.OutOrStdout(), rep, format)
 			}
+			if err := needTools(cmd, slotTools); err != nil {
+				return err
+			}
 			rep, err := builder.Inspect(args[0])
 			if err != nil {
 				return err
@@ -117,6 +120,11 @@ signature against --key and re-hashes every blob; of a reflash stick, the disk i
 			pubs, err := readKeys(keys) // before the long read: a wrong --key fails at once
 			if err != nil {
 				return err
+			}
+			if o.Booted {
+				if err := needTools(cmd, slotTools); err != nil {
+					return err
+				}
 			}
 			rep, err := builder.Verify(cmd.Context(), args[0], o, newProgress())
 			if err != nil {

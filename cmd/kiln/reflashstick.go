@@ -45,6 +45,9 @@ any error. See docs/technician.md.`,
 			if o.Disk != "" && (o.Build.CacheDir != "" || o.Build.RefreshLock || fetch.insecure) {
 				return usageError{fmt.Errorf("--cache, --refresh-lock and --insecure-registries apply only when reflash-stick builds the disk: drop them, or drop --disk DISK")}
 			}
+			if err := needTools(cmd, diskTools); err != nil {
+				return err
+			}
 			o.Progress = newProgress()
 			o.Build.Fetch = fetch.options()
 			o.Build.Log = cmd.ErrOrStderr()

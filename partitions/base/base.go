@@ -21,6 +21,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/kiln-appliance/kiln/internal/hosttools"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 )
@@ -148,7 +149,7 @@ func (b *Disk) startXz(r io.Reader) error {
 		return err
 	}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("decompress base image %s: %w (install xz-utils)", b.Path, err)
+		return hosttools.RunError("decompress base image "+b.Path, err, nil)
 	}
 	b.cmd, b.r = cmd, out
 	b.closer = func() {

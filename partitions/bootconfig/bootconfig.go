@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kiln-appliance/kiln/internal/hosttools"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 )
 
@@ -85,7 +86,7 @@ func Write(disk string, offset int64, config []byte, epoch int64, tempDir string
 	cmd.Env = append(os.Environ(), "E2FSPROGS_FAKE_TIME="+strconv.FormatInt(max(epoch, 1), 10))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("write Ignition config with debugfs: %w: %s", err, bytes.TrimSpace(out))
+		return hosttools.RunError("write Ignition config with debugfs", err, out)
 	}
 	got, err := readIgnition(disk, offset)
 	if err != nil || !bytes.Equal(got, config) {
@@ -101,7 +102,7 @@ func debugfsType(spec, path string) (string, error) {
 	cmd := exec.Command("debugfs", "-R", "stat "+path, spec)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("debugfs stat %s: %w: %s", path, err, bytes.TrimSpace(stderr.Bytes()))
+		return "", hosttools.RunError("debugfs stat "+path, err, stderr.Bytes())
 	}
 	if strings.Contains(stderr.String(), "File not found") {
 		return "", nil
@@ -135,7 +136,7 @@ func readIgnition(disk string, offset int64) ([]byte, error) {
 	cmd := exec.Command("debugfs", "-R", "cat /"+IgnitionPath, fsSpec(disk, offset))
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("debugfs cat /%s: %w: %s", IgnitionPath, err, bytes.TrimSpace(stderr.Bytes()))
+		return nil, hosttools.RunError("debugfs cat /"+IgnitionPath, err, stderr.Bytes())
 	}
 	// debugfs prints its banner on stderr and a lookup error there too.
 	if msg := debugfsError(stderr.Bytes()); msg != "" {
@@ -176,7 +177,7 @@ func Read(path string) ([]byte, error) {
 func Find(l *gpt.Layout) (*gpt.Partition, error) {
 	p, ok := l.Find(Partition)
 	if !ok {
-		return nil, fmt.Errorf("no partition named or labelled %q (partitions: %s); kiln writes the Ignition config there, as coreos-installer does: use a CoreOS-like base image", Partition, l.Names())
+		return nil, fmt.Errorf("no partition named or labelled %q (partitions: %s); kiln writes the Ignition config there, as coreos-installer does: use a CoreOS-like base image (docs/base.md says what it must have)", Partition, l.Names())
 	}
 	if p.Filesystem != gpt.FSExt4 {
 		fsName := p.Filesystem

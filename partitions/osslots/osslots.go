@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/kiln-appliance/kiln/internal/hosttools"
 	"github.com/kiln-appliance/kiln/partitions/base"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/systemd/contract"
@@ -234,7 +235,7 @@ func readEntries(path string, esp gpt.Partition, raw bool, tempDir string) (map[
 	cmd.Env = append(os.Environ(), "MTOOLS_SKIP_CHECK=1")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		if errors.Is(err, exec.ErrNotFound) {
-			return nil, fmt.Errorf("read the base's boot loader entries: %w (install mtools)", err)
+			return nil, hosttools.RunError("read the base's boot loader entries", err, nil)
 		}
 		return nil, fmt.Errorf("the base has usr slots, but its ESP (partition %d %q) has no readable %s, where the entry that boots a slot must be: mcopy: %s",
 			esp.Number, esp.Name, bootentry.Dir, strings.TrimSpace(string(out)))
@@ -281,7 +282,7 @@ func CopyFromESP(path string, l *gpt.Layout, raw bool, tempDir, dst string, path
 		cmd.Env = append(os.Environ(), "MTOOLS_SKIP_CHECK=1")
 		if b, err := cmd.CombinedOutput(); err != nil {
 			if errors.Is(err, exec.ErrNotFound) {
-				return nil, fmt.Errorf("read the base's ESP: %w (install mtools)", err)
+				return nil, hosttools.RunError("read the base's ESP", err, nil)
 			}
 			return nil, fmt.Errorf("the base's boot loader entry names %s, which its ESP (partition %d %q) does not hold: mcopy: %s",
 				p, esp.Number, esp.Name, strings.TrimSpace(string(b)))

@@ -23,6 +23,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kiln-appliance/kiln/internal/hosttools"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/partitions/sqfswrite"
 )
@@ -116,7 +117,7 @@ func Write(ctx context.Context, o Options) (int64, error) {
 		return 0, ctx.Err()
 	}
 	if err != nil {
-		err = fmt.Errorf("mksquashfs %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(out.String()))
+		err = hosttools.RunError("mksquashfs "+strings.Join(args, " "), err, out.Bytes())
 		task.Done(err)
 		return 0, err
 	}
