@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -280,7 +281,7 @@ func Boot(t testing.TB, disk string, opts ...Option) *Result {
 // Result is non-nil whenever QEMU started.
 func Run(t testing.TB, disk string, opts ...Option) (*Result, error) {
 	t.Helper()
-	c := config{timeout: defaultTimeout(), memMiB: 2048, cpus: 2, name: "boot", shutdownBound: DefaultShutdownBound}
+	c := config{timeout: defaultTimeout(), memMiB: 2048, cpus: defaultCPUs(), name: "boot", shutdownBound: DefaultShutdownBound}
 	c.failOn = append(c.failOn, DefaultFailOn...)
 	for _, o := range opts {
 		o(&c)
@@ -622,6 +623,14 @@ func defaultTimeout() time.Duration {
 		return d
 	}
 	return 6 * time.Minute
+}
+
+// defaultCPUs is each guest's CPU count: 2, or $KILN_E2E_CPUS.
+func defaultCPUs() int {
+	if n, err := strconv.Atoi(os.Getenv("KILN_E2E_CPUS")); err == nil && n > 0 {
+		return n
+	}
+	return 2
 }
 
 func defaultLogDir(t testing.TB) string {
