@@ -12,6 +12,7 @@ import (
 	"path"
 	"strings"
 
+	"github.com/opencontainers/go-digest"
 	"github.com/vincent-petithory/dataurl"
 
 	"github.com/kiln-appliance/kiln/builder"
@@ -177,7 +178,7 @@ func baseOfContents(c *contract.Contents) *base {
 	prefix := path.Join(contract.OCIDir, "blobs", "sha256") + "/"
 	for _, f := range c.Files {
 		if hex, ok := strings.CutPrefix(f.Path, prefix); ok {
-			b.blobs["sha256:"+hex] = true
+			b.blobs[digest.NewDigestFromEncoded(digest.SHA256, hex).String()] = true
 		}
 		if f.Path == contract.AgentBinary {
 			b.agent = f.Digest

@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
@@ -23,6 +22,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 	"github.com/kiln-appliance/kiln/systemd/contract/slot"
+	"github.com/opencontainers/go-digest"
 )
 
 // osRelease is a release's OS as a disk holds it (a vendor's base, or a disk
@@ -361,7 +361,7 @@ func (b *bundler) writePack(dir string, progress io.Writer) error {
 	if n != b.m.OS.Usr.Pack.Size {
 		return fmt.Errorf("kiln bug: the OS slot pack is %d bytes, %d planned", n, b.m.OS.Usr.Pack.Size)
 	}
-	d := "sha256:" + hex.EncodeToString(h.Sum(nil))
+	d := digest.NewDigest(digest.SHA256, h).String()
 	if err := f.Close(); err != nil {
 		return err
 	}
@@ -377,5 +377,5 @@ func indexDigest(x *slot.Index) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return "sha256:" + hex.EncodeToString(d[:]), nil
+	return digest.NewDigestFromBytes(digest.SHA256, d[:]).String(), nil
 }

@@ -19,6 +19,7 @@ import (
 	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/fetch"
@@ -478,7 +479,7 @@ func (b *bundler) writeBundle(ctx context.Context) error {
 		return err
 	}
 	out := b.out.File
-	m.Filesystem = bundle.Filesystem{Size: plan.Size(), Metadata: "sha256:" + strings.Repeat("0", 64)}
+	m.Filesystem = bundle.Filesystem{Size: plan.Size(), Metadata: digest.NewDigestFromEncoded(digest.SHA256, strings.Repeat("0", 64)).String()}
 	placeholder, err := bundle.Sign(m, priv)
 	if err != nil {
 		return err

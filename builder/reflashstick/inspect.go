@@ -2,7 +2,6 @@ package reflashstick
 
 import (
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 	"github.com/kiln-appliance/kiln/partitions/squashfs"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
+	"github.com/opencontainers/go-digest"
 )
 
 // Report is what `kiln inspect` shows of a reflash stick: what it carries
@@ -126,5 +126,5 @@ func hashFile(fsys fs.FS, name string) (int64, string, error) {
 	if err != nil {
 		return 0, "", fmt.Errorf("%s: %w", name, err)
 	}
-	return n, "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+	return n, digest.NewDigest(digest.SHA256, h).String(), nil
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/opencontainers/go-digest"
 )
 
 // ListFiles walks root in lexical order and returns every regular file with
@@ -37,14 +38,14 @@ func ListFiles(root string) ([]contract.File, error) {
 			if err != nil {
 				return err
 			}
-			files = append(files, contract.File{Path: rel, Size: info.Size(), Digest: "sha256:" + hex})
+			files = append(files, contract.File{Path: rel, Size: info.Size(), Digest: digest.NewDigestFromEncoded(digest.SHA256, hex).String()})
 			return nil
 		}
-		digest, size, err := HashFile(p)
+		sum, size, err := HashFile(p)
 		if err != nil {
 			return err
 		}
-		files = append(files, contract.File{Path: rel, Size: size, Digest: digest})
+		files = append(files, contract.File{Path: rel, Size: size, Digest: sum})
 		return nil
 	})
 	if err != nil {

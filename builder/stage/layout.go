@@ -5,7 +5,6 @@ package stage
 
 import (
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +17,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/opencontainers/go-digest"
 )
 
 // RefNameAnnotation carries each image's full reference in index.json.
@@ -148,5 +148,5 @@ func HashFile(path string) (string, int64, error) {
 	if err != nil {
 		return "", 0, fmt.Errorf("hash %s: %w", path, err)
 	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), n, nil
+	return digest.NewDigest(digest.SHA256, h).String(), n, nil
 }

@@ -11,7 +11,6 @@ package bootloader
 import (
 	"bytes"
 	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
+	"github.com/opencontainers/go-digest"
 )
 
 // ESP is where the node mounts the ESP (systemd-gpt-auto-generator mounts it
@@ -276,7 +276,7 @@ func fileDigest(p string) (string, error) {
 	if _, err := io.Copy(h, f); err != nil {
 		return "", fmt.Errorf("read %s: %w", p, err)
 	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+	return digest.NewDigest(digest.SHA256, h).String(), nil
 }
 
 // WriteBootFile puts the boot file with digest d (size bytes, read from r)
@@ -294,7 +294,7 @@ func WriteBootFile(esp, d string, size int64, r io.Reader) error {
 		if err != nil {
 			return fmt.Errorf("boot file %s: %w", d, err)
 		}
-		if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); n != size || got != d {
+		if got := digest.NewDigest(digest.SHA256, h).String(); n != size || got != d {
 			return fmt.Errorf("boot file %s: read %d bytes hashing to %s, want %d bytes: %w", d, n, got, size, ErrDamaged)
 		}
 		return nil

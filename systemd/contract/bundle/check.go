@@ -13,6 +13,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/opencontainers/go-digest"
 )
 
 // Errors of the node checks, for errors.Is; the messages say what to do.
@@ -244,7 +245,7 @@ func (m *Manifest) HashMetadata(r io.ReaderAt, offset int64, progress io.Writer)
 	if err := gap(m.Filesystem.Size); err != nil {
 		return "", err
 	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+	return digest.NewDigest(digest.SHA256, h).String(), nil
 }
 
 // byOffset is the files in the order their contents lie in the filesystem.
@@ -279,7 +280,7 @@ func HashRange(r io.ReaderAt, off, n int64, progress io.Writer, buf []byte) (str
 	if got != n {
 		return "", fmt.Errorf("truncated: %d of %d bytes at byte %d", got, n, off)
 	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+	return digest.NewDigest(digest.SHA256, h).String(), nil
 }
 
 // Release is the node's record of the bundle's release (what

@@ -16,6 +16,8 @@ import (
 	"math"
 	"slices"
 	"strings"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // FileName is the node registry's index of the partition's OCI layout,
@@ -94,7 +96,9 @@ func (ix *Index) BlobCount() int { return len(ix.Sizes) }
 
 // BlobDigest is blob i's digest, "sha256:<hex>"; i must be below
 // BlobCount.
-func (ix *Index) BlobDigest(i int) string { return "sha256:" + ix.Blobs[64*i:64*i+64] }
+func (ix *Index) BlobDigest(i int) string {
+	return digest.NewDigestFromEncoded(digest.SHA256, ix.Blobs[64*i:64*i+64]).String()
+}
 
 // Encode returns FileName's bytes. The format, after the magic line
 // "kiln registry index\n", is a sequence of unsigned varints

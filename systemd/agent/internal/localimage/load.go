@@ -63,7 +63,7 @@ func Load(store storage.Store, im contract.Image, blobs BlobDirs) error {
 	if err := json.Unmarshal(manifest, &m); err != nil || m.Config.Digest == "" {
 		return fmt.Errorf("manifest %s is not an image manifest (%v)", im.Digest, err)
 	}
-	if id := strings.TrimPrefix(im.ImageID, "sha256:"); id != "" && m.Config.Digest != "sha256:"+id {
+	if id := strings.TrimPrefix(im.ImageID, "sha256:"); id != "" && m.Config.Digest != digest.NewDigestFromEncoded(digest.SHA256, id).String() {
 		return fmt.Errorf("%w: manifest %s names config %s, the release says %s", ErrDamaged, im.Digest, m.Config.Digest, im.ImageID)
 	}
 	config, err := readBlob(m.Config.Digest, blobs)
