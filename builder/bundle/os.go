@@ -14,6 +14,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder/slotcut"
 	"github.com/kiln-appliance/kiln/builder/stage"
+	"github.com/kiln-appliance/kiln/internal/filedigest"
 	pbase "github.com/kiln-appliance/kiln/partitions/base"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/osslots"
@@ -106,7 +107,7 @@ func readOSRelease(ctx context.Context, path, dir string) (rel *osRelease, err e
 		return nil, err
 	}
 	for _, c := range copies {
-		d, n, err := stage.HashFile(c)
+		d, n, err := filedigest.Of(c)
 		if err != nil {
 			return nil, err
 		}
@@ -208,7 +209,7 @@ func (b *bundler) readOS(ctx context.Context) error {
 	// as a build checks it.
 	if r.Base.Digest != "" {
 		task := b.o.Progress.Task("check the base's digest", 0)
-		got, _, err := stage.HashFile(p)
+		got, _, err := filedigest.Of(p)
 		task.Done(err)
 		if err != nil {
 			return err

@@ -24,7 +24,7 @@ import (
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/fetch"
 	"github.com/kiln-appliance/kiln/builder/output"
-	"github.com/kiln-appliance/kiln/builder/stage"
+	"github.com/kiln-appliance/kiln/internal/filedigest"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/internal/version"
@@ -353,7 +353,7 @@ func (b *bundler) held(d string) bool {
 // refuses a bundle that would carry nothing to upgrade.
 func (b *bundler) describeAgent(context.Context) error {
 	m, r := b.m, b.Recipe
-	agentDigest, agentSize, err := stage.HashFile(b.Agent.Path)
+	agentDigest, agentSize, err := filedigest.Of(b.Agent.Path)
 	if err != nil {
 		return fmt.Errorf("agent binary: %w", err)
 	}

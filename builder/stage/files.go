@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/kiln-appliance/kiln/internal/filedigest"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/opencontainers/go-digest"
 )
@@ -41,7 +42,7 @@ func ListFiles(root string) ([]contract.File, error) {
 			files = append(files, contract.File{Path: rel, Size: info.Size(), Digest: digest.NewDigestFromEncoded(digest.SHA256, hex).String()})
 			return nil
 		}
-		sum, size, err := HashFile(p)
+		sum, size, err := filedigest.Of(p)
 		if err != nil {
 			return err
 		}

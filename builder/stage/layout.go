@@ -4,7 +4,6 @@
 package stage
 
 import (
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,7 +16,6 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-	"github.com/opencontainers/go-digest"
 )
 
 // RefNameAnnotation carries each image's full reference in index.json.
@@ -134,19 +132,4 @@ func CopyFile(src, dst string, mode fs.FileMode) error {
 		return err
 	}
 	return out.Close()
-}
-
-// HashFile returns the sha256 digest and size of a file, streamed.
-func HashFile(path string) (string, int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", 0, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return "", 0, fmt.Errorf("hash %s: %w", path, err)
-	}
-	return digest.NewDigest(digest.SHA256, h).String(), n, nil
 }

@@ -21,6 +21,7 @@ import (
 	"strings"
 	"unicode/utf16"
 
+	"github.com/kiln-appliance/kiln/internal/filedigest"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
 	"github.com/opencontainers/go-digest"
@@ -258,25 +259,15 @@ func HasBootFile(esp, d string) (bool, error) {
 
 // fileHas reports whether the file at p hashes to d.
 func fileHas(p, d string) (bool, error) {
-	got, err := fileDigest(p)
+	got, _, err := filedigest.Of(p)
 	return got == d, err
 }
 
 // Digest is the sha256 ("sha256:HEX") of the file at p, a path as an
 // entry names it.
-func Digest(esp, p string) (string, error) { return fileDigest(espPath(esp, p)) }
-
-func fileDigest(p string) (string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("read %s: %w", p, err)
-	}
-	return digest.NewDigest(digest.SHA256, h).String(), nil
+func Digest(esp, p string) (string, error) {
+	d, _, err := filedigest.Of(espPath(esp, p))
+	return d, err
 }
 
 // WriteBootFile puts the boot file with digest d (size bytes, read from r)
