@@ -234,8 +234,6 @@ func (b *build) seed() []byte {
 	return h.Sum(nil)
 }
 
-func digestOf(b []byte) string { return fmt.Sprintf("sha256:%x", sha256.Sum256(b)) }
-
 // NodeBinaryName is the node's edition of kiln (built with -tags nodeonly:
 // serve and agent only), looked for beside the kiln executable.
 const NodeBinaryName = "kiln-agent"

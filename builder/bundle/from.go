@@ -255,7 +255,7 @@ func (b *bundler) baseFromLock(ctx context.Context, p string) (*base, error) {
 	if err != nil {
 		return nil, builder.LockError(lock, err)
 	}
-	rel := &base{recipe: r.Name, arch: r.Arch, release: contract.ReleaseID{Version: r.Version, LockDigest: digestOf(lockBytes)}, blobs: map[string]bool{}, schema: bundle.SchemaVersion,
+	rel := &base{recipe: r.Name, arch: r.Arch, release: contract.ReleaseID{Version: r.Version, LockDigest: digest.FromBytes(lockBytes).String()}, blobs: map[string]bool{}, schema: bundle.SchemaVersion,
 		lockBase: r.Resolve(r.Base.Path)}
 	for _, img := range imgs {
 		rel.blobs[img.Descriptor.Digest.String()] = true

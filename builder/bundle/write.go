@@ -262,7 +262,7 @@ func (b *bundler) describeRelease(context.Context) error {
 		Recipe:        r.Name,
 		Version:       r.Version,
 		Arch:          r.Arch,
-		LockDigest:    digestOf(b.lockBytes),
+		LockDigest:    digest.FromBytes(b.lockBytes).String(),
 		Created:       b.Epoch,
 		Kiln:          version.Current(),
 		Kind:          bundle.KindFull,
@@ -564,5 +564,3 @@ func guidSeed(envelope []byte) []byte {
 	s := sha256.Sum256(envelope)
 	return s[:]
 }
-
-func digestOf(b []byte) string { return fmt.Sprintf("sha256:%x", sha256.Sum256(b)) }

@@ -20,12 +20,12 @@ import (
 	"time"
 
 	"go.podman.io/storage"
-	"golang.org/x/sys/unix"
 
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/systemd/agent/bootloader"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/agent/internal/freespace"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/localimage"
 	"github.com/kiln-appliance/kiln/systemd/agent/osinstall"
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
@@ -133,7 +133,7 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 	case err != nil:
 		return nil, refused(source, err)
 	}
-	free, err := freeBytes(i.path("/var"))
+	free, err := freespace.Available(i.path("/var"))
 	if err != nil {
 		return nil, err
 	}
@@ -436,13 +436,4 @@ func trustedKeys(dir string) (keys []ed25519.PublicKey, ids string, err error) {
 		names = append(names, k.KeyID)
 	}
 	return keys, strings.Join(names, ", "), nil
-}
-
-// freeBytes is what an unprivileged writer may still use on dir's filesystem.
-func freeBytes(dir string) (int64, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return 0, fmt.Errorf("free space on %s: %w", dir, err)
-	}
-	return int64(st.Bavail) * st.Bsize, nil
 }
