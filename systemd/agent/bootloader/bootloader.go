@@ -23,6 +23,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/internal/filedigest"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
 	"github.com/opencontainers/go-digest"
 )
@@ -286,15 +287,11 @@ func WriteBootFile(esp, d string, size int64, r io.Reader) error {
 			return fmt.Errorf("boot file %s: %w", d, err)
 		}
 		if got := digest.NewDigest(digest.SHA256, h).String(); n != size || got != d {
-			return fmt.Errorf("boot file %s: read %d bytes hashing to %s, want %d bytes: %w", d, n, got, size, ErrDamaged)
+			return fmt.Errorf("boot file %s: read %d bytes hashing to %s, want %d bytes: %w", d, n, got, size, contract.ErrDamaged)
 		}
 		return nil
 	})
 }
-
-// ErrDamaged is returned when bytes to be copied onto the ESP are not the
-// ones signed.
-var ErrDamaged = errors.New("damaged")
 
 // FindFile finds, among the files the ESP's entries boot (kernel and
 // initramfs) but those of the entries skip names, one with digest d and

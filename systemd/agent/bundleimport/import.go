@@ -29,7 +29,6 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/localimage"
 	"github.com/kiln-appliance/kiln/systemd/agent/osinstall"
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
-	"github.com/kiln-appliance/kiln/systemd/agent/slotwrite"
 	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
@@ -171,8 +170,9 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 	err = i.receive(ctx, bundleFS{f, h.Size}, inbox{incoming, r.Blobs}, wants, task)
 	task.Done(err)
 	if err != nil {
-		var damaged errDamaged
-		if errors.As(err, &damaged) {
+		// A part that does not hash as signed proves the bundle wrong (not
+		// a stick that went away): refused, nothing kept.
+		if errors.Is(err, bundle.ErrDamaged) {
 			undo()
 			return nil, refused(source, err)
 		}
@@ -196,7 +196,7 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 		return osPlan.Write(ctx, osinstall.WithLog(i.log), osinstall.WithStepHook(i.osStep), osinstall.WithJobs(i.osJobs))
 	})
 	switch {
-	case errors.Is(err, slotwrite.ErrDamaged) || errors.Is(err, bootloader.ErrDamaged):
+	case errors.Is(err, contract.ErrDamaged):
 		return nil, fmt.Errorf("bundle %s refused: %w; nothing was staged, the inactive slot has no boot entry and the node stays on release %s", source, err, self.current.Version)
 	case err != nil:
 		return nil, fmt.Errorf("import from %s: %w; nothing was staged, plug the stick in again to retry", source, err)

@@ -15,7 +15,6 @@ package handoff
 
 import (
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -95,9 +94,6 @@ func rootArg(args []string) string {
 	return "/"
 }
 
-// ErrDamaged: the agent in the release store is not the one the entry names.
-var ErrDamaged = errors.New("damaged")
-
 // Exec runs the agent with digest d from the release store under root, its
 // bytes checked as they are copied into a sealed memory file; it returns
 // only when it cannot.
@@ -119,7 +115,7 @@ func Exec(root, d string, args []string) error {
 		return fmt.Errorf("%s: copy %s: %w", what, src, err)
 	}
 	if got := digest.NewDigest(digest.SHA256, h).String(); got != d {
-		return fmt.Errorf("%s: %w: %s hashes to %s; the boot loader goes back to the release before once this entry's tries run out", what, ErrDamaged, src, got)
+		return fmt.Errorf("%s: %w: %s hashes to %s; the boot loader goes back to the release before once this entry's tries run out", what, contract.ErrDamaged, src, got)
 	}
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SEAL|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_WRITE); err != nil {
 		return fmt.Errorf("%s: seal: %w", what, err)

@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/opencontainers/go-digest"
 )
 
@@ -50,7 +51,7 @@ var ErrVersion = errors.New("registry index of an unknown version")
 
 // ErrDamaged is returned for a registry index whose checksum does not
 // match its contents.
-var ErrDamaged = errors.New("damaged: its checksum does not match its contents")
+var ErrDamaged = fmt.Errorf("%w: its checksum does not match its contents", contract.ErrDamaged)
 
 // Index is everything the node's registry serves from one OCI layout, as
 // Walker finds it. Each digest is held once, in Blobs, and referred to by its position.
