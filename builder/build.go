@@ -201,8 +201,8 @@ func (b *build) readOSSlots(context.Context) error {
 	if err != nil {
 		return r.Errorf("base.path", "base image %s: %v", path, err)
 	}
-	if s != nil && s.Arch != r.Arch {
-		return r.Errorf("base.path", "base image %s: its OS slots are for %s (usr partition types), the recipe's arch is %s", path, s.Arch, r.Arch)
+	if err := osslots.CheckArch(s, r.Arch); err != nil {
+		return r.Errorf("base.path", "base image %s: %v", path, err)
 	}
 	b.osSlots = s
 	return nil

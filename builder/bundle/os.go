@@ -202,8 +202,8 @@ func (b *bundler) readOS(ctx context.Context) error {
 		return nil
 	}
 	b.onCleanup(rel.closer)
-	if rel.slots.Arch != r.Arch {
-		return r.Errorf("base.path", "base image %s: its OS slots are for %s (usr partition types), the recipe's arch is %s", p, rel.slots.Arch, r.Arch)
+	if err := osslots.CheckArch(rel.slots, r.Arch); err != nil {
+		return r.Errorf("base.path", "base image %s: %v", p, err)
 	}
 	// The bundle signs what it read of the base: the base the recipe pins,
 	// as a build checks it.
