@@ -207,8 +207,8 @@ func (b *build) readOSSlots(context.Context) error {
 	if err != nil {
 		return r.Errorf("base.path", "base image %s: %v", path, err)
 	}
-	if s != nil && s.Arch != r.Arch {
-		return r.Errorf("base.path", "base image %s: its OS slots are for %s (usr partition types), the recipe's arch is %s", path, s.Arch, r.Arch)
+	if err := osslots.CheckArch(s, r.Arch); err != nil {
+		return r.Errorf("base.path", "base image %s: %v", path, err)
 	}
 	b.osSlots = s
 	return nil
@@ -239,8 +239,6 @@ func (b *build) seed() []byte {
 	}
 	return h.Sum(nil)
 }
-
-func digestOf(b []byte) string { return fmt.Sprintf("sha256:%x", sha256.Sum256(b)) }
 
 // NodeBinaryName is the node's edition of kiln (built with -tags nodeonly:
 // serve and agent only), looked for beside the kiln executable.

@@ -3,7 +3,6 @@ package builder
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +17,7 @@ import (
 	"github.com/kiln-appliance/kiln/partitions/seal"
 	"github.com/kiln-appliance/kiln/partitions/squashfs"
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/opencontainers/go-digest"
 )
 
 // Report is what `kiln inspect` shows of a disk image.
@@ -195,7 +195,7 @@ func VerifyFile(fsys fs.FS, f contract.File, listedIn string, w io.Writer) error
 	if n != f.Size {
 		return fmt.Errorf("%s: size %d, %s says %d", f.Path, n, listedIn, f.Size)
 	}
-	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != f.Digest {
+	if got := digest.NewDigest(digest.SHA256, h).String(); got != f.Digest {
 		return fmt.Errorf("%s: digest %s, %s says %s", f.Path, got, listedIn, f.Digest)
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/kiln-appliance/kiln/builder/fetch"
 	"github.com/kiln-appliance/kiln/builder/output"
@@ -98,7 +99,7 @@ func (b *build) describe() (*contract.Contents, error) {
 		Recipe:        r.Name,
 		Version:       r.Version,
 		Arch:          r.Arch,
-		LockDigest:    digestOf(b.lockBytes),
+		LockDigest:    digest.FromBytes(b.lockBytes).String(),
 		Created:       b.Epoch,
 		Kiln:          version.Current(),
 		Registry: contract.Registry{

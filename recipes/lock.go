@@ -2,8 +2,6 @@ package recipes
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +12,8 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // Lock pins every image of a recipe to the digest of its manifest for the
@@ -91,8 +91,7 @@ func (r *Recipe) LockInputs() string {
 	if err != nil {
 		panic(err) // strings only; cannot fail
 	}
-	sum := sha256.Sum256(append([]byte("kiln lock inputs v1\n"), b...))
-	return "sha256:" + hex.EncodeToString(sum[:])
+	return digest.FromBytes(append([]byte("kiln lock inputs v1\n"), b...)).String()
 }
 
 // ReadLock reads and validates a lock file. Problems come back as an

@@ -12,6 +12,8 @@ import (
 	"path"
 	"strings"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
@@ -155,7 +157,7 @@ func baseOfContents(c *contract.Contents) *base {
 	prefix := path.Join(contract.OCIDir, "blobs", "sha256") + "/"
 	for _, f := range c.Files {
 		if hex, ok := strings.CutPrefix(f.Path, prefix); ok {
-			b.blobs["sha256:"+hex] = true
+			b.blobs[digest.NewDigestFromEncoded(digest.SHA256, hex).String()] = true
 		}
 		if f.Path == contract.AgentBinary {
 			b.agent = f.Digest
@@ -240,7 +242,7 @@ func (b *bundler) baseFromLock(ctx context.Context, p string) (rel *base, err er
 	if err != nil {
 		return nil, builder.LockError(lock, err)
 	}
-	rel = &base{recipe: r.Name, arch: r.Arch, release: contract.ReleaseID{Version: r.Version, LockDigest: digestOf(lockBytes)}, blobs: map[string]bool{}, schema: bundle.SchemaVersion,
+	rel = &base{recipe: r.Name, arch: r.Arch, release: contract.ReleaseID{Version: r.Version, LockDigest: digest.FromBytes(lockBytes).String()}, blobs: map[string]bool{}, schema: bundle.SchemaVersion,
 		lockBase: r.Resolve(r.Base.Path)}
 	for _, img := range imgs {
 		rel.blobs[img.Descriptor.Digest.String()] = true

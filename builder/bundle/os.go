@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder/slotcut"
 	"github.com/kiln-appliance/kiln/builder/stage"
+	"github.com/kiln-appliance/kiln/internal/filedigest"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	pbase "github.com/kiln-appliance/kiln/partitions/base"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
@@ -24,6 +24,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
 	"github.com/kiln-appliance/kiln/systemd/contract/slot"
+	"github.com/opencontainers/go-digest"
 )
 
 // osRelease is a release's OS as a disk holds it (a vendor's base, or a disk
@@ -110,7 +111,7 @@ func readOSRelease(ctx context.Context, path, dir string, p progress.Reporter) (
 		return nil, err
 	}
 	for _, c := range copies {
-		d, n, err := stage.HashFile(c)
+		d, n, err := filedigest.Of(c)
 		if err != nil {
 			return nil, err
 		}
@@ -203,14 +204,14 @@ func (b *bundler) readOS(ctx context.Context) error {
 		return nil
 	}
 	b.onCleanup(rel.closer)
-	if rel.slots.Arch != r.Arch {
-		return r.Errorf("base.path", "base image %s: its OS slots are for %s (usr partition types), the recipe's arch is %s", p, rel.slots.Arch, r.Arch)
+	if err := osslots.CheckArch(rel.slots, r.Arch); err != nil {
+		return r.Errorf("base.path", "base image %s: %v", p, err)
 	}
 	// The bundle signs what it read of the base: the base the recipe pins,
 	// as a build checks it.
 	if r.Base.Digest != "" {
 		task := b.o.Progress.Task("check the base's digest", 0)
-		got, _, err := stage.HashFile(p)
+		got, _, err := filedigest.Of(p)
 		task.Done(err)
 		if err != nil {
 			return err
@@ -363,7 +364,7 @@ func (b *bundler) writePack(dir string, progress io.Writer) error {
 	if n != b.m.OS.Usr.Pack.Size {
 		return fmt.Errorf("kiln bug: the OS slot pack is %d bytes, %d planned", n, b.m.OS.Usr.Pack.Size)
 	}
-	d := "sha256:" + hex.EncodeToString(h.Sum(nil))
+	d := digest.NewDigest(digest.SHA256, h).String()
 	if err := f.Close(); err != nil {
 		return err
 	}
@@ -379,5 +380,5 @@ func indexDigest(x *slot.Index) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return "sha256:" + hex.EncodeToString(d[:]), nil
+	return digest.NewDigestFromBytes(digest.SHA256, d[:]).String(), nil
 }

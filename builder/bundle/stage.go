@@ -17,6 +17,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/builder/output"
 	"github.com/kiln-appliance/kiln/builder/stage"
+	"github.com/kiln-appliance/kiln/internal/filedigest"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
@@ -72,7 +73,7 @@ func (b *bundler) stageFiles(context.Context) error {
 		if err := stage.CopyFile(r.Resolve(f.Source), dst, os.FileMode(f.FileMode())); err != nil {
 			return fmt.Errorf("release file %s: %w", f.Path, err)
 		}
-		digest, size, err := stage.HashFile(dst)
+		digest, size, err := filedigest.Of(dst)
 		if err != nil {
 			return err
 		}

@@ -19,11 +19,12 @@ import (
 	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/fetch"
 	"github.com/kiln-appliance/kiln/builder/output"
-	"github.com/kiln-appliance/kiln/builder/stage"
+	"github.com/kiln-appliance/kiln/internal/filedigest"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/internal/version"
@@ -261,7 +262,7 @@ func (b *bundler) describeRelease(context.Context) error {
 		Recipe:        r.Name,
 		Version:       r.Version,
 		Arch:          r.Arch,
-		LockDigest:    digestOf(b.lockBytes),
+		LockDigest:    digest.FromBytes(b.lockBytes).String(),
 		Created:       b.Epoch,
 		Kiln:          version.Current(),
 		Kind:          bundle.KindFull,
@@ -352,7 +353,7 @@ func (b *bundler) held(d string) bool {
 // refuses a bundle that would carry nothing to upgrade.
 func (b *bundler) describeAgent(context.Context) error {
 	m, r := b.m, b.Recipe
-	agentDigest, agentSize, err := stage.HashFile(b.Agent.Path)
+	agentDigest, agentSize, err := filedigest.Of(b.Agent.Path)
 	if err != nil {
 		return fmt.Errorf("agent binary: %w", err)
 	}
@@ -478,7 +479,7 @@ func (b *bundler) writeBundle(ctx context.Context) error {
 		return err
 	}
 	out := b.out.File
-	m.Filesystem = bundle.Filesystem{Size: plan.Size(), Metadata: "sha256:" + strings.Repeat("0", 64)}
+	m.Filesystem = bundle.Filesystem{Size: plan.Size(), Metadata: digest.NewDigestFromEncoded(digest.SHA256, strings.Repeat("0", 64)).String()}
 	placeholder, err := bundle.Sign(m, priv)
 	if err != nil {
 		return err
@@ -563,5 +564,3 @@ func guidSeed(envelope []byte) []byte {
 	s := sha256.Sum256(envelope)
 	return s[:]
 }
-
-func digestOf(b []byte) string { return fmt.Sprintf("sha256:%x", sha256.Sum256(b)) }

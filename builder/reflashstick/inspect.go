@@ -1,8 +1,6 @@
 package reflashstick
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +8,7 @@ import (
 	"io/fs"
 	"strings"
 
+	"github.com/kiln-appliance/kiln/internal/filedigest"
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/squashfs"
@@ -95,7 +94,7 @@ func Inspect(p string) (rep *Report, err error) {
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
-	if rep.Agent.Size, rep.Agent.Digest, err = hashFile(fsys, recovery.AgentBinary); err != nil {
+	if rep.Agent.Digest, rep.Agent.Size, err = filedigest.OfFS(fsys, recovery.AgentBinary); err != nil {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
 	return rep, nil
@@ -113,18 +112,4 @@ func readFile[T any](fsys fs.FS, name string, decode func(io.Reader) (T, error))
 		return zero, fmt.Errorf("%s: %w", name, err)
 	}
 	return v, nil
-}
-
-func hashFile(fsys fs.FS, name string) (int64, string, error) {
-	f, err := fsys.Open(name)
-	if err != nil {
-		return 0, "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return 0, "", fmt.Errorf("%s: %w", name, err)
-	}
-	return n, "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
 }

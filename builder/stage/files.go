@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/kiln-appliance/kiln/internal/filedigest"
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/opencontainers/go-digest"
 )
 
 // ListFiles walks root in lexical order and returns every regular file with
@@ -37,14 +39,14 @@ func ListFiles(root string) ([]contract.File, error) {
 			if err != nil {
 				return err
 			}
-			files = append(files, contract.File{Path: rel, Size: info.Size(), Digest: "sha256:" + hex})
+			files = append(files, contract.File{Path: rel, Size: info.Size(), Digest: digest.NewDigestFromEncoded(digest.SHA256, hex).String()})
 			return nil
 		}
-		digest, size, err := HashFile(p)
+		sum, size, err := filedigest.Of(p)
 		if err != nil {
 			return err
 		}
-		files = append(files, contract.File{Path: rel, Size: size, Digest: digest})
+		files = append(files, contract.File{Path: rel, Size: size, Digest: sum})
 		return nil
 	})
 	if err != nil {

@@ -4,8 +4,6 @@
 package stage
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -134,19 +132,4 @@ func CopyFile(src, dst string, mode fs.FileMode) error {
 		return err
 	}
 	return out.Close()
-}
-
-// HashFile returns the sha256 digest and size of a file, streamed.
-func HashFile(path string) (string, int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", 0, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return "", 0, fmt.Errorf("hash %s: %w", path, err)
-	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), n, nil
 }

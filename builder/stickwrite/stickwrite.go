@@ -7,7 +7,6 @@ package stickwrite
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
@@ -19,6 +18,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
+	"github.com/opencontainers/go-digest"
 )
 
 // Device is a whole block device as sysfs describes it.
@@ -101,5 +101,5 @@ func Write(ctx context.Context, image string, d *Device, p progress.Reporter) (s
 	if err := blockdev.ReadBack(ctx, d.Path, size, w, p); err != nil {
 		return "", err
 	}
-	return "sha256:" + hex.EncodeToString(w), nil
+	return digest.NewDigestFromBytes(digest.SHA256, w).String(), nil
 }

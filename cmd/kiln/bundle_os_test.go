@@ -24,6 +24,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/systemd/agent/slotwrite"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	bundlefmt "github.com/kiln-appliance/kiln/systemd/contract/bundle"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 )
@@ -373,7 +374,7 @@ func TestBundleOSSlot(t *testing.T) {
 			bf, _ := os.Open(bad)
 			defer bf.Close()
 			_, _, err := writeSlot(t, m, bf, fsStart, usrA(t, disk10), 0)
-			if !errors.Is(err, bundlefmt.ErrDamaged) && !errors.Is(err, slotwrite.ErrDamaged) {
+			if !errors.Is(err, bundlefmt.ErrDamaged) && !errors.Is(err, contract.ErrDamaged) {
 				t.Errorf("%s: the node's write: %v, want it refused as damaged", tc.name, err)
 			}
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/kiln-appliance/kiln/internal/filedigest"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/verity"
 	"github.com/kiln-appliance/kiln/systemd/contract"
@@ -198,27 +199,15 @@ func checkBootFiles(disk string, l *gpt.Layout, esp gpt.Partition, entries []*bo
 		return "", &BootedError{partName(esp), err}
 	}
 	for i, c := range copies {
-		want := path.Base(paths[i])
-		got, err := fileSHA256(c)
+		d, _, err := filedigest.Of(c)
 		if err != nil {
 			return "", err
 		}
-		if got != want {
+		if got := digest.Digest(d).Encoded(); got != path.Base(paths[i]) {
 			return "", &BootedError{partName(esp), fmt.Errorf("%s holds bytes whose sha256 is %s: damaged; the node checks it only as it copies it, so reflash the disk", paths[i], got)}
 		}
 	}
 	return fmt.Sprintf("%s, and the %d kernel and initramfs files they name under /%s, each against the sha256 it is named by", what, len(paths), bootentry.FileDir), nil
-}
-
-// fileSHA256 is the hex sha256 of the file at p.
-func fileSHA256(p string) (string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	d, err := digest.SHA256.FromReader(f)
-	return d.Encoded(), err
 }
 
 func partName(p gpt.Partition) string { return fmt.Sprintf("partition %d (%s)", p.Number, p.Name) }

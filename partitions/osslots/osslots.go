@@ -330,3 +330,13 @@ func copyESP(path string, esp gpt.Partition, dir string) (string, error) {
 	}
 	return img, f.Close()
 }
+
+// CheckArch refuses slots (nil: none) that are not for arch, the recipe's:
+// their usr partition types say which arch they are for. A build and a
+// bundle ask the same.
+func CheckArch(s *contract.OSSlots, arch string) error {
+	if s != nil && s.Arch != arch {
+		return fmt.Errorf("its OS slots are for %s (usr partition types), the recipe's arch is %s", s.Arch, arch)
+	}
+	return nil
+}

@@ -250,3 +250,20 @@ func TestReadBootAndCopyFromESP(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckArch(t *testing.T) {
+	for _, tc := range []struct {
+		slots *contract.OSSlots
+		arch  string
+		want  string // "" for no error
+	}{
+		{nil, "amd64", ""},
+		{&contract.OSSlots{Arch: "amd64"}, "amd64", ""},
+		{&contract.OSSlots{Arch: "arm64"}, "amd64", "its OS slots are for arm64 (usr partition types), the recipe's arch is amd64"},
+	} {
+		err := CheckArch(tc.slots, tc.arch)
+		if got := fmt.Sprint(err); (tc.want == "" && err != nil) || (tc.want != "" && got != tc.want) {
+			t.Errorf("CheckArch(%v, %s) = %v, want %q", tc.slots, tc.arch, err, tc.want)
+		}
+	}
+}

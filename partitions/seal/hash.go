@@ -4,13 +4,14 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"hash"
 	"io"
 	"runtime"
 	"sync"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // mib is the unit of reads.
@@ -79,7 +80,7 @@ func (d digests) span(ctx context.Context, off, size int64) (string, error) {
 	for i := range runs {
 		outer.Write(runs[i].Bytes())
 	}
-	return "sha256:" + hex.EncodeToString(outer.Sum(nil)), nil
+	return digest.NewDigest(digest.SHA256, outer).String(), nil
 }
 
 // plainHash is version 1's digest: sha256 of every byte.
@@ -87,7 +88,7 @@ type plainHash struct{ hash.Hash }
 
 func (p plainHash) WriteZeros(n int64) { writeZeros(p.Hash, n) }
 
-func (p plainHash) digest() string { return "sha256:" + hex.EncodeToString(p.Sum(nil)) }
+func (p plainHash) digest() string { return digest.NewDigest(digest.SHA256, p).String() }
 
 // chunkedHash is version 2's digest.
 type chunkedHash struct {
@@ -146,5 +147,5 @@ func (c *chunkedHash) endChunk() {
 
 func (c *chunkedHash) digest() string {
 	c.endChunk()
-	return "sha256:" + hex.EncodeToString(c.outer.(hash.Hash).Sum(nil))
+	return digest.NewDigest(digest.SHA256, c.outer.(hash.Hash)).String()
 }

@@ -14,7 +14,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/verity"
+	"github.com/opencontainers/go-digest"
 )
 
 const (
@@ -209,7 +209,7 @@ func (d digests) headers() (string, error) {
 		clear(hdr[56:72]) // disk GUID
 		h.Write(hdr)
 	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+	return digest.NewDigest(digest.SHA256, h).String(), nil
 }
 
 // span is a byte range of the disk.

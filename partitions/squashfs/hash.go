@@ -3,7 +3,6 @@ package squashfs
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"io/fs"
@@ -13,6 +12,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	kprogress "github.com/kiln-appliance/kiln/internal/progress"
+	"github.com/opencontainers/go-digest"
 )
 
 // FileDigest is a file's size and sha256 ("sha256:…") as written into the
@@ -86,5 +86,5 @@ func hashFile(fsys fs.FS, p string, buf []byte, progress io.Writer) (FileDigest,
 	if err != nil {
 		return FileDigest{}, fmt.Errorf("%s: %w", p, err)
 	}
-	return FileDigest{Size: n, Digest: "sha256:" + hex.EncodeToString(h.Sum(nil))}, nil
+	return FileDigest{Size: n, Digest: digest.NewDigest(digest.SHA256, h).String()}, nil
 }

@@ -3,7 +3,6 @@ package verity
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"hash"
 	"io"
@@ -13,6 +12,7 @@ import (
 
 	kprogress "github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/partitions/squashfs"
+	godigest "github.com/opencontainers/go-digest"
 )
 
 // Files are files of the image filesystem hashed by the tree's read of the
@@ -86,7 +86,7 @@ func (f *fileHasher) feed(chunk []byte, off int64) (done bool) {
 }
 
 func (f *fileHasher) digest() squashfs.FileDigest {
-	return squashfs.FileDigest{Size: f.Size, Digest: "sha256:" + hex.EncodeToString(f.h.Sum(nil))}
+	return squashfs.FileDigest{Size: f.Size, Digest: godigest.NewDigest(godigest.SHA256, f.h).String()}
 }
 
 // feed hands a chunk of the partition (chunks come in order) to the files

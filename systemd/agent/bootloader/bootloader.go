@@ -11,7 +11,6 @@ package bootloader
 import (
 	"bytes"
 	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -22,8 +21,11 @@ import (
 	"strings"
 	"unicode/utf16"
 
+	"github.com/kiln-appliance/kiln/internal/filedigest"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
+	"github.com/opencontainers/go-digest"
 )
 
 // ESP is where the node mounts the ESP (systemd-gpt-auto-generator mounts it
@@ -258,25 +260,15 @@ func HasBootFile(esp, d string) (bool, error) {
 
 // fileHas reports whether the file at p hashes to d.
 func fileHas(p, d string) (bool, error) {
-	got, err := fileDigest(p)
+	got, _, err := filedigest.Of(p)
 	return got == d, err
 }
 
 // Digest is the sha256 ("sha256:HEX") of the file at p, a path as an
 // entry names it.
-func Digest(esp, p string) (string, error) { return fileDigest(espPath(esp, p)) }
-
-func fileDigest(p string) (string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("read %s: %w", p, err)
-	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+func Digest(esp, p string) (string, error) {
+	d, _, err := filedigest.Of(espPath(esp, p))
+	return d, err
 }
 
 // WriteBootFile puts the boot file with digest d (size bytes, read from r)
@@ -294,16 +286,12 @@ func WriteBootFile(esp, d string, size int64, r io.Reader) error {
 		if err != nil {
 			return fmt.Errorf("boot file %s: %w", d, err)
 		}
-		if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); n != size || got != d {
-			return fmt.Errorf("boot file %s: read %d bytes hashing to %s, want %d bytes: %w", d, n, got, size, ErrDamaged)
+		if got := digest.NewDigest(digest.SHA256, h).String(); n != size || got != d {
+			return fmt.Errorf("boot file %s: read %d bytes hashing to %s, want %d bytes: %w", d, n, got, size, contract.ErrDamaged)
 		}
 		return nil
 	})
 }
-
-// ErrDamaged is returned when bytes to be copied onto the ESP are not the
-// ones signed.
-var ErrDamaged = errors.New("damaged")
 
 // FindFile finds, among the files the ESP's entries boot (kernel and
 // initramfs) but those of the entries skip names, one with digest d and

@@ -14,6 +14,7 @@ import (
 	"unicode/utf16"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
 )
 
@@ -171,8 +172,8 @@ func TestBootFiles(t *testing.T) {
 	d := esp(t)
 	kernel := []byte("a kernel")
 	sum := fmt.Sprintf("sha256:%x", sha256.Sum256(kernel))
-	if err := WriteBootFile(d, sum, int64(len(kernel)), strings.NewReader("another kernel")); !errors.Is(err, ErrDamaged) {
-		t.Errorf("wrong bytes: %v, want ErrDamaged", err)
+	if err := WriteBootFile(d, sum, int64(len(kernel)), strings.NewReader("another kernel")); !errors.Is(err, contract.ErrDamaged) {
+		t.Errorf("wrong bytes: %v, want contract.ErrDamaged", err)
 	}
 	if ok, _ := HasBootFile(d, sum); ok {
 		t.Error("a damaged copy is in place")

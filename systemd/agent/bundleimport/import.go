@@ -20,16 +20,15 @@ import (
 	"time"
 
 	"go.podman.io/storage"
-	"golang.org/x/sys/unix"
 
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/systemd/agent/bootloader"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/agent/internal/freespace"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/localimage"
 	"github.com/kiln-appliance/kiln/systemd/agent/osinstall"
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
-	"github.com/kiln-appliance/kiln/systemd/agent/slotwrite"
 	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
@@ -142,7 +141,7 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 	if err := i.checkFailedBefore(source, m.Version, self); err != nil {
 		return nil, err
 	}
-	free, err := freeBytes(i.path("/var"))
+	free, err := freespace.Available(i.path("/var"))
 	if err != nil {
 		return nil, err
 	}
@@ -180,8 +179,9 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 	err = i.receive(ctx, bundleFS{f, h.Size}, inbox{incoming, r.Blobs}, wants, task)
 	task.Done(err)
 	if err != nil {
-		var damaged errDamaged
-		if errors.As(err, &damaged) {
+		// A part that does not hash as signed proves the bundle wrong (not
+		// a stick that went away): refused, nothing kept.
+		if errors.Is(err, bundle.ErrDamaged) {
 			undo()
 			return nil, refused(source, err)
 		}
@@ -211,7 +211,7 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 	switch {
 	case errors.Is(err, release.ErrFailedBefore): // recorded since the check above
 		return nil, fmt.Errorf("bundle %s refused: %w; %s; nothing was staged", source, err, retryHint(m.Version, source))
-	case errors.Is(err, slotwrite.ErrDamaged) || errors.Is(err, bootloader.ErrDamaged):
+	case errors.Is(err, contract.ErrDamaged):
 		return nil, fmt.Errorf("bundle %s refused: %w; nothing was staged, the inactive slot has no boot entry and the node stays on release %s", source, err, self.current.Version)
 	case err != nil:
 		return nil, fmt.Errorf("import from %s: %w; nothing was staged, plug the stick in again to retry", source, err)
@@ -485,13 +485,4 @@ func trustedKeys(dir string) (keys []ed25519.PublicKey, ids string, err error) {
 		names = append(names, k.KeyID)
 	}
 	return keys, strings.Join(names, ", "), nil
-}
-
-// freeBytes is what an unprivileged writer may still use on dir's filesystem.
-func freeBytes(dir string) (int64, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return 0, fmt.Errorf("free space on %s: %w", dir, err)
-	}
-	return int64(st.Bavail) * st.Bsize, nil
 }

@@ -35,13 +35,6 @@ type part struct {
 	offset, size int64
 }
 
-// errDamaged marks a receive failure that proves the bundle wrong (a part
-// that does not hash as signed), as opposed to a stick that went away: the
-// import refuses it and keeps nothing.
-type errDamaged struct{ error }
-
-func (e errDamaged) Unwrap() error { return e.error }
-
 // bundleFS is the bundle's filesystem on the stick: the stick (or bundle
 // file) and the byte the filesystem starts at.
 type bundleFS struct {
@@ -71,7 +64,7 @@ type inbox struct {
 //
 // Only when every part matched are the parts made durable (one syncfs),
 // renamed to their digests and the directory synced. A damaged part
-// (errDamaged) keeps nothing. A read that fails (the stick pulled) or a stop
+// (bundle.ErrDamaged) keeps nothing. A read that fails (the stick pulled) or a stop
 // keeps the parts finished before it, each verified, for the next run.
 func (i *importer) receive(ctx context.Context, src bundleFS, in inbox, wants []part, progress io.Writer) (err error) {
 	dir := in.dir
@@ -221,7 +214,7 @@ func (w *writer) part(ctx context.Context, src bundleFS, dir string, p part, pro
 	ok := alg == "sha256" && got == hx
 	w.jobs <- job{f: f, end: true, size: p.size, verified: ok, name: hx}
 	if !ok {
-		return nil, errDamaged{fmt.Errorf("%w: blob %s reads as sha256:%s (%d bytes at %d of the filesystem)", bundle.ErrDamaged, p.digest, got, p.size, p.offset)}
+		return nil, fmt.Errorf("%w: blob %s reads as sha256:%s (%d bytes at %d of the filesystem)", bundle.ErrDamaged, p.digest, got, p.size, p.offset)
 	}
 	return nil, nil
 }

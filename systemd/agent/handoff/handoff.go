@@ -15,8 +15,6 @@ package handoff
 
 import (
 	"crypto/sha256"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -27,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/opencontainers/go-digest"
 )
 
 // Param is the kernel parameter naming the release's agent: kiln.agent=sha256:HEX.
@@ -95,9 +94,6 @@ func rootArg(args []string) string {
 	return "/"
 }
 
-// ErrDamaged: the agent in the release store is not the one the entry names.
-var ErrDamaged = errors.New("damaged")
-
 // Exec runs the agent with digest d from the release store under root, its
 // bytes checked as they are copied into a sealed memory file; it returns
 // only when it cannot.
@@ -118,8 +114,8 @@ func Exec(root, d string, args []string) error {
 	if _, err := io.Copy(io.MultiWriter(mem, h), in); err != nil {
 		return fmt.Errorf("%s: copy %s: %w", what, src, err)
 	}
-	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != d {
-		return fmt.Errorf("%s: %w: %s hashes to %s; the boot loader goes back to the release before once this entry's tries run out", what, ErrDamaged, src, got)
+	if got := digest.NewDigest(digest.SHA256, h).String(); got != d {
+		return fmt.Errorf("%s: %w: %s hashes to %s; the boot loader goes back to the release before once this entry's tries run out", what, contract.ErrDamaged, src, got)
 	}
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SEAL|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_WRITE); err != nil {
 		return fmt.Errorf("%s: seal: %w", what, err)

@@ -131,8 +131,8 @@ func TestExec(t *testing.T) {
 		if want := "Exec returned this boot's entry runs kiln agent " + d + " (kiln.agent=): damaged: " + blob + " hashes to sha256:"; !strings.HasPrefix(out, want) {
 			t.Fatalf("Exec of a damaged blob: %q, want %q...", out, want)
 		}
-		if err := Exec(root, d, []string{"kiln"}); !errors.Is(err, ErrDamaged) {
-			t.Fatalf("Exec of a damaged blob = %v, want ErrDamaged", err)
+		if err := Exec(root, d, []string{"kiln"}); !errors.Is(err, contract.ErrDamaged) {
+			t.Fatalf("Exec of a damaged blob = %v, want contract.ErrDamaged", err)
 		}
 	})
 	t.Run("missing", func(t *testing.T) {

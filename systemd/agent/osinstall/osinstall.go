@@ -26,12 +26,11 @@ import (
 	"slices"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/systemd/agent/bootloader"
 	"github.com/kiln-appliance/kiln/systemd/agent/handoff"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
+	"github.com/kiln-appliance/kiln/systemd/agent/internal/freespace"
 	"github.com/kiln-appliance/kiln/systemd/agent/slotwrite"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
@@ -323,7 +322,7 @@ func (p *Plan) findBootFiles() error {
 		}
 		p.boot = append(p.boot, bf)
 	}
-	free, err := freeBytes(esp)
+	free, err := freespace.Available(esp)
 	if err != nil {
 		return err
 	}
@@ -592,15 +591,6 @@ func (p *Plan) copyBootFile(f bootFile) error {
 		return fmt.Errorf("os: %s: %w", f.Name, err)
 	}
 	return nil
-}
-
-// freeBytes is what may still be written on dir's filesystem.
-func freeBytes(dir string) (int64, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return 0, fmt.Errorf("free space on %s: %w", dir, err)
-	}
-	return int64(st.Bavail) * st.Bsize, nil
 }
 
 func syncFile(p string) error {

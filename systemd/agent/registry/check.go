@@ -2,7 +2,6 @@ package registry
 
 import (
 	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kiln-appliance/kiln/internal/filestamp"
+	"github.com/opencontainers/go-digest"
 )
 
 // A blob's bytes go out only once they were checked against its digest
@@ -117,9 +117,9 @@ func (t *trustOf) onVerity(dev uint64) bool {
 	return err == nil && strings.HasPrefix(string(uuid), "CRYPT-VERITY-")
 }
 
-// hashFile returns whether the size bytes of f match digest, reading f
+// hashFile returns whether the size bytes of f match want, reading f
 // from its start (ReadAt: its offset is left alone).
-func hashFile(f *os.File, size int64, digest string) (bool, error) {
+func hashFile(f *os.File, size int64, want string) (bool, error) {
 	h := sha256.New()
 	bp := getSendBuffer()
 	defer putSendBuffer(bp)
@@ -127,5 +127,5 @@ func hashFile(f *os.File, size int64, digest string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return n == size && "sha256:"+hex.EncodeToString(h.Sum(nil)) == digest, nil
+	return n == size && digest.NewDigest(digest.SHA256, h).String() == want, nil
 }

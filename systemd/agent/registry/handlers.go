@@ -3,7 +3,6 @@ package registry
 import (
 	"bytes"
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/kiln-appliance/kiln/internal/inputfile"
@@ -276,7 +276,7 @@ func (v *verifyingReader) Read(p []byte) (int, error) {
 	v.h.Write(p[:n])
 	v.pos += int64(n)
 	if start < v.bf.size && v.pos == v.bf.size {
-		got := "sha256:" + hex.EncodeToString(v.h.Sum(nil))
+		got := digest.NewDigest(digest.SHA256, v.h).String()
 		if got != v.digest {
 			v.record(false)
 			v.s.log.Error("blob file damaged: content does not match its digest; "+regindex.DamageFix(v.bf.store),

@@ -3,8 +3,6 @@ package release
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
@@ -13,12 +11,11 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 	"github.com/kiln-appliance/kiln/systemd/agent/pins"
 	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/opencontainers/go-digest"
 )
 
 // Converge makes everything derived from the state match it, without
@@ -104,8 +101,7 @@ func (m *Machine) syncPins(ctx context.Context, releases []contract.Release) err
 		}
 		fmt.Fprintf(m.log, "pins: %d image(s) pinned in %s\n", len(images), contract.PinsDropIn)
 	}
-	sum := sha256.Sum256(data)
-	want := "sha256:" + hex.EncodeToString(sum[:]) + "\n"
+	want := digest.FromBytes(data).String() + "\n"
 	marker := m.path(pinsApplied)
 	if got, err := os.ReadFile(marker); err == nil && string(got) == want {
 		return nil

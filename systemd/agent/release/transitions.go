@@ -17,7 +17,7 @@ import (
 // Errors a refused transition wraps; nothing is changed when one is returned.
 var (
 	ErrNotNewer = errors.New("release is not newer than the current one")
-	ErrBusy     = errors.New("another release is staged or being tried")
+	ErrBusy     = contract.ErrBusy // the import's rule: contract.CheckBusy
 	ErrNoSuch   = errors.New("no such release in this state")
 	// ErrFailedBefore: the release was rolled back on this node since a
 	// release was last confirmed; Import stages it again only with
@@ -70,18 +70,16 @@ func (m *Machine) Import(ctx context.Context, r contract.Release, fill Fill, opt
 			o := *s.Current.OS // images only: the release runs the OS it is staged on
 			r.OS = &o
 		}
-		switch {
-		case s.Trying != nil:
-			return fmt.Errorf("stage %s: %w: %s is being tried; it must be confirmed or rolled back first", r.Version, ErrBusy, s.Trying.Version)
-		case s.Staged != nil && s.Staged.Version == r.Version && same(*s.Staged, r):
+		if s.Staged != nil && s.Staged.Version == r.Version && same(*s.Staged, r) {
 			return errUnchanged
-		case s.Staged != nil:
-			return fmt.Errorf("stage %s: %w: %s is staged; reboot to try it, or abandon it (kiln agent release abandon %s)", r.Version, ErrBusy, s.Staged.Version, s.Staged.Version)
 		}
 		if c, err := contract.CompareVersions(r.Version, s.Current.Version); err != nil {
 			return fmt.Errorf("stage: %w", err)
 		} else if c <= 0 {
 			return fmt.Errorf("stage %s: %w (%s): rollback uses the node's own previous release, never an older one", r.Version, ErrNotNewer, s.Current.Version)
+		}
+		if err := contract.CheckBusy(idOf(s.Staged), idOf(s.Trying), r.Version); err != nil {
+			return fmt.Errorf("stage %s: %w", r.Version, err)
 		}
 		if err := checkSlot(s, r); err != nil {
 			return fmt.Errorf("stage %s: %w", r.Version, err)
@@ -107,6 +105,14 @@ func (m *Machine) Import(ctx context.Context, r contract.Release, fill Fill, opt
 		s.Last = m.result("stage", r.Version, true, "")
 		return nil
 	})
+}
+
+func idOf(r *contract.Release) *contract.ReleaseID {
+	if r == nil {
+		return nil
+	}
+	id := r.ID()
+	return &id
 }
 
 // checkSlot refuses a release whose OS would be written into the slot the

@@ -19,12 +19,9 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/slot"
 )
-
-// ErrDamaged is returned when a chunk read from the stick, or from the active
-// slot, is not the chunk the index names.
-var ErrDamaged = errors.New("damaged")
 
 // Target is the inactive slot (a block device or, in tests, a file).
 type Target interface {
@@ -192,7 +189,7 @@ func (w *writer) chunk(i int, off int64, buf []byte) error {
 	}
 	if sha256.Sum256(b) != c.Digest {
 		return fmt.Errorf("slot write: %w: %d bytes at %d of %s are not chunk %d of the signed index; nothing bootable was changed",
-			ErrDamaged, c.Size, at.Offset, where, i)
+			contract.ErrDamaged, c.Size, at.Offset, where, i)
 	}
 	if _, err := w.dst.WriteAt(b, off); err != nil {
 		return fmt.Errorf("slot write: writing %d bytes at %d of the inactive slot: %w", c.Size, off, err)

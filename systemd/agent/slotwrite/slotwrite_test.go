@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/slot"
 )
 
@@ -160,8 +161,8 @@ func TestWriteFromAPackForTwoBases(t *testing.T) {
 	// ones it wants, and it refuses them.
 	f := target(t, len(img))
 	_, err := Write(context.Background(), f, int64(len(img)), Source{Index: x, Base: base, Active: bytes.NewReader(old), Pack: bytes.NewReader(p)})
-	if !errors.Is(err, ErrDamaged) {
-		t.Errorf("the pack read as one base's: %v, want ErrDamaged", err)
+	if !errors.Is(err, contract.ErrDamaged) {
+		t.Errorf("the pack read as one base's: %v, want contract.ErrDamaged", err)
 	}
 }
 
@@ -196,8 +197,8 @@ func TestWriteRefuses(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Write: %v, want an error with %q", err, tc.want)
 			}
-			if errors.Is(err, ErrDamaged) != tc.damaged {
-				t.Errorf("errors.Is(ErrDamaged) = %v for %v", !tc.damaged, err)
+			if errors.Is(err, contract.ErrDamaged) != tc.damaged {
+				t.Errorf("errors.Is(contract.ErrDamaged) = %v for %v", !tc.damaged, err)
 			}
 		})
 	}

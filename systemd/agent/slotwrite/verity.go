@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/slot"
 )
 
@@ -44,7 +45,7 @@ func Seal(ctx context.Context, data, hash string, v slot.Verity) error {
 		return fmt.Errorf("veritysetup format of the new slot printed no root hash: %s", strings.TrimSpace(string(out)))
 	}
 	if got != v.RootHash {
-		return fmt.Errorf("%w: the new slot's root hash is %s, the signed release says %s: what was written is not the factory's image; the node stays on its release (plug the stick in again, or reflash)", ErrDamaged, got, v.RootHash)
+		return fmt.Errorf("%w: the new slot's root hash is %s, the signed release says %s: what was written is not the factory's image; the node stays on its release (plug the stick in again, or reflash)", contract.ErrDamaged, got, v.RootHash)
 	}
 	return nil
 }

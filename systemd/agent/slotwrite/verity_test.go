@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/slot"
 )
 
@@ -44,7 +45,7 @@ func TestSeal(t *testing.T) {
 	data[700<<10] ^= 1
 	img, hash = slotFiles(t, data)
 	err := Seal(context.Background(), img, hash, goldenVerity)
-	if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), "not the factory's image") {
+	if !errors.Is(err, contract.ErrDamaged) || !strings.Contains(err.Error(), "not the factory's image") {
 		t.Fatalf("Seal of a slot with a flipped bit: %v", err)
 	}
 

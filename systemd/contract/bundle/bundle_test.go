@@ -355,8 +355,8 @@ func TestCheckNode(t *testing.T) {
 		{"downgrade", &full, Node{Recipe: "acme", Arch: "amd64", Current: contract.ReleaseID{Version: "1.10.0"}}, ErrNotNewer},
 		{"semver, not text", &full, Node{Recipe: "acme", Arch: "amd64", Current: contract.ReleaseID{Version: "1.1.0-rc.1"}}, nil},
 		{"delta, other base", m, Node{Recipe: "acme", Arch: "amd64", Current: contract.ReleaseID{Version: "1.0.0", LockDigest: "sha256:x"}}, ErrWrongBase},
-		{"staged", m, Node{Recipe: "acme", Arch: "amd64", Current: base, Staged: &contract.ReleaseID{Version: "1.0.5", LockDigest: "sha256:" + strings.Repeat("5", 64)}}, ErrStaged},
-		{"trying", m, Node{Recipe: "acme", Arch: "amd64", Current: base, Trying: &contract.ReleaseID{Version: "1.0.5", LockDigest: "sha256:" + strings.Repeat("5", 64)}}, ErrStaged},
+		{"staged", m, Node{Recipe: "acme", Arch: "amd64", Current: base, Staged: &contract.ReleaseID{Version: "1.0.5", LockDigest: "sha256:" + strings.Repeat("5", 64)}}, contract.ErrBusy},
+		{"trying", m, Node{Recipe: "acme", Arch: "amd64", Current: base, Trying: &contract.ReleaseID{Version: "1.0.5", LockDigest: "sha256:" + strings.Repeat("5", 64)}}, contract.ErrBusy},
 		{"this release staged", m, Node{Recipe: "acme", Arch: "amd64", Current: base, Staged: &contract.ReleaseID{Version: m.Version, LockDigest: m.LockDigest}}, ErrAlreadyStaged},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

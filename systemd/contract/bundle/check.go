@@ -13,6 +13,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/opencontainers/go-digest"
 )
 
 // Errors of the node checks, for errors.Is; the messages say what to do.
@@ -20,7 +21,6 @@ var (
 	ErrOtherAppliance = errors.New("bundle is for another appliance")
 	ErrNotNewer       = errors.New("bundle is not newer than the running release")
 	ErrWrongBase      = errors.New("delta bundle does not apply to the running release")
-	ErrStaged         = errors.New("another release is already staged")
 	// ErrAlreadyStaged: this very release is staged (the stick was
 	// imported before); the import has nothing to do.
 	ErrAlreadyStaged = errors.New("this release is already staged")
@@ -64,13 +64,8 @@ func (m *Manifest) CheckNode(n Node) error {
 		return fmt.Errorf("%w: bundle %s is %s the running %s; a downgrade or a replay is refused (rollback uses the node's own previous release)",
 			ErrNotNewer, m.Version, what, n.Current.Version)
 	}
-	switch {
-	case n.Staged != nil:
-		return fmt.Errorf("%w: release %s is staged and not yet tried; reboot the appliance to try it (or drop it: kiln agent release abandon %s), then import %s",
-			ErrStaged, n.Staged.Version, n.Staged.Version, m.Version)
-	case n.Trying != nil:
-		return fmt.Errorf("%w: release %s is being tried; wait until its health check confirms it or rolls it back (kiln agent status), then import %s",
-			ErrStaged, n.Trying.Version, m.Version)
+	if err := contract.CheckBusy(n.Staged, n.Trying, m.Version); err != nil {
+		return err
 	}
 	if m.Kind == KindDelta && !slices.Contains(m.AppliesTo, n.Current) {
 		var bases []string
@@ -244,7 +239,7 @@ func (m *Manifest) HashMetadata(r io.ReaderAt, offset int64, progress io.Writer)
 	if err := gap(m.Filesystem.Size); err != nil {
 		return "", err
 	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+	return digest.NewDigest(digest.SHA256, h).String(), nil
 }
 
 // byOffset is the files in the order their contents lie in the filesystem.
@@ -279,7 +274,7 @@ func HashRange(r io.ReaderAt, off, n int64, progress io.Writer, buf []byte) (str
 	if got != n {
 		return "", fmt.Errorf("truncated: %d of %d bytes at byte %d", got, n, off)
 	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+	return digest.NewDigest(digest.SHA256, h).String(), nil
 }
 
 // Release is the node's record of the bundle's release (what

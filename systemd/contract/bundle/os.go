@@ -2,7 +2,6 @@ package bundle
 
 import (
 	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +11,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
 	"github.com/kiln-appliance/kiln/systemd/contract/slot"
+	"github.com/opencontainers/go-digest"
 )
 
 // OSBlobDir holds the OS section's files in the bundle's filesystem, each
@@ -204,7 +204,7 @@ func (m *Manifest) ReadSlotIndex(r io.ReaderAt, fsOffset int64, d string) (*slot
 	if _, err := io.Copy(h, sr); err != nil {
 		return nil, fmt.Errorf("read slot index %s: %w", f.Path, err)
 	}
-	if "sha256:"+hex.EncodeToString(h.Sum(nil)) != d {
+	if digest.NewDigest(digest.SHA256, h).String() != d {
 		return nil, fmt.Errorf("%w: slot index %s (bytes %d-%d of the filesystem) differs from the signed manifest", ErrDamaged, f.Path, f.Offset, f.Offset+f.Size-1)
 	}
 	if decodeErr != nil {

@@ -31,6 +31,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/opencontainers/go-digest"
 )
 
 // PartitionType is the GPT partition type GUID of the stick's payload
@@ -227,7 +228,7 @@ func (c *Chunker) Fill(r *Record) {
 	if c.inCur > 0 {
 		c.flush()
 	}
-	r.Size, r.SHA256, r.Chunks = c.n, "sha256:"+hex.EncodeToString(c.all.Sum(nil)), c.chunks
+	r.Size, r.SHA256, r.Chunks = c.n, digest.NewDigestFromBytes(digest.SHA256, c.all.Sum(nil)).String(), c.chunks
 }
 
 // ErrDamaged marks a mismatch against the record.

@@ -16,6 +16,9 @@ import (
 	"math"
 	"slices"
 	"strings"
+
+	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/opencontainers/go-digest"
 )
 
 // FileName is the node registry's index of the partition's OCI layout,
@@ -48,7 +51,7 @@ var ErrVersion = errors.New("registry index of an unknown version")
 
 // ErrDamaged is returned for a registry index whose checksum does not
 // match its contents.
-var ErrDamaged = errors.New("damaged: its checksum does not match its contents")
+var ErrDamaged = fmt.Errorf("%w: its checksum does not match its contents", contract.ErrDamaged)
 
 // Index is everything the node's registry serves from one OCI layout, as
 // Walker finds it. Each digest is held once, in Blobs, and referred to by its position.
@@ -94,7 +97,9 @@ func (ix *Index) BlobCount() int { return len(ix.Sizes) }
 
 // BlobDigest is blob i's digest, "sha256:<hex>"; i must be below
 // BlobCount.
-func (ix *Index) BlobDigest(i int) string { return "sha256:" + ix.Blobs[64*i:64*i+64] }
+func (ix *Index) BlobDigest(i int) string {
+	return digest.NewDigestFromEncoded(digest.SHA256, ix.Blobs[64*i:64*i+64]).String()
+}
 
 // Encode returns FileName's bytes. The format, after the magic line
 // "kiln registry index\n", is a sequence of unsigned varints

@@ -1,8 +1,6 @@
 package regindex
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/kiln-appliance/kiln/internal/human"
@@ -313,8 +312,7 @@ func ReadVerified(path string, d ocispec.Descriptor) ([]byte, error) {
 	case err != nil:
 		return nil, err
 	}
-	sum := sha256.Sum256(data)
-	if (d.Size >= 0 && int64(len(data)) != d.Size) || "sha256:"+hex.EncodeToString(sum[:]) != d.Digest.String() {
+	if (d.Size >= 0 && int64(len(data)) != d.Size) || digest.FromBytes(data) != d.Digest {
 		return nil, fmt.Errorf("%s does not match its digest", path)
 	}
 	return data, nil

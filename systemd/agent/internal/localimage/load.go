@@ -12,6 +12,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	"go.podman.io/storage"
 
+	"github.com/kiln-appliance/kiln/internal/filedigest"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 )
 
@@ -63,7 +64,7 @@ func Load(store storage.Store, im contract.Image, blobs BlobDirs) error {
 	if err := json.Unmarshal(manifest, &m); err != nil || m.Config.Digest == "" {
 		return fmt.Errorf("manifest %s is not an image manifest (%v)", im.Digest, err)
 	}
-	if id := strings.TrimPrefix(im.ImageID, "sha256:"); id != "" && m.Config.Digest != "sha256:"+id {
+	if id := strings.TrimPrefix(im.ImageID, "sha256:"); id != "" && m.Config.Digest != digest.NewDigestFromEncoded(digest.SHA256, id).String() {
 		return fmt.Errorf("%w: manifest %s names config %s, the release says %s", ErrDamaged, im.Digest, m.Config.Digest, im.ImageID)
 	}
 	config, err := readBlob(m.Config.Digest, blobs)
@@ -131,7 +132,7 @@ func putLayer(store storage.Store, parent string, blob, diffID digest.Digest, bl
 	if err != nil {
 		// Say "damaged" when it is: the unpacker's own words ("invalid tar
 		// header") do not tell a technician the stored copy is bad.
-		if got, herr := fileDigest(p); herr == nil && got != blob {
+		if got, _, herr := filedigest.Of(p); herr == nil && got != blob.String() {
 			return "", fmt.Errorf("%w: %s reads as %s", ErrDamaged, p, got)
 		}
 		return "", fmt.Errorf("apply: %w", err)
@@ -166,13 +167,4 @@ func readBlob(d string, blobs BlobDirs) ([]byte, error) {
 		return nil, fmt.Errorf("%w: blob %s reads as %s (%s)", ErrDamaged, d, got, p)
 	}
 	return data, nil
-}
-
-func fileDigest(p string) (digest.Digest, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	return digest.Canonical.FromReader(f)
 }
