@@ -26,14 +26,17 @@ const minCheckNames = 0
 // than minCheckNames.
 func TestMain(m *testing.M) {
 	flag.Parse()
-	code := m.Run()
-	var table strings.Builder
-	vm.WriteReport(&table)
-	fmt.Print(table.String())
 	logs := os.Getenv("KILN_E2E_LOGS")
 	if logs == "" {
 		logs = filepath.Join(repo.Root(), "test", "e2e", ".cache", "logs")
 	}
+	if err := os.MkdirAll(logs, 0o755); err == nil {
+		vm.KeepReport(filepath.Join(logs, "time-table.txt"))
+	}
+	code := m.Run()
+	var table strings.Builder
+	vm.WriteReport(&table)
+	fmt.Print(table.String())
 	if err := os.MkdirAll(logs, 0o755); err == nil {
 		os.WriteFile(filepath.Join(logs, "time-table.txt"), []byte(table.String()), 0o644)
 		os.WriteFile(filepath.Join(logs, "check-names.txt"), []byte(strings.Join(vm.CheckNames(), "\n")+"\n"), 0o644)

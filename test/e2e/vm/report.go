@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -22,6 +23,7 @@ type ledger struct {
 	start  time.Time
 	tests  map[string]*testTimes
 	checks map[string]bool
+	file   string // KeepReport's
 }
 
 type testTimes struct {
@@ -81,6 +83,21 @@ func (l *ledger) ended(name string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.test(top(name)).ended = time.Since(l.start)
+	if l.file != "" {
+		// The table so far, rewritten as each test ends: a run that go
+		// test's -timeout ends (no TestMain after it) still leaves one.
+		var b strings.Builder
+		writeReport(&b, l, time.Since(l.start))
+		os.WriteFile(l.file, []byte(b.String()), 0o644)
+	}
+}
+
+// KeepReport makes the run rewrite its time table to path each time a test
+// ends.
+func KeepReport(path string) {
+	record.mu.Lock()
+	defer record.mu.Unlock()
+	record.file = path
 }
 
 func (l *ledger) boot(test string, b bootTime) {
@@ -117,15 +134,18 @@ func WriteReport(w io.Writer) {
 
 func writeReport(w io.Writer, l *ledger, wall time.Duration) {
 	var tests []*testTimes
+	all := map[string]*testTimes{}
 	var machine time.Duration
-	for _, tt := range l.tests {
-		if tt.granted == 0 {
+	for name, t := range l.tests {
+		if t.granted == 0 {
 			continue
 		}
+		tt := *t // a copy: the ledger goes on
 		if tt.ended == 0 {
-			tt.ended = wall // still running: a failed or timed-out run
+			tt.ended = wall // still running (or a run that timed out)
 		}
-		tests = append(tests, tt)
+		tests = append(tests, &tt)
+		all[name] = &tt
 		machine += tt.ended - tt.granted
 	}
 	sort.Slice(tests, func(i, j int) bool {
@@ -156,7 +176,7 @@ func writeReport(w io.Writer, l *ledger, wall time.Duration) {
 			round(tt.granted-tt.asked), round(tt.granted), round(tt.ended), len(tt.boots), strings.Join(boots, ", "))
 	}
 	tw.Flush()
-	if path := criticalPath(l.tests, tests); len(path) > 0 {
+	if path := criticalPath(all, tests); len(path) > 0 {
 		var parts []string
 		for _, tt := range path {
 			parts = append(parts, fmt.Sprintf("%s %s", tt.name, round(tt.ended-tt.granted)))

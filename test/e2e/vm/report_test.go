@@ -34,6 +34,15 @@ func TestWriteReport(t *testing.T) {
 			t.Errorf("report lacks %q", want)
 		}
 	}
+	l.tests["TestRunning"] = &testTimes{name: "TestRunning", asked: s, granted: 600 * s}
+	b.Reset()
+	writeReport(&b, l, 710*s)
+	if !strings.Contains(b.String(), "TestRunning  1m50s") {
+		t.Errorf("a running test is not in the table up to now:\n%s", b.String())
+	}
+	if l.tests["TestRunning"].ended != 0 {
+		t.Error("writing the table ended a running test in the ledger")
+	}
 	if strings.Contains(out, "TestWaited") {
 		t.Error("a test that never got a slot is in the table")
 	}
