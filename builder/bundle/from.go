@@ -22,7 +22,7 @@ import (
 	"github.com/kiln-appliance/kiln/partitions/squashfs"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 )
 
 // base is a release the appliances run, named by --from: what it is and
@@ -46,7 +46,7 @@ type base struct {
 	// recipe's base image.
 	slots    *contract.OSSlots
 	disk     string
-	manifest *bundle.Manifest
+	manifest *bundlefmt.Manifest
 	fsOffset int64
 	lockBase string
 	os       *baseOS
@@ -65,7 +65,7 @@ func (b *bundler) loadBase(ctx context.Context, p string) (*base, error) {
 	head = head[:n]
 	var rel *base
 	switch {
-	case string(head) == bundle.Magic:
+	case string(head) == bundlefmt.Magic:
 		rel, err = baseFromBundle(p, 0)
 	case bytes.HasPrefix(bytes.TrimSpace(head), []byte("{")):
 		rel, err = baseFromContents(p)
@@ -87,7 +87,7 @@ func (b *bundler) loadBase(ctx context.Context, p string) (*base, error) {
 
 func baseFromDisk(p string, l *gpt.Layout) (*base, error) {
 	for _, part := range l.Partitions {
-		if strings.EqualFold(part.Type, bundle.PartitionType) {
+		if strings.EqualFold(part.Type, bundlefmt.PartitionType) {
 			return baseFromBundle(p, part.Offset)
 		}
 	}
@@ -124,7 +124,7 @@ func diskTrust(disk string) ([]ed25519.PublicKey, error) {
 	}
 	var keys []ed25519.PublicKey
 	for _, k := range trust {
-		pub, err := bundle.ParsePublicKey([]byte(k.PublicKey))
+		pub, err := bundlefmt.ParsePublicKey([]byte(k.PublicKey))
 		if err != nil {
 			return nil, err
 		}
@@ -150,7 +150,7 @@ func baseFromContents(p string) (*base, error) {
 // (Images only preloaded are in containers/storage, not as blobs, so a
 // delta carries their blobs again.)
 func baseOfContents(c *contract.Contents) *base {
-	b := &base{recipe: c.Recipe, arch: c.Arch, release: contract.ReleaseID{Version: c.Version, LockDigest: c.LockDigest}, blobs: map[string]bool{}, schema: bundle.SchemaVersion, slots: c.OSSlots}
+	b := &base{recipe: c.Recipe, arch: c.Arch, release: contract.ReleaseID{Version: c.Version, LockDigest: c.LockDigest}, blobs: map[string]bool{}, schema: bundlefmt.SchemaVersion, slots: c.OSSlots}
 	if c.Kiln == (version.Info{}) {
 		b.schema = 1
 	}
@@ -175,17 +175,17 @@ func baseFromBundle(p string, offset int64) (*base, error) {
 		return nil, err
 	}
 	defer f.Close()
-	h, err := bundle.ReadHeader(io.NewSectionReader(f, offset, toEnd))
+	h, err := bundlefmt.ReadHeader(io.NewSectionReader(f, offset, toEnd))
 	if err != nil {
 		return nil, err
 	}
-	m, _, err := bundle.Unverified(h.Envelope)
+	m, _, err := bundlefmt.Unverified(h.Envelope)
 	if err != nil {
 		return nil, err
 	}
 	// A schema 1 bundle was made for agents before schema 2; any later one
 	// by a kiln whose agent reads its own schema, as a kiln.json's.
-	schema := bundle.SchemaVersion
+	schema := bundlefmt.SchemaVersion
 	if m.SchemaVersion == 1 {
 		schema = 1
 	}
@@ -195,7 +195,7 @@ func baseFromBundle(p string, offset int64) (*base, error) {
 		b.blobs[bl.Digest] = true
 	}
 	for _, k := range m.Trust {
-		pub, err := bundle.ParsePublicKey([]byte(k.PublicKey))
+		pub, err := bundlefmt.ParsePublicKey([]byte(k.PublicKey))
 		if err != nil {
 			return nil, fmt.Errorf("trusted key %s: %w", k.KeyID, err)
 		}
@@ -242,7 +242,7 @@ func (b *bundler) baseFromLock(ctx context.Context, p string) (rel *base, err er
 	if err != nil {
 		return nil, builder.LockError(lock, err)
 	}
-	rel = &base{recipe: r.Name, arch: r.Arch, release: contract.ReleaseID{Version: r.Version, LockDigest: digest.FromBytes(lockBytes).String()}, blobs: map[string]bool{}, schema: bundle.SchemaVersion,
+	rel = &base{recipe: r.Name, arch: r.Arch, release: contract.ReleaseID{Version: r.Version, LockDigest: digest.FromBytes(lockBytes).String()}, blobs: map[string]bool{}, schema: bundlefmt.SchemaVersion,
 		lockBase: r.Resolve(r.Base.Path)}
 	for _, img := range imgs {
 		rel.blobs[img.Descriptor.Digest.String()] = true
@@ -276,7 +276,7 @@ func (b *bundler) loadOS(ctx context.Context, rel *base) (*baseOS, error) {
 	case rel.manifest != nil:
 		m := rel.manifest
 		if m.OS == nil {
-			return &baseOS{none: m.SchemaVersion >= bundle.OSSchemaVersion}, nil
+			return &baseOS{none: m.SchemaVersion >= bundlefmt.OSSchemaVersion}, nil
 		}
 		f, err := inputfile.Open(rel.from)
 		if err != nil {
@@ -288,7 +288,7 @@ func (b *bundler) loadOS(ctx context.Context, rel *base) (*baseOS, error) {
 			return nil, err
 		}
 		o := &baseOS{rootHash: m.OS.Usr.Verity.RootHash, index: x, boot: map[string]bool{}}
-		for _, bf := range append([]bundle.BootFile{m.OS.Entry.Kernel}, m.OS.Entry.Initrd...) {
+		for _, bf := range append([]bundlefmt.BootFile{m.OS.Entry.Kernel}, m.OS.Entry.Initrd...) {
 			o.boot[bf.Digest] = true
 		}
 		return o, nil

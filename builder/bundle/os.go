@@ -22,7 +22,7 @@ import (
 	"github.com/kiln-appliance/kiln/partitions/verity"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 	"github.com/kiln-appliance/kiln/systemd/contract/slot"
 	"github.com/opencontainers/go-digest"
 )
@@ -237,7 +237,7 @@ func (b *bundler) describeOS(context.Context) error {
 	if err != nil {
 		return err
 	}
-	u := bundle.UsrSlot{Index: xd, Size: x.Size, Verity: rel.verity}
+	u := bundlefmt.UsrSlot{Index: xd, Size: x.Size, Verity: rel.verity}
 	b.osIndexes = map[string]*slot.Index{xd: x}
 	// One SlotBase per release (AppliesTo); of several --from of one
 	// release, the one that says most.
@@ -257,7 +257,7 @@ func (b *bundler) describeOS(context.Context) error {
 	var bases []*slot.Index
 	for _, id := range b.m.AppliesTo {
 		o := byRelease[id]
-		sb := bundle.SlotBase{ReleaseID: id}
+		sb := bundlefmt.SlotBase{ReleaseID: id}
 		if o.index != nil {
 			if sb.Index, err = indexDigest(o.index); err != nil {
 				return err
@@ -269,17 +269,17 @@ func (b *bundler) describeOS(context.Context) error {
 	}
 	b.packBases = bases
 	if n := slot.PackSize(slot.LackingAny(x, bases...)); n > 0 {
-		u.Pack = &bundle.PackFile{Size: n} // its digest once written (stageOS)
+		u.Pack = &bundlefmt.PackFile{Size: n} // its digest once written (stageOS)
 	}
 	e := rel.entry
-	entry := bundle.BootEntry{Title: e.Title, Version: e.Version, UsrFSType: rel.fsType}
+	entry := bundlefmt.BootEntry{Title: e.Title, Version: e.Version, UsrFSType: rel.fsType}
 	for _, o := range e.Options {
-		if !bundle.IsUsrVerityOption(o) {
+		if !bundlefmt.IsUsrVerityOption(o) {
 			entry.Options = append(entry.Options, o)
 		}
 	}
 	for i, f := range rel.boot {
-		bf := bundle.BootFile{Name: filepath.Base(f.local), Size: f.size, Digest: f.digest, OnStick: len(b.bases) == 0}
+		bf := bundlefmt.BootFile{Name: filepath.Base(f.local), Size: f.size, Digest: f.digest, OnStick: len(b.bases) == 0}
 		for _, base := range b.bases {
 			bf.OnStick = bf.OnStick || base.os == nil || !base.os.boot[f.digest]
 		}
@@ -289,7 +289,7 @@ func (b *bundler) describeOS(context.Context) error {
 			entry.Initrd = append(entry.Initrd, bf)
 		}
 	}
-	b.m.OS = &bundle.OS{Usr: u, Entry: entry}
+	b.m.OS = &bundlefmt.OS{Usr: u, Entry: entry}
 	return nil
 }
 
@@ -302,7 +302,7 @@ func (b *bundler) osChanges() bool {
 	if o.Usr.Pack != nil {
 		return true
 	}
-	return slices.ContainsFunc(append([]bundle.BootFile{o.Entry.Kernel}, o.Entry.Initrd...), func(f bundle.BootFile) bool { return f.OnStick })
+	return slices.ContainsFunc(append([]bundlefmt.BootFile{o.Entry.Kernel}, o.Entry.Initrd...), func(f bundlefmt.BootFile) bool { return f.OnStick })
 }
 
 // stageOS writes the OS section's files into the tree, each named by its
@@ -312,7 +312,7 @@ func (b *bundler) stageOS(context.Context) error {
 	if o == nil {
 		return nil
 	}
-	dir := filepath.Join(b.tree, filepath.FromSlash(bundle.OSBlobDir))
+	dir := filepath.Join(b.tree, filepath.FromSlash(bundlefmt.OSBlobDir))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -321,16 +321,16 @@ func (b *bundler) stageOS(context.Context) error {
 		if err := x.Encode(&buf); err != nil {
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(b.tree, filepath.FromSlash(bundle.OSFile(d))), buf.Bytes(), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(b.tree, filepath.FromSlash(bundlefmt.OSFile(d))), buf.Bytes(), 0o644); err != nil {
 			return err
 		}
 	}
-	for _, f := range append([]bundle.BootFile{o.Entry.Kernel}, o.Entry.Initrd...) {
+	for _, f := range append([]bundlefmt.BootFile{o.Entry.Kernel}, o.Entry.Initrd...) {
 		if !f.OnStick {
 			continue
 		}
 		i := slices.IndexFunc(b.os.boot, func(bf bootFile) bool { return bf.digest == f.Digest })
-		dst := filepath.Join(b.tree, filepath.FromSlash(bundle.OSFile(f.Digest)))
+		dst := filepath.Join(b.tree, filepath.FromSlash(bundlefmt.OSFile(f.Digest)))
 		if _, err := os.Stat(dst); err == nil {
 			continue // an initramfs that is also another: one file
 		}
@@ -368,7 +368,7 @@ func (b *bundler) writePack(dir string, progress io.Writer) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(f.Name(), filepath.Join(b.tree, filepath.FromSlash(bundle.OSFile(d)))); err != nil {
+	if err := os.Rename(f.Name(), filepath.Join(b.tree, filepath.FromSlash(bundlefmt.OSFile(d)))); err != nil {
 		return err
 	}
 	b.m.OS.Usr.Pack.Digest = d

@@ -34,7 +34,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/agent/slotwrite"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 	"github.com/kiln-appliance/kiln/systemd/contract/slot"
 )
 
@@ -121,7 +121,7 @@ type Plan struct {
 	Unchanged bool
 
 	node           Node
-	m              *bundle.Manifest
+	m              *bundlefmt.Manifest
 	r              io.ReaderAt // the bundle; its filesystem at fsStart
 	fsStart        int64
 	target, active contract.OSSlot
@@ -133,7 +133,7 @@ type Plan struct {
 
 // bootFile is a kernel or initramfs the entry boots, and where it comes from.
 type bootFile struct {
-	bundle.BootFile
+	bundlefmt.BootFile
 	from string // the node's own copy on the ESP; "" when on the stick
 	// there: already in place on the ESP
 	there bool
@@ -142,7 +142,7 @@ type bootFile struct {
 // Prepare checks that the node can take the OS of bundle m (its filesystem
 // at fsStart in r) and decides how: the target slot, the entry, where each
 // boot file comes from. It writes nothing.
-func Prepare(n Node, m *bundle.Manifest, r io.ReaderAt, fsStart int64) (*Plan, error) {
+func Prepare(n Node, m *bundlefmt.Manifest, r io.ReaderAt, fsStart int64) (*Plan, error) {
 	o := m.OS
 	if o == nil {
 		return nil, errors.New("the bundle has no OS section")
@@ -302,7 +302,7 @@ func (p *Plan) findBootFiles() error {
 		}
 	}
 	var need int64
-	for _, f := range append([]bundle.BootFile{e.Kernel}, e.Initrd...) {
+	for _, f := range append([]bundlefmt.BootFile{e.Kernel}, e.Initrd...) {
 		bf := bootFile{BootFile: f}
 		there, err := bootloader.HasBootFile(esp, f.Digest)
 		if err != nil {
@@ -563,9 +563,9 @@ func (p *Plan) writeMark(w writing) error {
 
 // file is where the OS section's file with digest d is in the bundle.
 func (p *Plan) file(d string) (offset, size int64, err error) {
-	i := slices.IndexFunc(p.m.Files, func(f bundle.File) bool { return f.Path == bundle.OSFile(d) })
+	i := slices.IndexFunc(p.m.Files, func(f bundlefmt.File) bool { return f.Path == bundlefmt.OSFile(d) })
 	if i < 0 {
-		return 0, 0, fmt.Errorf("%w: %s is not a file of the bundle", bundle.ErrDamaged, bundle.OSFile(d))
+		return 0, 0, fmt.Errorf("%w: %s is not a file of the bundle", bundlefmt.ErrDamaged, bundlefmt.OSFile(d))
 	}
 	f := p.m.Files[i]
 	return p.fsStart + f.Offset, f.Size, nil
