@@ -353,26 +353,26 @@ func TestInspectRefuses(t *testing.T) {
 	}
 }
 
-func TestCheckBase(t *testing.T) {
+func TestCheckPrior(t *testing.T) {
 	r := &recipes.Recipe{Name: "acme", Arch: "amd64", Version: "1.1.0", Path: "appliance.yaml"}
 	for _, tc := range []struct {
 		name string
-		b    base
+		b    priorRelease
 		want string
 	}{
-		{name: "older", b: base{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "1.0.0"}}},
-		{name: "older by semver, not by string", b: base{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "1.0.10"}}},
-		{name: "the same version", b: base{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "1.1.0"}}, want: "recipe version 1.1.0 is not newer than --from F (1.1.0): raise version in appliance.yaml; nodes refuse a downgrade or a replay"},
-		{name: "newer", b: base{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "1.2.0"}}, want: "is not newer than --from F (1.2.0)"},
-		{name: "another appliance", b: base{recipe: "other", arch: "amd64", release: contract.ReleaseID{Version: "1.0.0"}}, want: `--from F is recipe "other", the bundle is for "acme"`},
-		{name: "another arch", b: base{recipe: "acme", arch: "arm64", release: contract.ReleaseID{Version: "1.0.0"}}, want: "--from F is for arm64, the recipe for amd64"},
-		{name: "not a version", b: base{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "latest"}}, want: "--from F: "},
+		{name: "older", b: priorRelease{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "1.0.0"}}},
+		{name: "older by semver, not by string", b: priorRelease{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "1.0.10"}}},
+		{name: "the same version", b: priorRelease{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "1.1.0"}}, want: "recipe version 1.1.0 is not newer than --from F (1.1.0): raise version in appliance.yaml; nodes refuse a downgrade or a replay"},
+		{name: "newer", b: priorRelease{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "1.2.0"}}, want: "is not newer than --from F (1.2.0)"},
+		{name: "another appliance", b: priorRelease{recipe: "other", arch: "amd64", release: contract.ReleaseID{Version: "1.0.0"}}, want: `--from F is recipe "other", the bundle is for "acme"`},
+		{name: "another arch", b: priorRelease{recipe: "acme", arch: "arm64", release: contract.ReleaseID{Version: "1.0.0"}}, want: "--from F is for arm64, the recipe for amd64"},
+		{name: "not a version", b: priorRelease{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "latest"}}, want: "--from F: "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.b.from = "F"
-			err := checkBase(r, &tc.b)
+			err := checkPrior(r, &tc.b)
 			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
-				t.Fatalf("checkBase = %v, want %q", err, tc.want)
+				t.Fatalf("checkPrior = %v, want %q", err, tc.want)
 			}
 		})
 	}
@@ -391,22 +391,22 @@ func TestCheckSigner(t *testing.T) {
 	old, oldPub := key()
 	_, newPub := key()
 	for _, tc := range []struct {
-		name  string
-		trust []ed25519.PublicKey
-		bases []*base
-		want  string
+		name   string
+		trust  []ed25519.PublicKey
+		priors []*priorRelease
+		want   string
 	}{
 		{name: "in the recipe's trust", trust: []ed25519.PublicKey{newPub, oldPub}},
 		{name: "not in the recipe's trust", trust: []ed25519.PublicKey{newPub}, want: "is not in the recipe's trust"},
-		{name: "rotation: the base trusts it, the recipe no more", trust: []ed25519.PublicKey{newPub}, bases: []*base{{from: "1.0", trust: []ed25519.PublicKey{oldPub}}}},
-		{name: "a base that does not trust it", trust: []ed25519.PublicKey{oldPub}, bases: []*base{{from: "1.0", release: contract.ReleaseID{Version: "1.0.0"}, trust: []ed25519.PublicKey{newPub}}},
+		{name: "rotation: the base trusts it, the recipe no more", trust: []ed25519.PublicKey{newPub}, priors: []*priorRelease{{from: "1.0", trust: []ed25519.PublicKey{oldPub}}}},
+		{name: "a base that does not trust it", trust: []ed25519.PublicKey{oldPub}, priors: []*priorRelease{{from: "1.0", release: contract.ReleaseID{Version: "1.0.0"}, trust: []ed25519.PublicKey{newPub}}},
 			want: "is not trusted by the nodes running 1.0.0 (--from 1.0)"},
-		{name: "one base of two does not", trust: []ed25519.PublicKey{oldPub}, bases: []*base{{from: "a", trust: []ed25519.PublicKey{oldPub}}, {from: "b", release: contract.ReleaseID{Version: "0.9.0"}, trust: []ed25519.PublicKey{newPub}}},
+		{name: "one base of two does not", trust: []ed25519.PublicKey{oldPub}, priors: []*priorRelease{{from: "a", trust: []ed25519.PublicKey{oldPub}}, {from: "b", release: contract.ReleaseID{Version: "0.9.0"}, trust: []ed25519.PublicKey{newPub}}},
 			want: "(--from b)"},
-		{name: "bases that do not say: the recipe's trust", trust: []ed25519.PublicKey{newPub}, bases: []*base{{from: "kiln.json"}}, want: "is not in the recipe's trust"},
+		{name: "bases that do not say: the recipe's trust", trust: []ed25519.PublicKey{newPub}, priors: []*priorRelease{{from: "kiln.json"}}, want: "is not in the recipe's trust"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			id, err := checkSigner(old, tc.trust, tc.bases)
+			id, err := checkSigner(old, tc.trust, tc.priors)
 			if tc.want != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.want) {
 					t.Fatalf("checkSigner = %v, want %q", err, tc.want)

@@ -171,8 +171,8 @@ func extract(path, dir string, parts ...gpt.Partition) ([]*os.File, error) {
 	return out, nil
 }
 
-// baseOS is what a base release's nodes hold of the OS.
-type baseOS struct {
+// priorOS is what a prior release's nodes hold of the OS.
+type priorOS struct {
 	none     bool        // they have no OS slots (their base had none)
 	rootHash string      // their active slot's root hash, "" when not known
 	index    *slot.Index // what their active usr slot holds, nil when not known
@@ -180,11 +180,11 @@ type baseOS struct {
 }
 
 // osOfRelease is what nodes built from rel hold (nil rel: no slots).
-func osOfRelease(rel *osRelease) *baseOS {
+func osOfRelease(rel *osRelease) *priorOS {
 	if rel == nil {
-		return &baseOS{none: true}
+		return &priorOS{none: true}
 	}
-	return &baseOS{rootHash: rel.verity.RootHash, index: rel.index, boot: rel.bootDigests()}
+	return &priorOS{rootHash: rel.verity.RootHash, index: rel.index, boot: rel.bootDigests()}
 }
 
 // readOS reads the OS of the recipe's base, the new release's: nil when it
@@ -225,7 +225,7 @@ func (b *bundler) readOS(ctx context.Context) error {
 }
 
 // describeOS fills the manifest's OS section but for the pack's digest:
-// the slot's index and verity values, what each base holds and so the
+// the slot's index and verity values, what each prior release holds and so the
 // pack's size, the boot entry and which of its files the stick carries.
 func (b *bundler) describeOS(context.Context) error {
 	rel := b.os
@@ -241,17 +241,17 @@ func (b *bundler) describeOS(context.Context) error {
 	b.osIndexes = map[string]*slot.Index{xd: x}
 	// One SlotBase per release (AppliesTo); of several --from of one
 	// release, the one that says most.
-	byRelease := map[contract.ReleaseID]*baseOS{}
-	for _, base := range b.bases {
-		o := base.os
+	byRelease := map[contract.ReleaseID]*priorOS{}
+	for _, prior := range b.priors {
+		o := prior.os
 		if o == nil {
-			o = &baseOS{}
+			o = &priorOS{}
 		}
 		if o.index == nil && o.rootHash == rel.verity.RootHash {
 			o.index = x // the same slot, byte for byte
 		}
-		if have := byRelease[base.release]; have == nil || have.index == nil {
-			byRelease[base.release] = o
+		if have := byRelease[prior.release]; have == nil || have.index == nil {
+			byRelease[prior.release] = o
 		}
 	}
 	var bases []*slot.Index
@@ -267,7 +267,7 @@ func (b *bundler) describeOS(context.Context) error {
 		u.Bases = append(u.Bases, sb)
 		bases = append(bases, o.index)
 	}
-	b.packBases = bases
+	b.packPriors = bases
 	if n := slot.PackSize(slot.LackingAny(x, bases...)); n > 0 {
 		u.Pack = &bundlefmt.PackFile{Size: n} // its digest once written (stageOS)
 	}
@@ -279,9 +279,9 @@ func (b *bundler) describeOS(context.Context) error {
 		}
 	}
 	for i, f := range rel.boot {
-		bf := bundlefmt.BootFile{Name: filepath.Base(f.local), Size: f.size, Digest: f.digest, OnStick: len(b.bases) == 0}
-		for _, base := range b.bases {
-			bf.OnStick = bf.OnStick || base.os == nil || !base.os.boot[f.digest]
+		bf := bundlefmt.BootFile{Name: filepath.Base(f.local), Size: f.size, Digest: f.digest, OnStick: len(b.priors) == 0}
+		for _, prior := range b.priors {
+			bf.OnStick = bf.OnStick || prior.os == nil || !prior.os.boot[f.digest]
 		}
 		if i == 0 {
 			entry.Kernel = bf
@@ -293,7 +293,7 @@ func (b *bundler) describeOS(context.Context) error {
 	return nil
 }
 
-// osChanges says whether the OS section carries any bytes a base lacks.
+// osChanges says whether the OS section carries any bytes a prior release lacks.
 func (b *bundler) osChanges() bool {
 	o := b.m.OS
 	if o == nil {
@@ -347,7 +347,7 @@ func (b *bundler) stageOS(context.Context) error {
 	return err
 }
 
-// writePack writes the chunks the bases lack into dir, named by their
+// writePack writes the chunks the prior releases lack into dir, named by their
 // digest, and records it in the manifest.
 func (b *bundler) writePack(dir string, progress io.Writer) error {
 	f, err := os.CreateTemp(dir, ".pack-*")
@@ -357,7 +357,7 @@ func (b *bundler) writePack(dir string, progress io.Writer) error {
 	defer os.Remove(f.Name())
 	defer f.Close()
 	h := sha256.New()
-	n, err := slotcut.WritePack(io.MultiWriter(f, h, progress), b.os.image, b.os.index, b.packBases...)
+	n, err := slotcut.WritePack(io.MultiWriter(f, h, progress), b.os.image, b.os.index, b.packPriors...)
 	if err != nil {
 		return fmt.Errorf("OS slot pack: %w", err)
 	}

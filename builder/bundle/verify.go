@@ -159,7 +159,7 @@ func Verify(ctx context.Context, p string, keys []ed25519.PublicKey, rp progress
 	}
 	if m.OS != nil && fsErr == nil {
 		// The slot index describes the image, and the pack is what the
-		// bases lack (the pack's chunks themselves the node checks as it
+		// prior releases lack (the pack's chunks themselves the node checks as it
 		// writes them; its bytes CheckFilesystem has hashed).
 		if _, _, err := m.CheckOS(f, rep.Offset+rep.Header); err != nil {
 			problems = append(problems, err)

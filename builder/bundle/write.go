@@ -85,7 +85,7 @@ func Write(ctx context.Context, recipePath string, o Options) (*Result, error) {
 	for _, step := range []func(context.Context) error{
 		b.makeWorkDir,
 		b.readOS,
-		b.loadBases,
+		b.loadPriors,
 		b.fetchImages,
 		b.describeRelease,
 		b.describeImages,
@@ -116,7 +116,7 @@ type bundler struct {
 	trust        []ed25519.PublicKey // the keys the release's nodes will trust
 	cache        *fetch.Cache
 
-	bases  []*base // the releases given with --from
+	priors []*priorRelease // the releases given with --from
 	keyID  string
 	images []*fetch.Image // the release's, in recipe order
 	m      *bundlefmt.Manifest
@@ -126,10 +126,10 @@ type bundler struct {
 	out    *output.File
 	size   int64
 
-	os        *osRelease             // the new release's OS, nil when its base has no slots
-	osIndexes map[string]*slot.Index // the slot indexes the stick carries, by digest
-	packBases []*slot.Index          // what each base's active slot holds (nil: not known)
-	closers   []func()
+	os         *osRelease             // the new release's OS, nil when its base has no slots
+	osIndexes  map[string]*slot.Index // the slot indexes the stick carries, by digest
+	packPriors []*slot.Index          // what each prior release's active slot holds (nil: not known)
+	closers    []func()
 }
 
 // newBundler reads and checks everything that needs no long work: the
@@ -207,15 +207,15 @@ func (b *bundler) workDir(name string) (string, error) {
 	return os.MkdirTemp(b.work, name+"-")
 }
 
-// loadBases reads the releases given with --from, and checks that the new
+// loadPriors reads the releases given with --from, and checks that the new
 // release can follow each and that their nodes trust the signing key.
-func (b *bundler) loadBases(ctx context.Context) error {
+func (b *bundler) loadPriors(ctx context.Context) error {
 	for _, f := range b.o.From {
-		rel, err := b.loadBase(ctx, f)
+		rel, err := b.loadPrior(ctx, f)
 		if err != nil {
 			return err
 		}
-		if err := checkBase(b.Recipe, rel); err != nil {
+		if err := checkPrior(b.Recipe, rel); err != nil {
 			return err
 		}
 		if b.os != nil {
@@ -226,10 +226,10 @@ func (b *bundler) loadBases(ctx context.Context) error {
 				return fmt.Errorf("--from %s: its nodes have no OS slots (their base had none), so they cannot take the OS of %s %s: reflash them with it (kiln reflash-stick)", f, b.Recipe.Name, b.Recipe.Version)
 			}
 		}
-		b.bases = append(b.bases, rel)
+		b.priors = append(b.priors, rel)
 	}
 	var err error
-	b.keyID, err = checkSigner(b.priv, b.trust, b.bases)
+	b.keyID, err = checkSigner(b.priv, b.trust, b.priors)
 	return err
 }
 
@@ -254,7 +254,7 @@ func (b *bundler) fetch(ctx context.Context, r *recipes.Recipe, images []recipes
 }
 
 // describeRelease starts the manifest: which release this is and, for a
-// delta, which it applies to, in the newest schema every base's nodes read.
+// delta, which it applies to, in the newest schema every prior release's nodes read.
 func (b *bundler) describeRelease(context.Context) error {
 	r := b.Recipe
 	m := &bundlefmt.Manifest{
@@ -268,7 +268,7 @@ func (b *bundler) describeRelease(context.Context) error {
 		Kind:          bundlefmt.KindFull,
 		AgentVersion:  b.Agent.Version,
 	}
-	for _, rel := range b.bases {
+	for _, rel := range b.priors {
 		m.Kind = bundlefmt.KindDelta
 		if !slices.Contains(m.AppliesTo, rel.release) {
 			m.AppliesTo = append(m.AppliesTo, rel.release)
@@ -282,7 +282,7 @@ func (b *bundler) describeRelease(context.Context) error {
 		// An OS section needs schema 3; nodes whose agent reads less
 		// would refuse it anyway (as made by a newer kiln).
 		m.SchemaVersion = bundlefmt.OSSchemaVersion
-		for _, rel := range b.bases {
+		for _, rel := range b.priors {
 			if rel.schema < bundlefmt.OSSchemaVersion {
 				return fmt.Errorf("--from %s: its nodes run an agent that reads bundle schemas up to %d, and the OS of %s %s needs schema %d: upgrade them first with a bundle made by a kiln of their time, whose release brings a newer agent",
 					rel.from, rel.schema, r.Name, r.Version, bundlefmt.OSSchemaVersion)
@@ -336,16 +336,16 @@ func (b *bundler) describeImages(context.Context) error {
 	return nil
 }
 
-// held says whether every base holds blob d: the delta applies to every
-// base, so it leaves out only what every base holds (a node of any of
+// held says whether every prior release holds blob d: the delta applies to every
+// prior release, so it leaves out only what every one holds (a node of any of
 // them lacks nothing).
 func (b *bundler) held(d string) bool {
-	for _, rel := range b.bases {
+	for _, rel := range b.priors {
 		if !rel.blobs[d] {
 			return false
 		}
 	}
-	return len(b.bases) > 0
+	return len(b.priors) > 0
 }
 
 // describeAgent records the agent the release runs (on the stick unless
@@ -358,8 +358,8 @@ func (b *bundler) describeAgent(context.Context) error {
 		return fmt.Errorf("agent binary: %w", err)
 	}
 	m.Agent = bundlefmt.File{Path: bundlefmt.AgentBinary, Size: agentSize, Digest: agentDigest}
-	m.AgentOnStick = len(b.bases) == 0
-	for _, rel := range b.bases {
+	m.AgentOnStick = len(b.priors) == 0
+	for _, rel := range b.priors {
 		m.AgentOnStick = m.AgentOnStick || rel.agent != agentDigest
 	}
 	for _, k := range b.trust {
@@ -371,7 +371,7 @@ func (b *bundler) describeAgent(context.Context) error {
 	}
 	if m.Space.CopyBytes == 0 && len(r.Release.Files) == 0 && !b.osChanges() {
 		var from []string
-		for _, rel := range b.bases {
+		for _, rel := range b.priors {
 			from = append(from, rel.release.Version)
 		}
 		return fmt.Errorf("the bundle would be empty: %s %s has no blob or OS change that %s lacks and no release files; nothing to upgrade", r.Name, r.Version, strings.Join(from, ", "))
@@ -379,8 +379,8 @@ func (b *bundler) describeAgent(context.Context) error {
 	return nil
 }
 
-// checkBase refuses a --from the new release cannot follow.
-func checkBase(r *recipes.Recipe, b *base) error {
+// checkPrior refuses a --from the new release cannot follow.
+func checkPrior(r *recipes.Recipe, b *priorRelease) error {
 	if b.recipe != r.Name {
 		return fmt.Errorf("--from %s is recipe %q, the bundle is for %q: give a release of the same appliance", b.from, b.recipe, r.Name)
 	}
@@ -402,14 +402,14 @@ func checkBase(r *recipes.Recipe, b *base) error {
 // recipe) must trust the key — that is how a release rotates keys: signed
 // with the old key, it carries the new set. When no --from says, the key
 // must be in the new recipe's trust.
-func checkSigner(priv ed25519.PrivateKey, trust []ed25519.PublicKey, bases []*base) (string, error) {
+func checkSigner(priv ed25519.PrivateKey, trust []ed25519.PublicKey, priors []*priorRelease) (string, error) {
 	pub := priv.Public().(ed25519.PublicKey)
 	id, err := bundlefmt.KeyID(pub)
 	if err != nil {
 		return "", err
 	}
 	known := false
-	for _, b := range bases {
+	for _, b := range priors {
 		if b.trust == nil {
 			continue
 		}
