@@ -206,10 +206,12 @@ func (b *Disk) Close() error {
 }
 
 // ReadLayout reads the partition table of the base image at path from its
-// first MiB; labels says whether the partitions' filesystems and labels
-// were detected too (a raw base: a compressed one's first MiB holds only
-// the table).
-func ReadLayout(path string) (l *gpt.Layout, labels bool, err error) {
+// first MiB. raw says the file holds the disk's bytes as they are
+// (uncompressed), so a partition can be read in place at its offset, and
+// its filesystems and labels were detected too; a compressed base's first
+// MiB holds only the table, and its partitions must be decompressed to be
+// read.
+func ReadLayout(path string) (l *gpt.Layout, raw bool, err error) {
 	b, err := Open(path, "")
 	if err != nil {
 		return nil, false, err

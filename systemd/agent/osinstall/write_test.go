@@ -190,8 +190,8 @@ func TestPrepareWrite(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p.Slot || !p.Unchanged {
-			t.Fatalf("plan: slot %v, unchanged %v; want nothing written", p.Slot, p.Unchanged)
+		if p.WritesSlot || !p.Unchanged {
+			t.Fatalf("plan: slot %v, unchanged %v; want nothing written", p.WritesSlot, p.Unchanged)
 		}
 		before := espFiles(t, n)
 		if err := p.Write(context.Background()); err != nil {
@@ -215,8 +215,8 @@ func TestPrepareWrite(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !p.Slot || p.Unchanged || p.OS.Slot != contract.SlotB || p.OS.RootHash != m.OS.Usr.Verity.RootHash || p.OS.Entry != contract.EntryID("1.1.0") {
-			t.Fatalf("plan: slot %v, unchanged %v, OS %+v", p.Slot, p.Unchanged, p.OS)
+		if !p.WritesSlot || p.Unchanged || p.OS.Slot != contract.SlotB || p.OS.RootHash != m.OS.Usr.Verity.RootHash || p.OS.Entry != contract.EntryID("1.1.0") {
+			t.Fatalf("plan: slot %v, unchanged %v, OS %+v", p.WritesSlot, p.Unchanged, p.OS)
 		}
 		if !strings.Contains(strings.Join(p.OS.Options, " "), "systemd.verity_usr_data=PARTUUID="+n.Slots.Slots[1].Usr.PartUUID) {
 			t.Errorf("the entry does not mount slot b: %v", p.OS.Options)
