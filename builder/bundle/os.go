@@ -2,7 +2,6 @@ package bundle
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -49,17 +48,24 @@ type bootFile struct {
 }
 
 // readOSRelease reads the OS of the disk at path into dir (a compressed
-// disk's partitions are copied out there): nil when it has no OS slots.
-// Reading a slot is a task of p, named only when there is one.
+// disk's partitions are copied out there, in one pass of its
+// decompression): nil when it has no OS slots. Reading a slot is a task of
+// p, named only when there is one.
 func readOSRelease(ctx context.Context, path, dir string, p progress.Reporter) (rel *osRelease, err error) {
-	l, raw, err := pbase.ReadLayout(path)
+	d, err := pbase.OpenDisk(path, dir)
 	if err != nil {
 		return nil, err
 	}
-	slots, entry, err := osslots.ReadBoot(path, l, raw, dir)
+	defer func() {
+		if rel == nil || err != nil {
+			d.Close()
+		}
+	}()
+	slots, entry, err := osslots.ReadBoot(d)
 	if slots == nil || err != nil {
 		return nil, err
 	}
+	l := d.Layout
 	task := p.Task("read the base's OS slot", 0)
 	defer func() { task.Done(err) }()
 	usr, _, err := bootentry.ParseUsrVerity(entry.Options) // osslots found it mounts the slot
@@ -68,28 +74,14 @@ func readOSRelease(ctx context.Context, path, dir string, p progress.Reporter) (
 	}
 	active := slots.ActiveSlot()
 	data, hash := partition(l, active.Usr.PartUUID), partition(l, active.UsrVerity.PartUUID)
-	rel = &osRelease{slots: slots, entry: entry, fsType: usr.FSType, closer: func() {}}
-	defer func() {
-		if err != nil {
-			rel.closer()
-		}
-	}()
-	var dataR, hashR io.ReaderAt
-	if raw {
-		f, err := os.Open(path)
-		if err != nil {
-			return nil, err
-		}
-		rel.closer = func() { f.Close() }
-		dataR, hashR = io.NewSectionReader(f, data.Offset, data.Size), io.NewSectionReader(f, hash.Offset, hash.Size)
-	} else {
-		files, err := extract(path, dir, data, hash)
-		if err != nil {
-			return nil, err
-		}
-		rel.closer = func() { files[0].Close(); files[1].Close() }
-		dataR, hashR = files[0], files[1]
+	// The ESP is read already; the slot's partitions come next on the disk,
+	// so a compressed one is still decompressed once.
+	rs, err := d.Partitions(data, hash)
+	if err != nil {
+		return nil, err
 	}
+	dataR, hashR := rs[0], rs[1]
+	rel = &osRelease{slots: slots, entry: entry, fsType: usr.FSType, closer: func() { d.Close() }}
 	v, err := verity.ReadSlot(ctx, dataR, hashR, slots.RootHash)
 	if err != nil {
 		return nil, fmt.Errorf("slot %s (%q, with %q): %w", active.Name, active.Usr.Name, active.UsrVerity.Name, err)
@@ -106,16 +98,16 @@ func readOSRelease(ctx context.Context, path, dir string, p progress.Reporter) (
 	if err := os.MkdirAll(bootDir, 0o755); err != nil {
 		return nil, err
 	}
-	copies, err := osslots.CopyFromESP(path, l, raw, dir, bootDir, append([]string{entry.Linux}, entry.Initrd...))
+	copies, err := osslots.CopyFromESP(d, bootDir, append([]string{entry.Linux}, entry.Initrd...))
 	if err != nil {
 		return nil, err
 	}
 	for _, c := range copies {
-		d, n, err := filedigest.Of(c)
+		digest, n, err := filedigest.Of(c)
 		if err != nil {
 			return nil, err
 		}
-		rel.boot = append(rel.boot, bootFile{local: c, digest: d, size: n})
+		rel.boot = append(rel.boot, bootFile{local: c, digest: digest, size: n})
 	}
 	return rel, nil
 }
@@ -136,39 +128,6 @@ func partition(l *gpt.Layout, partUUID string) gpt.Partition {
 		}
 	}
 	return gpt.Partition{} // osslots found both by their GUIDs
-}
-
-// extract copies partitions (in disk order) of the compressed disk at path
-// into dir, in one pass of its decompression.
-func extract(path, dir string, parts ...gpt.Partition) ([]*os.File, error) {
-	d, err := pbase.Open(path, "")
-	if err != nil {
-		return nil, err
-	}
-	defer d.Close()
-	order := slices.Clone(parts)
-	slices.SortFunc(order, func(a, b gpt.Partition) int { return cmp.Compare(a.Offset, b.Offset) })
-	files := map[int]*os.File{}
-	var at int64
-	for _, p := range order {
-		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("part%d", p.Number)))
-		if err != nil {
-			return nil, err
-		}
-		files[p.Number] = f
-		if _, err := io.CopyN(io.Discard, d, p.Offset-at); err != nil {
-			return nil, fmt.Errorf("read the base: %w", err)
-		}
-		if _, err := io.CopyN(f, d, p.Size); err != nil {
-			return nil, fmt.Errorf("read partition %d %q of the base: %w", p.Number, p.Name, err)
-		}
-		at = p.Offset + p.Size
-	}
-	var out []*os.File
-	for _, p := range parts {
-		out = append(out, files[p.Number])
-	}
-	return out, nil
 }
 
 // priorOS is what a prior release's nodes hold of the OS.

@@ -43,11 +43,11 @@ var magics = []struct {
 	{Zstd, []byte{0x28, 0xb5, 0x2f, 0xfd}},
 }
 
-// Disk is an open base disk image: Read returns the raw disk bytes,
+// Stream is an open base disk image read front to back: Read returns the raw disk bytes,
 // decompressed on the fly. When a digest was given, the read that reaches the
 // end of the disk also checks the digest of the file's bytes (compressed, if
 // compressed) and fails instead of returning io.EOF if it does not match.
-type Disk struct {
+type Stream struct {
 	Path   string
 	Format string // Raw, Gzip, Xz or Zstd
 
@@ -66,7 +66,7 @@ type Disk struct {
 // Open opens the base image at path. digest is "" or "sha256:<hex>".
 // The format is detected from the magic bytes, never from the file name, so a
 // mis-named file still works.
-func Open(path, digest string) (*Disk, error) {
+func Open(path, digest string) (*Stream, error) {
 	want, err := parseDigest(digest)
 	if err != nil {
 		return nil, fmt.Errorf("base image %s: %w", path, err)
@@ -75,7 +75,7 @@ func Open(path, digest string) (*Disk, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open base image: %w", err)
 	}
-	b := &Disk{Path: path, Format: Raw, file: f, hash: sha256.New(), want: want, closer: func() {}}
+	b := &Stream{Path: path, Format: Raw, file: f, hash: sha256.New(), want: want, closer: func() {}}
 	holes, err := newHoleReader(f)
 	if err != nil {
 		f.Close()
@@ -135,12 +135,12 @@ func parseDigest(d string) (string, error) {
 	return strings.ToLower(hexPart), nil
 }
 
-func (b *Disk) corrupt(err error) error {
+func (b *Stream) corrupt(err error) error {
 	return fmt.Errorf("base image %s (%s) is corrupt or truncated: %w; re-download or re-copy it", b.Path, b.Format, err)
 }
 
 // startXz decodes with `xz -dc`, fed from r.
-func (b *Disk) startXz(r io.Reader) error {
+func (b *Stream) startXz(r io.Reader) error {
 	cmd := exec.Command("xz", "-dc")
 	cmd.Stdin = r
 	cmd.Stderr = &b.stderr
@@ -162,7 +162,7 @@ func (b *Disk) startXz(r io.Reader) error {
 }
 
 // Read reads raw disk bytes.
-func (b *Disk) Read(p []byte) (int, error) {
+func (b *Stream) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
 	if err == io.EOF && !b.done {
 		b.done = true
@@ -185,7 +185,7 @@ func (b *Disk) Read(p []byte) (int, error) {
 
 // finish hashes what the decompressor left unread (trailing bytes) and checks
 // the digest.
-func (b *Disk) finish() error {
+func (b *Stream) finish() error {
 	if _, err := io.Copy(io.Discard, b.hashed); err != nil {
 		return fmt.Errorf("read base image %s: %w", b.Path, err)
 	}
@@ -200,7 +200,7 @@ func (b *Disk) finish() error {
 }
 
 // Close releases the file.
-func (b *Disk) Close() error {
+func (b *Stream) Close() error {
 	b.closer()
 	return b.file.Close()
 }

@@ -116,11 +116,13 @@ trust: [%s]
 func (rs *osReleases) node(t *testing.T, usrB int64) Node {
 	t.Helper()
 	root := t.TempDir()
-	l, raw, err := pbase.ReadLayout(rs.base10)
-	if err != nil || !raw {
-		t.Fatalf("the base: %v (raw %v)", err, raw)
+	d, err := pbase.OpenDisk(rs.base10, t.TempDir())
+	if err != nil || !d.Raw {
+		t.Fatalf("the base: %v", err)
 	}
-	slots, entry, err := osslots.ReadBoot(rs.base10, l, raw, t.TempDir())
+	defer d.Close()
+	l := d.Layout
+	slots, entry, err := osslots.ReadBoot(d)
 	if err != nil || slots == nil {
 		t.Fatalf("the base's slots: %v", err)
 	}
@@ -145,7 +147,7 @@ func (rs *osReleases) node(t *testing.T, usrB int64) Node {
 		writeFile(t, filepath.Join(root, ByPartUUID, strings.ToLower(p.GUID)), b)
 	}
 	files := append([]string{entry.Linux}, entry.Initrd...)
-	copies, err := osslots.CopyFromESP(rs.base10, l, raw, t.TempDir(), t.TempDir(), append(files, "/loader/entries/"+entry.ID+".conf"))
+	copies, err := osslots.CopyFromESP(d, t.TempDir(), append(files, "/loader/entries/"+entry.ID+".conf"))
 	if err != nil {
 		t.Fatal(err)
 	}
