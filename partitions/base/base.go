@@ -43,10 +43,11 @@ var magics = []struct {
 	{Zstd, []byte{0x28, 0xb5, 0x2f, 0xfd}},
 }
 
-// Stream is an open base disk image read front to back: Read returns the raw disk bytes,
-// decompressed on the fly. When a digest was given, the read that reaches the
-// end of the disk also checks the digest of the file's bytes (compressed, if
-// compressed) and fails instead of returning io.EOF if it does not match.
+// Stream is an open base disk image read front to back: Read returns the
+// raw disk bytes, decompressed on the fly. When a digest was given, the read
+// that reaches the end of the disk also checks the digest of the file's
+// bytes (compressed, if compressed) and fails instead of returning io.EOF if
+// it does not match. Disk is the base opened for its partitions.
 type Stream struct {
 	Path   string
 	Format string // Raw, Gzip, Xz or Zstd
