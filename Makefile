@@ -118,7 +118,7 @@ FUZZ_TARGETS := \
 	./systemd/agent/registry:FuzzRoute:100000 \
 	./systemd/agent/registry:FuzzValidDigest:100000 \
 	./systemd/contract:FuzzRegistryIndex:300000 \
-	./systemd/contract/bundle:FuzzDecode:20000 \
+	./systemd/contract/bundlefmt:FuzzDecode:20000 \
 	./systemd/contract/slot:FuzzDecode:200000
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

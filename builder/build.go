@@ -194,16 +194,17 @@ func (b *build) lockImages(ctx context.Context) error {
 func (b *build) readOSSlots(context.Context) error {
 	r := b.Recipe
 	path := r.Resolve(r.Base.Path)
-	l, raw, err := base.ReadLayout(path)
+	d, err := base.OpenDisk(path, "")
 	if err != nil {
 		return err
 	}
+	defer d.Close()
 	// The partition the Ignition config goes into, checked now: a base
 	// without one would otherwise fail only once the images are fetched.
-	if _, err := bootconfig.Find(l); err != nil {
+	if _, err := bootconfig.Find(d.Layout); err != nil {
 		return r.Errorf("base.path", "base image %s: %v", path, err)
 	}
-	s, err := osslots.Read(path, l, raw, "")
+	s, err := osslots.Read(d)
 	if err != nil {
 		return r.Errorf("base.path", "base image %s: %v", path, err)
 	}

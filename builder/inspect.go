@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/kiln-appliance/kiln/internal/progress"
+	"github.com/kiln-appliance/kiln/partitions/base"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/osslots"
 	"github.com/kiln-appliance/kiln/partitions/seal"
@@ -64,7 +65,7 @@ func Inspect(disk string) (rep *Report, err error) {
 	rep = &Report{Disk: disk, Layout: layout}
 	if _, ok := layout.Find(contract.PartitionName); !ok {
 		// A plain base image: nothing of kiln's on it.
-		if rep.OSSlots, err = osslots.Read(disk, layout, true, ""); err != nil {
+		if rep.OSSlots, err = osslots.Read(base.InPlace(disk, layout)); err != nil {
 			rep.OSSlotsError = err.Error()
 		}
 		return rep, nil

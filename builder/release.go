@@ -17,7 +17,7 @@ import (
 	"github.com/kiln-appliance/kiln/partitions/bootconfig"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 )
 
 // releaseFiles are the Ignition files a release puts on the node: the keys
@@ -30,7 +30,7 @@ func releaseFiles(r *recipes.Recipe) ([]ignition.File, error) {
 		return nil, err
 	}
 	for _, pub := range keys {
-		pemBytes, err := bundle.EncodePublicKey(pub) // canonical: the same key, the same file
+		pemBytes, err := bundlefmt.EncodePublicKey(pub) // canonical: the same key, the same file
 		if err != nil {
 			return nil, err
 		}
@@ -54,7 +54,7 @@ func TrustKeys(r *recipes.Recipe) ([]ed25519.PublicKey, error) {
 		if err != nil {
 			return nil, fmt.Errorf("trust key: %w", err)
 		}
-		pub, err := bundle.ParsePublicKey(data)
+		pub, err := bundlefmt.ParsePublicKey(data)
 		if err != nil {
 			return nil, fmt.Errorf("trust key %s: %w", r.Resolve(k), err)
 		}
@@ -89,11 +89,11 @@ func DiskRelease(disk string) (trust []contract.TrustKey, files []contract.Relea
 			}
 		}
 		if isKey {
-			pub, err := bundle.ParsePublicKey(data)
+			pub, err := bundlefmt.ParsePublicKey(data)
 			if err != nil {
 				return nil, nil, fmt.Errorf("%s: ignition config: trusted key %s: %w", disk, f.Path, err)
 			}
-			k, err := bundle.TrustedKey(pub)
+			k, err := bundlefmt.TrustedKey(pub)
 			if err != nil {
 				return nil, nil, err
 			}

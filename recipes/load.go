@@ -20,7 +20,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 )
 
 const (
@@ -567,7 +567,7 @@ func (r *Recipe) CheckFiles() error {
 		case f.What == keyFile:
 			if data, err := inputfile.ReadFile(f.Path, maxFileSize); err != nil {
 				d.errorf(f.Field, "%v", err)
-			} else if _, err := bundle.ParsePublicKey(data); err != nil {
+			} else if _, err := bundlefmt.ParsePublicKey(data); err != nil {
 				d.errorf(f.Field, "%s: %v", f.Path, err)
 			}
 		case f.Dir:

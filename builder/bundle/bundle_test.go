@@ -19,7 +19,7 @@ import (
 	"github.com/kiln-appliance/kiln/partitions/squashfs"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 	"github.com/kiln-appliance/kiln/test/fixtures/layers"
 )
@@ -73,7 +73,7 @@ func newReleases(t *testing.T) *releases {
 		}
 	}
 	for _, name := range []string{"factory", "other"} {
-		priv, pub, err := bundle.GenerateKey()
+		priv, pub, err := bundlefmt.GenerateKey()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -85,10 +85,10 @@ func newReleases(t *testing.T) *releases {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rs.pub, err = bundle.ParsePublicKey(pub); err != nil {
+	if rs.pub, err = bundlefmt.ParsePublicKey(pub); err != nil {
 		t.Fatal(err)
 	}
-	if rs.keyID, err = bundle.KeyID(rs.pub); err != nil {
+	if rs.keyID, err = bundlefmt.KeyID(rs.pub); err != nil {
 		t.Fatal(err)
 	}
 	return rs
@@ -169,7 +169,7 @@ func TestWriteInspectVerify(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "upgrade")
 			res := rs.write(t, r10, out, format(f))
 			m := res.Manifest
-			if m.Kind != bundle.KindFull || m.Recipe != "acme" || m.Version != "1.0.0" || len(m.AppliesTo) != 0 || !m.AgentOnStick || res.KeyID != rs.keyID {
+			if m.Kind != bundlefmt.KindFull || m.Recipe != "acme" || m.Version != "1.0.0" || len(m.AppliesTo) != 0 || !m.AgentOnStick || res.KeyID != rs.keyID {
 				t.Fatalf("manifest: kind %s, %s %s, applies to %v, agent on the stick %v, key %s", m.Kind, m.Recipe, m.Version, m.AppliesTo, m.AgentOnStick, res.KeyID)
 			}
 			if got := imageNames(m); !slices.Equal(got, []string{appImage + "1.0", baseImage}) {
@@ -241,7 +241,7 @@ func TestDelta(t *testing.T) {
 	full := rs.write(t, r10, b10)
 	b11 := filepath.Join(rs.dir, "upgrade-1.1.img")
 	m := rs.write(t, r11, b11, from(b10)).Manifest
-	if m.Kind != bundle.KindDelta || len(m.AppliesTo) != 1 || m.AppliesTo[0] != (contract.ReleaseID{Version: "1.0.0", LockDigest: full.Manifest.LockDigest}) {
+	if m.Kind != bundlefmt.KindDelta || len(m.AppliesTo) != 1 || m.AppliesTo[0] != (contract.ReleaseID{Version: "1.0.0", LockDigest: full.Manifest.LockDigest}) {
 		t.Fatalf("delta: kind %s, applies to %v", m.Kind, m.AppliesTo)
 	}
 	if m.AgentOnStick {
@@ -341,7 +341,7 @@ func TestInspectRefuses(t *testing.T) {
 	}
 	for _, tc := range []struct{ path, want string }{
 		{junk, junk + ": "},
-		{disk, disk + ": " + bundle.ErrNotBundle.Error()},
+		{disk, disk + ": " + bundlefmt.ErrNotBundle.Error()},
 		{filepath.Join(dir, "missing"), "missing"},
 	} {
 		if _, err := Inspect(tc.path); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -353,26 +353,26 @@ func TestInspectRefuses(t *testing.T) {
 	}
 }
 
-func TestCheckBase(t *testing.T) {
+func TestCheckPrior(t *testing.T) {
 	r := &recipes.Recipe{Name: "acme", Arch: "amd64", Version: "1.1.0", Path: "appliance.yaml"}
 	for _, tc := range []struct {
 		name string
-		b    base
+		b    priorRelease
 		want string
 	}{
-		{name: "older", b: base{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "1.0.0"}}},
-		{name: "older by semver, not by string", b: base{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "1.0.10"}}},
-		{name: "the same version", b: base{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "1.1.0"}}, want: "recipe version 1.1.0 is not newer than --from F (1.1.0): raise version in appliance.yaml; nodes refuse a downgrade or a replay"},
-		{name: "newer", b: base{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "1.2.0"}}, want: "is not newer than --from F (1.2.0)"},
-		{name: "another appliance", b: base{recipe: "other", arch: "amd64", release: contract.ReleaseID{Version: "1.0.0"}}, want: `--from F is recipe "other", the bundle is for "acme"`},
-		{name: "another arch", b: base{recipe: "acme", arch: "arm64", release: contract.ReleaseID{Version: "1.0.0"}}, want: "--from F is for arm64, the recipe for amd64"},
-		{name: "not a version", b: base{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "latest"}}, want: "--from F: "},
+		{name: "older", b: priorRelease{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "1.0.0"}}},
+		{name: "older by semver, not by string", b: priorRelease{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "1.0.10"}}},
+		{name: "the same version", b: priorRelease{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "1.1.0"}}, want: "recipe version 1.1.0 is not newer than --from F (1.1.0): raise version in appliance.yaml; nodes refuse a downgrade or a replay"},
+		{name: "newer", b: priorRelease{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "1.2.0"}}, want: "is not newer than --from F (1.2.0)"},
+		{name: "another appliance", b: priorRelease{recipe: "other", arch: "amd64", release: contract.ReleaseID{Version: "1.0.0"}}, want: `--from F is recipe "other", the bundle is for "acme"`},
+		{name: "another arch", b: priorRelease{recipe: "acme", arch: "arm64", release: contract.ReleaseID{Version: "1.0.0"}}, want: "--from F is for arm64, the recipe for amd64"},
+		{name: "not a version", b: priorRelease{recipe: "acme", arch: "amd64", release: contract.ReleaseID{Version: "latest"}}, want: "--from F: "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.b.from = "F"
-			err := checkBase(r, &tc.b)
+			err := checkPrior(r, &tc.b)
 			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
-				t.Fatalf("checkBase = %v, want %q", err, tc.want)
+				t.Fatalf("checkPrior = %v, want %q", err, tc.want)
 			}
 		})
 	}
@@ -391,29 +391,29 @@ func TestCheckSigner(t *testing.T) {
 	old, oldPub := key()
 	_, newPub := key()
 	for _, tc := range []struct {
-		name  string
-		trust []ed25519.PublicKey
-		bases []*base
-		want  string
+		name   string
+		trust  []ed25519.PublicKey
+		priors []*priorRelease
+		want   string
 	}{
 		{name: "in the recipe's trust", trust: []ed25519.PublicKey{newPub, oldPub}},
 		{name: "not in the recipe's trust", trust: []ed25519.PublicKey{newPub}, want: "is not in the recipe's trust"},
-		{name: "rotation: the base trusts it, the recipe no more", trust: []ed25519.PublicKey{newPub}, bases: []*base{{from: "1.0", trust: []ed25519.PublicKey{oldPub}}}},
-		{name: "a base that does not trust it", trust: []ed25519.PublicKey{oldPub}, bases: []*base{{from: "1.0", release: contract.ReleaseID{Version: "1.0.0"}, trust: []ed25519.PublicKey{newPub}}},
+		{name: "rotation: the base trusts it, the recipe no more", trust: []ed25519.PublicKey{newPub}, priors: []*priorRelease{{from: "1.0", trust: []ed25519.PublicKey{oldPub}}}},
+		{name: "a base that does not trust it", trust: []ed25519.PublicKey{oldPub}, priors: []*priorRelease{{from: "1.0", release: contract.ReleaseID{Version: "1.0.0"}, trust: []ed25519.PublicKey{newPub}}},
 			want: "is not trusted by the nodes running 1.0.0 (--from 1.0)"},
-		{name: "one base of two does not", trust: []ed25519.PublicKey{oldPub}, bases: []*base{{from: "a", trust: []ed25519.PublicKey{oldPub}}, {from: "b", release: contract.ReleaseID{Version: "0.9.0"}, trust: []ed25519.PublicKey{newPub}}},
+		{name: "one base of two does not", trust: []ed25519.PublicKey{oldPub}, priors: []*priorRelease{{from: "a", trust: []ed25519.PublicKey{oldPub}}, {from: "b", release: contract.ReleaseID{Version: "0.9.0"}, trust: []ed25519.PublicKey{newPub}}},
 			want: "(--from b)"},
-		{name: "bases that do not say: the recipe's trust", trust: []ed25519.PublicKey{newPub}, bases: []*base{{from: "kiln.json"}}, want: "is not in the recipe's trust"},
+		{name: "bases that do not say: the recipe's trust", trust: []ed25519.PublicKey{newPub}, priors: []*priorRelease{{from: "kiln.json"}}, want: "is not in the recipe's trust"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			id, err := checkSigner(old, tc.trust, tc.bases)
+			id, err := checkSigner(old, tc.trust, tc.priors)
 			if tc.want != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.want) {
 					t.Fatalf("checkSigner = %v, want %q", err, tc.want)
 				}
 				return
 			}
-			want, _ := bundle.KeyID(oldPub)
+			want, _ := bundlefmt.KeyID(oldPub)
 			if err != nil || id != want {
 				t.Fatalf("checkSigner = %s, %v; want %s", id, err, want)
 			}
@@ -425,16 +425,16 @@ func TestPlaceFiles(t *testing.T) {
 	files := []sqfswrite.File{{Path: "a", Offset: 96, Size: 10}, {Path: "b", Offset: 4096, Size: 20}}
 	for _, tc := range []struct {
 		name   string
-		listed []bundle.File
+		listed []bundlefmt.File
 		want   string
 	}{
-		{name: "the same files", listed: []bundle.File{{Path: "b", Size: 20}, {Path: "a", Size: 10}}},
-		{name: "one missing", listed: []bundle.File{{Path: "a", Size: 10}}, want: "kiln bug: the bundle filesystem holds 2 files, the manifest lists 1"},
-		{name: "another size", listed: []bundle.File{{Path: "a", Size: 10}, {Path: "b", Size: 21}}, want: "kiln bug: b (21 bytes) is not in the bundle filesystem as listed"},
-		{name: "another file", listed: []bundle.File{{Path: "a", Size: 10}, {Path: "c", Size: 20}}, want: "kiln bug: c (20 bytes)"},
+		{name: "the same files", listed: []bundlefmt.File{{Path: "b", Size: 20}, {Path: "a", Size: 10}}},
+		{name: "one missing", listed: []bundlefmt.File{{Path: "a", Size: 10}}, want: "kiln bug: the bundle filesystem holds 2 files, the manifest lists 1"},
+		{name: "another size", listed: []bundlefmt.File{{Path: "a", Size: 10}, {Path: "b", Size: 21}}, want: "kiln bug: b (21 bytes) is not in the bundle filesystem as listed"},
+		{name: "another file", listed: []bundlefmt.File{{Path: "a", Size: 10}, {Path: "c", Size: 20}}, want: "kiln bug: c (20 bytes)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := &bundle.Manifest{Files: tc.listed}
+			m := &bundlefmt.Manifest{Files: tc.listed}
 			err := placeFiles(m, files)
 			if tc.want != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -449,7 +449,7 @@ func TestPlaceFiles(t *testing.T) {
 	}
 }
 
-func imageNames(m *bundle.Manifest) []string {
+func imageNames(m *bundlefmt.Manifest) []string {
 	var out []string
 	for _, im := range m.Images {
 		out = append(out, im.Name)
@@ -463,7 +463,7 @@ func otherKey(t *testing.T, rs *releases) ed25519.PublicKey {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k, err := bundle.ParsePublicKey(b)
+	k, err := bundlefmt.ParsePublicKey(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -532,11 +532,11 @@ func TestDeltaFromEachForm(t *testing.T) {
 	kilnJSON := filepath.Join(rs.dir, "kiln.json")
 	os.WriteFile(kilnJSON, kj, 0o644)
 
-	var want *bundle.Manifest
+	var want *bundlefmt.Manifest
 	for _, f := range []string{b10, disk, kilnJSON, recipes.LockPath(r10)} {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			m := rs.write(t, r11, filepath.Join(t.TempDir(), "upgrade.img"), from(f)).Manifest
-			if m.Kind != bundle.KindDelta || len(m.AppliesTo) != 1 || m.AppliesTo[0].Version != "1.0.0" {
+			if m.Kind != bundlefmt.KindDelta || len(m.AppliesTo) != 1 || m.AppliesTo[0].Version != "1.0.0" {
 				t.Fatalf("kind %s, applies to %v", m.Kind, m.AppliesTo)
 			}
 			if want == nil {
@@ -558,7 +558,7 @@ func TestDeltaFromEachForm(t *testing.T) {
 	}
 }
 
-func onStick(m *bundle.Manifest) []string {
+func onStick(m *bundlefmt.Manifest) []string {
 	var out []string
 	for _, b := range m.Blobs {
 		if b.OnStick {

@@ -22,12 +22,13 @@ import (
 	"github.com/kiln-appliance/kiln/partitions/squashfs"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 )
 
-// base is a release the appliances run, named by --from: what it is and
+// priorRelease is a release the appliances run, named by --from, that a
+// delta applies to (not the vendor disk a recipe builds on): what it is and
 // which blobs a node running it holds.
-type base struct {
+type priorRelease struct {
 	from    string // as given
 	recipe  string
 	arch    string
@@ -46,15 +47,15 @@ type base struct {
 	// recipe's base image.
 	slots    *contract.OSSlots
 	disk     string
-	manifest *bundle.Manifest
+	manifest *bundlefmt.Manifest
 	fsOffset int64
 	lockBase string
-	os       *baseOS
+	os       *priorOS
 }
 
-// loadBase reads a --from argument: a kiln disk, its kiln.json, a bundle
+// loadPrior reads a --from argument: a kiln disk, its kiln.json, a bundle
 // (stick image or file), or a lock file with its recipe beside it.
-func (b *bundler) loadBase(ctx context.Context, p string) (*base, error) {
+func (b *bundler) loadPrior(ctx context.Context, p string) (*priorRelease, error) {
 	head := make([]byte, 8)
 	f, err := inputfile.Open(p)
 	if err != nil {
@@ -63,17 +64,17 @@ func (b *bundler) loadBase(ctx context.Context, p string) (*base, error) {
 	n, _ := f.Read(head)
 	f.Close()
 	head = head[:n]
-	var rel *base
+	var rel *priorRelease
 	switch {
-	case string(head) == bundle.Magic:
-		rel, err = baseFromBundle(p, 0)
+	case string(head) == bundlefmt.Magic:
+		rel, err = priorFromBundle(p, 0)
 	case bytes.HasPrefix(bytes.TrimSpace(head), []byte("{")):
-		rel, err = baseFromContents(p)
+		rel, err = priorFromContents(p)
 	default:
 		if l, lerr := gpt.Inspect(p); lerr == nil {
-			rel, err = baseFromDisk(p, l)
+			rel, err = priorFromDisk(p, l)
 		} else if isLock(p) {
-			rel, err = b.baseFromLock(ctx, p)
+			rel, err = b.priorFromLock(ctx, p)
 		} else {
 			err = errors.New("not a kiln disk, kiln.json, bundle or lock file")
 		}
@@ -85,10 +86,10 @@ func (b *bundler) loadBase(ctx context.Context, p string) (*base, error) {
 	return rel, nil
 }
 
-func baseFromDisk(p string, l *gpt.Layout) (*base, error) {
+func priorFromDisk(p string, l *gpt.Layout) (*priorRelease, error) {
 	for _, part := range l.Partitions {
-		if strings.EqualFold(part.Type, bundle.PartitionType) {
-			return baseFromBundle(p, part.Offset)
+		if strings.EqualFold(part.Type, bundlefmt.PartitionType) {
+			return priorFromBundle(p, part.Offset)
 		}
 	}
 	if _, ok := l.Find(contract.PartitionName); !ok {
@@ -108,7 +109,7 @@ func baseFromDisk(p string, l *gpt.Layout) (*base, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := baseOfContents(c)
+	b := priorOfContents(c)
 	b.disk = p
 	b.trust, err = diskTrust(p)
 	return b, err
@@ -124,7 +125,7 @@ func diskTrust(disk string) ([]ed25519.PublicKey, error) {
 	}
 	var keys []ed25519.PublicKey
 	for _, k := range trust {
-		pub, err := bundle.ParsePublicKey([]byte(k.PublicKey))
+		pub, err := bundlefmt.ParsePublicKey([]byte(k.PublicKey))
 		if err != nil {
 			return nil, err
 		}
@@ -133,7 +134,7 @@ func diskTrust(disk string) ([]ed25519.PublicKey, error) {
 	return keys, nil
 }
 
-func baseFromContents(p string) (*base, error) {
+func priorFromContents(p string) (*priorRelease, error) {
 	f, err := inputfile.Open(p)
 	if err != nil {
 		return nil, err
@@ -143,14 +144,14 @@ func baseFromContents(p string) (*base, error) {
 	if err != nil {
 		return nil, err
 	}
-	return baseOfContents(c), nil
+	return priorOfContents(c), nil
 }
 
-// baseOfContents: a node holds the blobs of its image partition's layout.
+// priorOfContents: a node holds the blobs of its image partition's layout.
 // (Images only preloaded are in containers/storage, not as blobs, so a
 // delta carries their blobs again.)
-func baseOfContents(c *contract.Contents) *base {
-	b := &base{recipe: c.Recipe, arch: c.Arch, release: contract.ReleaseID{Version: c.Version, LockDigest: c.LockDigest}, blobs: map[string]bool{}, schema: bundle.SchemaVersion, slots: c.OSSlots}
+func priorOfContents(c *contract.Contents) *priorRelease {
+	b := &priorRelease{recipe: c.Recipe, arch: c.Arch, release: contract.ReleaseID{Version: c.Version, LockDigest: c.LockDigest}, blobs: map[string]bool{}, schema: bundlefmt.SchemaVersion, slots: c.OSSlots}
 	if c.Kiln == (version.Info{}) {
 		b.schema = 1
 	}
@@ -166,36 +167,36 @@ func baseOfContents(c *contract.Contents) *base {
 	return b
 }
 
-// baseFromBundle: a node that installed a bundle holds every blob of its
+// priorFromBundle: a node that installed a bundle holds every blob of its
 // release, whether the bundle was full or a delta. The bundle is not
 // verified here: it is the factory's own output, named on its command line.
-func baseFromBundle(p string, offset int64) (*base, error) {
+func priorFromBundle(p string, offset int64) (*priorRelease, error) {
 	f, err := inputfile.Open(p)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	h, err := bundle.ReadHeader(io.NewSectionReader(f, offset, toEnd))
+	h, err := bundlefmt.ReadHeader(io.NewSectionReader(f, offset, toEnd))
 	if err != nil {
 		return nil, err
 	}
-	m, _, err := bundle.Unverified(h.Envelope)
+	m, _, err := bundlefmt.Unverified(h.Envelope)
 	if err != nil {
 		return nil, err
 	}
 	// A schema 1 bundle was made for agents before schema 2; any later one
 	// by a kiln whose agent reads its own schema, as a kiln.json's.
-	schema := bundle.SchemaVersion
+	schema := bundlefmt.SchemaVersion
 	if m.SchemaVersion == 1 {
 		schema = 1
 	}
-	b := &base{recipe: m.Recipe, arch: m.Arch, release: contract.ReleaseID{Version: m.Version, LockDigest: m.LockDigest}, blobs: map[string]bool{}, agent: m.Agent.Digest, schema: schema,
+	b := &priorRelease{recipe: m.Recipe, arch: m.Arch, release: contract.ReleaseID{Version: m.Version, LockDigest: m.LockDigest}, blobs: map[string]bool{}, agent: m.Agent.Digest, schema: schema,
 		manifest: m, fsOffset: offset + h.Size}
 	for _, bl := range m.Blobs {
 		b.blobs[bl.Digest] = true
 	}
 	for _, k := range m.Trust {
-		pub, err := bundle.ParsePublicKey([]byte(k.PublicKey))
+		pub, err := bundlefmt.ParsePublicKey([]byte(k.PublicKey))
 		if err != nil {
 			return nil, fmt.Errorf("trusted key %s: %w", k.KeyID, err)
 		}
@@ -211,10 +212,10 @@ func isLock(p string) bool {
 	return err == nil && bytes.Contains(data, []byte("kind: "+recipes.KindLock))
 }
 
-// baseFromLock reads a lock and the recipe beside it (for the recipe's name,
+// priorFromLock reads a lock and the recipe beside it (for the recipe's name,
 // version and trust); the blobs come from the images' manifests, fetched
 // into the cache if they are not there yet.
-func (b *bundler) baseFromLock(ctx context.Context, p string) (rel *base, err error) {
+func (b *bundler) priorFromLock(ctx context.Context, p string) (rel *priorRelease, err error) {
 	lock, err := recipes.ReadLock(p)
 	if err != nil {
 		return nil, err
@@ -242,7 +243,7 @@ func (b *bundler) baseFromLock(ctx context.Context, p string) (rel *base, err er
 	if err != nil {
 		return nil, builder.LockError(lock, err)
 	}
-	rel = &base{recipe: r.Name, arch: r.Arch, release: contract.ReleaseID{Version: r.Version, LockDigest: digest.FromBytes(lockBytes).String()}, blobs: map[string]bool{}, schema: bundle.SchemaVersion,
+	rel = &priorRelease{recipe: r.Name, arch: r.Arch, release: contract.ReleaseID{Version: r.Version, LockDigest: digest.FromBytes(lockBytes).String()}, blobs: map[string]bool{}, schema: bundlefmt.SchemaVersion,
 		lockBase: r.Resolve(r.Base.Path)}
 	for _, img := range imgs {
 		rel.blobs[img.Descriptor.Digest.String()] = true
@@ -266,17 +267,17 @@ func recipeBeside(lockPath string) (*recipes.Recipe, error) {
 	return nil, errors.New("no recipe beside the lock file (" + path.Base(stem) + ".yaml): a lock alone does not say which release it is")
 }
 
-// loadOS learns what the base's nodes hold of the OS, for a bundle with an
+// loadOS learns what the prior release's nodes hold of the OS, for a bundle with an
 // OS section: what their active usr slot holds (cut from a disk or a lock's
-// base, read from a bundle), or at least its root hash (a kiln.json), and
+// base image, read from a bundle), or at least its root hash (a kiln.json), and
 // their kernel and initramfs; that they have no slots at all; or nothing
 // (a bundle made before OS sections), which makes the pack carry it all.
-func (b *bundler) loadOS(ctx context.Context, rel *base) (*baseOS, error) {
+func (b *bundler) loadOS(ctx context.Context, rel *priorRelease) (*priorOS, error) {
 	switch {
 	case rel.manifest != nil:
 		m := rel.manifest
 		if m.OS == nil {
-			return &baseOS{none: m.SchemaVersion >= bundle.OSSchemaVersion}, nil
+			return &priorOS{none: m.SchemaVersion >= bundlefmt.OSSchemaVersion}, nil
 		}
 		f, err := inputfile.Open(rel.from)
 		if err != nil {
@@ -287,28 +288,28 @@ func (b *bundler) loadOS(ctx context.Context, rel *base) (*baseOS, error) {
 		if err != nil {
 			return nil, err
 		}
-		o := &baseOS{rootHash: m.OS.Usr.Verity.RootHash, index: x, boot: map[string]bool{}}
-		for _, bf := range append([]bundle.BootFile{m.OS.Entry.Kernel}, m.OS.Entry.Initrd...) {
+		o := &priorOS{rootHash: m.OS.Usr.Verity.RootHash, index: x, boot: map[string]bool{}}
+		for _, bf := range append([]bundlefmt.BootFile{m.OS.Entry.Kernel}, m.OS.Entry.Initrd...) {
 			o.boot[bf.Digest] = true
 		}
 		return o, nil
 	case rel.lockBase != "":
 		if _, err := os.Stat(rel.lockBase); err != nil {
-			return &baseOS{}, nil // not at hand: nothing known
+			return &priorOS{}, nil // not at hand: nothing known
 		}
-		return b.readBaseOS(ctx, rel.lockBase, "")
+		return b.readPriorOS(ctx, rel.lockBase, "")
 	case rel.slots == nil:
-		return &baseOS{none: true}, nil
+		return &priorOS{none: true}, nil
 	case rel.disk != "":
-		return b.readBaseOS(ctx, rel.disk, rel.slots.RootHash)
+		return b.readPriorOS(ctx, rel.disk, rel.slots.RootHash)
 	default: // a kiln.json
-		return &baseOS{rootHash: rel.slots.RootHash}, nil
+		return &priorOS{rootHash: rel.slots.RootHash}, nil
 	}
 }
 
-// readBaseOS reads the OS of a base's disk (its kiln.json saying rootHash,
+// readPriorOS reads the OS of a prior release's disk (its kiln.json saying rootHash,
 // when not "").
-func (b *bundler) readBaseOS(ctx context.Context, disk, rootHash string) (*baseOS, error) {
+func (b *bundler) readPriorOS(ctx context.Context, disk, rootHash string) (*priorOS, error) {
 	dir, err := b.workDir("base-os")
 	if err != nil {
 		return nil, err

@@ -2,7 +2,6 @@ package bundle
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -22,7 +21,7 @@ import (
 	"github.com/kiln-appliance/kiln/partitions/verity"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 	"github.com/kiln-appliance/kiln/systemd/contract/slot"
 	"github.com/opencontainers/go-digest"
 )
@@ -49,17 +48,24 @@ type bootFile struct {
 }
 
 // readOSRelease reads the OS of the disk at path into dir (a compressed
-// disk's partitions are copied out there): nil when it has no OS slots.
-// Reading a slot is a task of p, named only when there is one.
+// disk's partitions are copied out there, in one pass of its
+// decompression): nil when it has no OS slots. Reading a slot is a task of
+// p, named only when there is one.
 func readOSRelease(ctx context.Context, path, dir string, p progress.Reporter) (rel *osRelease, err error) {
-	l, raw, err := pbase.ReadLayout(path)
+	d, err := pbase.OpenDisk(path, dir)
 	if err != nil {
 		return nil, err
 	}
-	slots, entry, err := osslots.ReadBoot(path, l, raw, dir)
+	defer func() {
+		if rel == nil || err != nil {
+			d.Close()
+		}
+	}()
+	slots, entry, err := osslots.ReadBoot(d)
 	if slots == nil || err != nil {
 		return nil, err
 	}
+	l := d.Layout
 	task := p.Task("read the base's OS slot", 0)
 	defer func() { task.Done(err) }()
 	usr, _, err := bootentry.ParseUsrVerity(entry.Options) // osslots found it mounts the slot
@@ -68,28 +74,14 @@ func readOSRelease(ctx context.Context, path, dir string, p progress.Reporter) (
 	}
 	active := slots.ActiveSlot()
 	data, hash := partition(l, active.Usr.PartUUID), partition(l, active.UsrVerity.PartUUID)
-	rel = &osRelease{slots: slots, entry: entry, fsType: usr.FSType, closer: func() {}}
-	defer func() {
-		if err != nil {
-			rel.closer()
-		}
-	}()
-	var dataR, hashR io.ReaderAt
-	if raw {
-		f, err := os.Open(path)
-		if err != nil {
-			return nil, err
-		}
-		rel.closer = func() { f.Close() }
-		dataR, hashR = io.NewSectionReader(f, data.Offset, data.Size), io.NewSectionReader(f, hash.Offset, hash.Size)
-	} else {
-		files, err := extract(path, dir, data, hash)
-		if err != nil {
-			return nil, err
-		}
-		rel.closer = func() { files[0].Close(); files[1].Close() }
-		dataR, hashR = files[0], files[1]
+	// The ESP is read already; the slot's partitions come next on the disk,
+	// so a compressed one is still decompressed once.
+	rs, err := d.Partitions(data, hash)
+	if err != nil {
+		return nil, err
 	}
+	dataR, hashR := rs[0], rs[1]
+	rel = &osRelease{slots: slots, entry: entry, fsType: usr.FSType, closer: func() { d.Close() }}
 	v, err := verity.ReadSlot(ctx, dataR, hashR, slots.RootHash)
 	if err != nil {
 		return nil, fmt.Errorf("slot %s (%q, with %q): %w", active.Name, active.Usr.Name, active.UsrVerity.Name, err)
@@ -106,16 +98,16 @@ func readOSRelease(ctx context.Context, path, dir string, p progress.Reporter) (
 	if err := os.MkdirAll(bootDir, 0o755); err != nil {
 		return nil, err
 	}
-	copies, err := osslots.CopyFromESP(path, l, raw, dir, bootDir, append([]string{entry.Linux}, entry.Initrd...))
+	copies, err := osslots.CopyFromESP(d, bootDir, append([]string{entry.Linux}, entry.Initrd...))
 	if err != nil {
 		return nil, err
 	}
 	for _, c := range copies {
-		d, n, err := filedigest.Of(c)
+		digest, n, err := filedigest.Of(c)
 		if err != nil {
 			return nil, err
 		}
-		rel.boot = append(rel.boot, bootFile{local: c, digest: d, size: n})
+		rel.boot = append(rel.boot, bootFile{local: c, digest: digest, size: n})
 	}
 	return rel, nil
 }
@@ -138,41 +130,8 @@ func partition(l *gpt.Layout, partUUID string) gpt.Partition {
 	return gpt.Partition{} // osslots found both by their GUIDs
 }
 
-// extract copies partitions (in disk order) of the compressed disk at path
-// into dir, in one pass of its decompression.
-func extract(path, dir string, parts ...gpt.Partition) ([]*os.File, error) {
-	d, err := pbase.Open(path, "")
-	if err != nil {
-		return nil, err
-	}
-	defer d.Close()
-	order := slices.Clone(parts)
-	slices.SortFunc(order, func(a, b gpt.Partition) int { return cmp.Compare(a.Offset, b.Offset) })
-	files := map[int]*os.File{}
-	var at int64
-	for _, p := range order {
-		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("part%d", p.Number)))
-		if err != nil {
-			return nil, err
-		}
-		files[p.Number] = f
-		if _, err := io.CopyN(io.Discard, d, p.Offset-at); err != nil {
-			return nil, fmt.Errorf("read the base: %w", err)
-		}
-		if _, err := io.CopyN(f, d, p.Size); err != nil {
-			return nil, fmt.Errorf("read partition %d %q of the base: %w", p.Number, p.Name, err)
-		}
-		at = p.Offset + p.Size
-	}
-	var out []*os.File
-	for _, p := range parts {
-		out = append(out, files[p.Number])
-	}
-	return out, nil
-}
-
-// baseOS is what a base release's nodes hold of the OS.
-type baseOS struct {
+// priorOS is what a prior release's nodes hold of the OS.
+type priorOS struct {
 	none     bool        // they have no OS slots (their base had none)
 	rootHash string      // their active slot's root hash, "" when not known
 	index    *slot.Index // what their active usr slot holds, nil when not known
@@ -180,11 +139,11 @@ type baseOS struct {
 }
 
 // osOfRelease is what nodes built from rel hold (nil rel: no slots).
-func osOfRelease(rel *osRelease) *baseOS {
+func osOfRelease(rel *osRelease) *priorOS {
 	if rel == nil {
-		return &baseOS{none: true}
+		return &priorOS{none: true}
 	}
-	return &baseOS{rootHash: rel.verity.RootHash, index: rel.index, boot: rel.bootDigests()}
+	return &priorOS{rootHash: rel.verity.RootHash, index: rel.index, boot: rel.bootDigests()}
 }
 
 // readOS reads the OS of the recipe's base, the new release's: nil when it
@@ -225,7 +184,7 @@ func (b *bundler) readOS(ctx context.Context) error {
 }
 
 // describeOS fills the manifest's OS section but for the pack's digest:
-// the slot's index and verity values, what each base holds and so the
+// the slot's index and verity values, what each prior release holds and so the
 // pack's size, the boot entry and which of its files the stick carries.
 func (b *bundler) describeOS(context.Context) error {
 	rel := b.os
@@ -237,27 +196,27 @@ func (b *bundler) describeOS(context.Context) error {
 	if err != nil {
 		return err
 	}
-	u := bundle.UsrSlot{Index: xd, Size: x.Size, Verity: rel.verity}
+	u := bundlefmt.UsrSlot{Index: xd, Size: x.Size, Verity: rel.verity}
 	b.osIndexes = map[string]*slot.Index{xd: x}
 	// One SlotBase per release (AppliesTo); of several --from of one
 	// release, the one that says most.
-	byRelease := map[contract.ReleaseID]*baseOS{}
-	for _, base := range b.bases {
-		o := base.os
+	byRelease := map[contract.ReleaseID]*priorOS{}
+	for _, prior := range b.priors {
+		o := prior.os
 		if o == nil {
-			o = &baseOS{}
+			o = &priorOS{}
 		}
 		if o.index == nil && o.rootHash == rel.verity.RootHash {
 			o.index = x // the same slot, byte for byte
 		}
-		if have := byRelease[base.release]; have == nil || have.index == nil {
-			byRelease[base.release] = o
+		if have := byRelease[prior.release]; have == nil || have.index == nil {
+			byRelease[prior.release] = o
 		}
 	}
 	var bases []*slot.Index
 	for _, id := range b.m.AppliesTo {
 		o := byRelease[id]
-		sb := bundle.SlotBase{ReleaseID: id}
+		sb := bundlefmt.SlotBase{ReleaseID: id}
 		if o.index != nil {
 			if sb.Index, err = indexDigest(o.index); err != nil {
 				return err
@@ -267,21 +226,21 @@ func (b *bundler) describeOS(context.Context) error {
 		u.Bases = append(u.Bases, sb)
 		bases = append(bases, o.index)
 	}
-	b.packBases = bases
+	b.packPriors = bases
 	if n := slot.PackSize(slot.LackingAny(x, bases...)); n > 0 {
-		u.Pack = &bundle.PackFile{Size: n} // its digest once written (stageOS)
+		u.Pack = &bundlefmt.PackFile{Size: n} // its digest once written (stageOS)
 	}
 	e := rel.entry
-	entry := bundle.BootEntry{Title: e.Title, Version: e.Version, UsrFSType: rel.fsType}
+	entry := bundlefmt.BootEntry{Title: e.Title, Version: e.Version, UsrFSType: rel.fsType}
 	for _, o := range e.Options {
-		if !bundle.IsUsrVerityOption(o) {
+		if !bundlefmt.IsUsrVerityOption(o) {
 			entry.Options = append(entry.Options, o)
 		}
 	}
 	for i, f := range rel.boot {
-		bf := bundle.BootFile{Name: filepath.Base(f.local), Size: f.size, Digest: f.digest, OnStick: len(b.bases) == 0}
-		for _, base := range b.bases {
-			bf.OnStick = bf.OnStick || base.os == nil || !base.os.boot[f.digest]
+		bf := bundlefmt.BootFile{Name: filepath.Base(f.local), Size: f.size, Digest: f.digest, OnStick: len(b.priors) == 0}
+		for _, prior := range b.priors {
+			bf.OnStick = bf.OnStick || prior.os == nil || !prior.os.boot[f.digest]
 		}
 		if i == 0 {
 			entry.Kernel = bf
@@ -289,11 +248,11 @@ func (b *bundler) describeOS(context.Context) error {
 			entry.Initrd = append(entry.Initrd, bf)
 		}
 	}
-	b.m.OS = &bundle.OS{Usr: u, Entry: entry}
+	b.m.OS = &bundlefmt.OS{Usr: u, Entry: entry}
 	return nil
 }
 
-// osChanges says whether the OS section carries any bytes a base lacks.
+// osChanges says whether the OS section carries any bytes a prior release lacks.
 func (b *bundler) osChanges() bool {
 	o := b.m.OS
 	if o == nil {
@@ -302,7 +261,7 @@ func (b *bundler) osChanges() bool {
 	if o.Usr.Pack != nil {
 		return true
 	}
-	return slices.ContainsFunc(append([]bundle.BootFile{o.Entry.Kernel}, o.Entry.Initrd...), func(f bundle.BootFile) bool { return f.OnStick })
+	return slices.ContainsFunc(append([]bundlefmt.BootFile{o.Entry.Kernel}, o.Entry.Initrd...), func(f bundlefmt.BootFile) bool { return f.OnStick })
 }
 
 // stageOS writes the OS section's files into the tree, each named by its
@@ -312,7 +271,7 @@ func (b *bundler) stageOS(context.Context) error {
 	if o == nil {
 		return nil
 	}
-	dir := filepath.Join(b.tree, filepath.FromSlash(bundle.OSBlobDir))
+	dir := filepath.Join(b.tree, filepath.FromSlash(bundlefmt.OSBlobDir))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -321,16 +280,16 @@ func (b *bundler) stageOS(context.Context) error {
 		if err := x.Encode(&buf); err != nil {
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(b.tree, filepath.FromSlash(bundle.OSFile(d))), buf.Bytes(), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(b.tree, filepath.FromSlash(bundlefmt.OSFile(d))), buf.Bytes(), 0o644); err != nil {
 			return err
 		}
 	}
-	for _, f := range append([]bundle.BootFile{o.Entry.Kernel}, o.Entry.Initrd...) {
+	for _, f := range append([]bundlefmt.BootFile{o.Entry.Kernel}, o.Entry.Initrd...) {
 		if !f.OnStick {
 			continue
 		}
 		i := slices.IndexFunc(b.os.boot, func(bf bootFile) bool { return bf.digest == f.Digest })
-		dst := filepath.Join(b.tree, filepath.FromSlash(bundle.OSFile(f.Digest)))
+		dst := filepath.Join(b.tree, filepath.FromSlash(bundlefmt.OSFile(f.Digest)))
 		if _, err := os.Stat(dst); err == nil {
 			continue // an initramfs that is also another: one file
 		}
@@ -347,7 +306,7 @@ func (b *bundler) stageOS(context.Context) error {
 	return err
 }
 
-// writePack writes the chunks the bases lack into dir, named by their
+// writePack writes the chunks the prior releases lack into dir, named by their
 // digest, and records it in the manifest.
 func (b *bundler) writePack(dir string, progress io.Writer) error {
 	f, err := os.CreateTemp(dir, ".pack-*")
@@ -357,7 +316,7 @@ func (b *bundler) writePack(dir string, progress io.Writer) error {
 	defer os.Remove(f.Name())
 	defer f.Close()
 	h := sha256.New()
-	n, err := slotcut.WritePack(io.MultiWriter(f, h, progress), b.os.image, b.os.index, b.packBases...)
+	n, err := slotcut.WritePack(io.MultiWriter(f, h, progress), b.os.image, b.os.index, b.packPriors...)
 	if err != nil {
 		return fmt.Errorf("OS slot pack: %w", err)
 	}
@@ -368,7 +327,7 @@ func (b *bundler) writePack(dir string, progress io.Writer) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(f.Name(), filepath.Join(b.tree, filepath.FromSlash(bundle.OSFile(d)))); err != nil {
+	if err := os.Rename(f.Name(), filepath.Join(b.tree, filepath.FromSlash(bundlefmt.OSFile(d)))); err != nil {
 		return err
 	}
 	b.m.OS.Usr.Pack.Digest = d

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/kiln-appliance/kiln/builder"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 )
 
@@ -46,8 +46,8 @@ func TestOSBundles(t *testing.T) {
 	b11 := filepath.Join(rs.dir, "upgrade-1.1.img")
 	delta := rs.write(t, r11, b11, from(b10)).Manifest
 
-	for _, m := range []*bundle.Manifest{full, delta} {
-		if m.SchemaVersion != bundle.OSSchemaVersion || m.OS == nil {
+	for _, m := range []*bundlefmt.Manifest{full, delta} {
+		if m.SchemaVersion != bundlefmt.OSSchemaVersion || m.OS == nil {
 			t.Fatalf("%s: schema %d, OS %v", m.Version, m.SchemaVersion, m.OS)
 		}
 	}
@@ -59,7 +59,7 @@ func TestOSBundles(t *testing.T) {
 		t.Errorf("full: entry %+v", f.Entry)
 	}
 	for _, o := range f.Entry.Options {
-		if bundle.IsUsrVerityOption(o) {
+		if bundlefmt.IsUsrVerityOption(o) {
 			t.Errorf("the entry's options keep %q, which the node writes for its slot", o)
 		}
 	}
@@ -94,8 +94,8 @@ func TestOSBundles(t *testing.T) {
 		d  string
 		in bool
 	}{{d.Usr.Index, true}, {f.Usr.Index, true}, {d.Usr.Pack.Digest, true}, {d.Entry.Initrd[0].Digest, true}, {d.Entry.Kernel.Digest, false}} {
-		if listed[bundle.OSFile(want.d)] != want.in {
-			t.Errorf("delta: %s in the filesystem: %v, want %v", bundle.OSFile(want.d), !want.in, want.in)
+		if listed[bundlefmt.OSFile(want.d)] != want.in {
+			t.Errorf("delta: %s in the filesystem: %v, want %v", bundlefmt.OSFile(want.d), !want.in, want.in)
 		}
 	}
 }

@@ -20,7 +20,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/filedigest"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 )
 
 // makeWorkDir removes what killed runs left and makes this run's staging
@@ -52,7 +52,7 @@ func (b *bundler) stageImages(ctx context.Context) error {
 		si = append(si, stage.Image{Ref: b.Recipe.Images[i].Name, Manifest: img.Descriptor, Blobs: blobs})
 	}
 	task := b.o.Progress.Task("stage bundle", 0)
-	err := stage.WriteLayout(filepath.Join(b.tree, bundle.OCIDir), b.cache.Path, si,
+	err := stage.WriteLayout(filepath.Join(b.tree, bundlefmt.OCIDir), b.cache.Path, si,
 		stage.OnlyBlobs(func(h v1.Hash) bool { return onStick[h.String()] }))
 	task.Done(err)
 	if err != nil {
@@ -66,7 +66,7 @@ func (b *bundler) stageImages(ctx context.Context) error {
 func (b *bundler) stageFiles(context.Context) error {
 	r, m, tree := b.Recipe, b.m, b.tree
 	for _, f := range r.Release.Files {
-		dst := filepath.Join(tree, bundle.ReleaseDir, filepath.FromSlash(f.Path))
+		dst := filepath.Join(tree, bundlefmt.ReleaseDir, filepath.FromSlash(f.Path))
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 			return err
 		}
@@ -81,10 +81,10 @@ func (b *bundler) stageFiles(context.Context) error {
 	}
 	sort.Slice(m.ReleaseFiles, func(i, j int) bool { return m.ReleaseFiles[i].Path < m.ReleaseFiles[j].Path })
 	if m.AgentOnStick {
-		if err := os.MkdirAll(filepath.Join(tree, path.Dir(bundle.AgentBinary)), 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Join(tree, path.Dir(bundlefmt.AgentBinary)), 0o755); err != nil {
 			return err
 		}
-		if err := stage.CopyFile(b.Agent.Path, filepath.Join(tree, bundle.AgentBinary), 0o755); err != nil {
+		if err := stage.CopyFile(b.Agent.Path, filepath.Join(tree, bundlefmt.AgentBinary), 0o755); err != nil {
 			return fmt.Errorf("copy agent binary %s: %w", b.Agent.Path, err)
 		}
 	}
@@ -93,7 +93,7 @@ func (b *bundler) stageFiles(context.Context) error {
 		return err
 	}
 	for _, f := range files {
-		m.Files = append(m.Files, bundle.File{Path: f.Path, Size: f.Size, Digest: f.Digest})
+		m.Files = append(m.Files, bundlefmt.File{Path: f.Path, Size: f.Size, Digest: f.Digest})
 	}
 	return nil
 }

@@ -18,18 +18,18 @@ import (
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/squashfs"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 )
 
 // Report is what `kiln inspect` and `kiln verify` show of a bundle.
 type Report struct {
-	Path     string           `json:"path"`
-	Format   string           `json:"format"`           // FormatImage or FormatFile
-	Size     int64            `json:"size"`             // bytes of the stick image or file
-	Layout   *gpt.Layout      `json:"layout,omitempty"` // stick images only
-	Offset   int64            `json:"offset"`           // where the bundle's bytes start
-	Header   int64            `json:"headerSize"`       // the filesystem starts at Offset+Header
-	Manifest *bundle.Manifest `json:"manifest"`
+	Path     string              `json:"path"`
+	Format   string              `json:"format"`           // FormatImage or FormatFile
+	Size     int64               `json:"size"`             // bytes of the stick image or file
+	Layout   *gpt.Layout         `json:"layout,omitempty"` // stick images only
+	Offset   int64               `json:"offset"`           // where the bundle's bytes start
+	Header   int64               `json:"headerSize"`       // the filesystem starts at Offset+Header
+	Manifest *bundlefmt.Manifest `json:"manifest"`
 	// SignedBy lists the key IDs the envelope names (inspect: claimed, not
 	// checked); Verified is the key whose signature verify checked.
 	SignedBy []string `json:"signedBy"`
@@ -44,10 +44,10 @@ func locate(p string) (format string, l *gpt.Layout, err error) {
 	if err != nil {
 		return "", nil, err
 	}
-	head := make([]byte, len(bundle.Magic))
+	head := make([]byte, len(bundlefmt.Magic))
 	_, err = f.ReadAt(head, 0)
 	f.Close()
-	if err == nil && string(head) == bundle.Magic {
+	if err == nil && string(head) == bundlefmt.Magic {
 		return FormatFile, nil, nil
 	}
 	l, err = gpt.Inspect(p)
@@ -55,14 +55,14 @@ func locate(p string) (format string, l *gpt.Layout, err error) {
 		return "", nil, err
 	}
 	if bundlePartition(l) == nil {
-		return "", nil, bundle.ErrNotBundle
+		return "", nil, bundlefmt.ErrNotBundle
 	}
 	return FormatImage, l, nil
 }
 
 func bundlePartition(l *gpt.Layout) *gpt.Partition {
 	for i := range l.Partitions {
-		if strings.EqualFold(l.Partitions[i].Type, bundle.PartitionType) {
+		if strings.EqualFold(l.Partitions[i].Type, bundlefmt.PartitionType) {
 			return &l.Partitions[i]
 		}
 	}
@@ -76,7 +76,7 @@ func Inspect(p string) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep.Manifest, rep.SignedBy, err = bundle.Unverified(rep.envelope)
+	rep.Manifest, rep.SignedBy, err = bundlefmt.Unverified(rep.envelope)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
@@ -101,7 +101,7 @@ func readHeader(p string) (*Report, error) {
 	if rep.Size, err = f.Seek(0, io.SeekEnd); err != nil { // Stat says 0 for a stick
 		return nil, err
 	}
-	h, err := bundle.ReadHeader(io.NewSectionReader(f, rep.Offset, toEnd))
+	h, err := bundlefmt.ReadHeader(io.NewSectionReader(f, rep.Offset, toEnd))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
@@ -132,9 +132,9 @@ func Verify(ctx context.Context, p string, keys []ed25519.PublicKey, rp progress
 		return nil, err
 	}
 	defer f.Close()
-	m, _, id, err := bundle.Open(io.NewSectionReader(f, rep.Offset, toEnd), keys)
+	m, _, id, err := bundlefmt.Open(io.NewSectionReader(f, rep.Offset, toEnd), keys)
 	switch {
-	case errors.Is(err, bundle.ErrUntrusted):
+	case errors.Is(err, bundlefmt.ErrUntrusted):
 		return fail("signature", err)
 	case err != nil:
 		return fail("manifest", err)
@@ -159,7 +159,7 @@ func Verify(ctx context.Context, p string, keys []ed25519.PublicKey, rp progress
 	}
 	if m.OS != nil && fsErr == nil {
 		// The slot index describes the image, and the pack is what the
-		// bases lack (the pack's chunks themselves the node checks as it
+		// prior releases lack (the pack's chunks themselves the node checks as it
 		// writes them; its bytes CheckFilesystem has hashed).
 		if _, _, err := m.CheckOS(f, rep.Offset+rep.Header); err != nil {
 			problems = append(problems, err)
@@ -177,7 +177,7 @@ func Verify(ctx context.Context, p string, keys []ed25519.PublicKey, rp progress
 // checkFiles re-hashes every file the manifest lists through the filesystem
 // (CheckFilesystem has hashed each at its byte range, where the node copies
 // it from) and looks for files it does not list.
-func checkFiles(ctx context.Context, fsys fs.FS, m *bundle.Manifest, w io.Writer) []error {
+func checkFiles(ctx context.Context, fsys fs.FS, m *bundlefmt.Manifest, w io.Writer) []error {
 	var problems []error
 	listed := map[string]bool{}
 	for _, f := range m.Files {
@@ -236,7 +236,7 @@ func checkFrame(f *os.File, rep *Report) error {
 	}
 	defer os.Remove(exp.Name())
 	defer exp.Close()
-	if err := gpt.WriteStick(exp, content, bundle.PartitionType, bundle.PartitionName, guidSeed(rep.envelope)); err != nil {
+	if err := gpt.WriteStick(exp, content, bundlefmt.PartitionType, bundlefmt.PartitionName, guidSeed(rep.envelope)); err != nil {
 		return err
 	}
 	start := rep.Offset

@@ -2,7 +2,7 @@
 // release's images (all of them, or only the blobs the appliances lack), its
 // release files and agent, behind a signed manifest, as a stick image (GPT,
 // one partition) or a single file. It also inspects and verifies them. The
-// format itself is systemd/contract/bundle, which the node reads.
+// format itself is systemd/contract/bundlefmt, which the node reads.
 package bundle
 
 import (
@@ -32,7 +32,7 @@ import (
 	"github.com/kiln-appliance/kiln/partitions/sqfswrite"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 	"github.com/kiln-appliance/kiln/systemd/contract/slot"
 )
 
@@ -65,7 +65,7 @@ type Options struct {
 type Result struct {
 	Output   string
 	Size     int64
-	Manifest *bundle.Manifest
+	Manifest *bundlefmt.Manifest
 	KeyID    string
 	// Agent says which kiln the release's agent is (also when the
 	// manifest's schema cannot say it).
@@ -85,7 +85,7 @@ func Write(ctx context.Context, recipePath string, o Options) (*Result, error) {
 	for _, step := range []func(context.Context) error{
 		b.makeWorkDir,
 		b.readOS,
-		b.loadBases,
+		b.loadPriors,
 		b.fetchImages,
 		b.describeRelease,
 		b.describeImages,
@@ -116,20 +116,20 @@ type bundler struct {
 	trust        []ed25519.PublicKey // the keys the release's nodes will trust
 	cache        *fetch.Cache
 
-	bases  []*base // the releases given with --from
+	priors []*priorRelease // the releases given with --from
 	keyID  string
 	images []*fetch.Image // the release's, in recipe order
-	m      *bundle.Manifest
+	m      *bundlefmt.Manifest
 	layers map[string]bool // the layers on the stick, by digest
 	work   string          // the staging directory, in the cache directory
 	tree   string          // the bundle's filesystem, under work
 	out    *output.File
 	size   int64
 
-	os        *osRelease             // the new release's OS, nil when its base has no slots
-	osIndexes map[string]*slot.Index // the slot indexes the stick carries, by digest
-	packBases []*slot.Index          // what each base's active slot holds (nil: not known)
-	closers   []func()
+	os         *osRelease             // the new release's OS, nil when its base has no slots
+	osIndexes  map[string]*slot.Index // the slot indexes the stick carries, by digest
+	packPriors []*slot.Index          // what each prior release's active slot holds (nil: not known)
+	closers    []func()
 }
 
 // newBundler reads and checks everything that needs no long work: the
@@ -207,15 +207,15 @@ func (b *bundler) workDir(name string) (string, error) {
 	return os.MkdirTemp(b.work, name+"-")
 }
 
-// loadBases reads the releases given with --from, and checks that the new
+// loadPriors reads the releases given with --from, and checks that the new
 // release can follow each and that their nodes trust the signing key.
-func (b *bundler) loadBases(ctx context.Context) error {
+func (b *bundler) loadPriors(ctx context.Context) error {
 	for _, f := range b.o.From {
-		rel, err := b.loadBase(ctx, f)
+		rel, err := b.loadPrior(ctx, f)
 		if err != nil {
 			return err
 		}
-		if err := checkBase(b.Recipe, rel); err != nil {
+		if err := checkPrior(b.Recipe, rel); err != nil {
 			return err
 		}
 		if b.os != nil {
@@ -226,10 +226,10 @@ func (b *bundler) loadBases(ctx context.Context) error {
 				return fmt.Errorf("--from %s: its nodes have no OS slots (their base had none), so they cannot take the OS of %s %s: reflash them with it (kiln reflash-stick)", f, b.Recipe.Name, b.Recipe.Version)
 			}
 		}
-		b.bases = append(b.bases, rel)
+		b.priors = append(b.priors, rel)
 	}
 	var err error
-	b.keyID, err = checkSigner(b.priv, b.trust, b.bases)
+	b.keyID, err = checkSigner(b.priv, b.trust, b.priors)
 	return err
 }
 
@@ -254,22 +254,22 @@ func (b *bundler) fetch(ctx context.Context, r *recipes.Recipe, images []recipes
 }
 
 // describeRelease starts the manifest: which release this is and, for a
-// delta, which it applies to, in the newest schema every base's nodes read.
+// delta, which it applies to, in the newest schema every prior release's nodes read.
 func (b *bundler) describeRelease(context.Context) error {
 	r := b.Recipe
-	m := &bundle.Manifest{
-		SchemaVersion: bundle.NoOSSchemaVersion,
+	m := &bundlefmt.Manifest{
+		SchemaVersion: bundlefmt.NoOSSchemaVersion,
 		Recipe:        r.Name,
 		Version:       r.Version,
 		Arch:          r.Arch,
 		LockDigest:    digest.FromBytes(b.lockBytes).String(),
 		Created:       b.Epoch,
 		Kiln:          version.Current(),
-		Kind:          bundle.KindFull,
+		Kind:          bundlefmt.KindFull,
 		AgentVersion:  b.Agent.Version,
 	}
-	for _, rel := range b.bases {
-		m.Kind = bundle.KindDelta
+	for _, rel := range b.priors {
+		m.Kind = bundlefmt.KindDelta
 		if !slices.Contains(m.AppliesTo, rel.release) {
 			m.AppliesTo = append(m.AppliesTo, rel.release)
 		}
@@ -281,11 +281,11 @@ func (b *bundler) describeRelease(context.Context) error {
 	if b.os != nil {
 		// An OS section needs schema 3; nodes whose agent reads less
 		// would refuse it anyway (as made by a newer kiln).
-		m.SchemaVersion = bundle.OSSchemaVersion
-		for _, rel := range b.bases {
-			if rel.schema < bundle.OSSchemaVersion {
+		m.SchemaVersion = bundlefmt.OSSchemaVersion
+		for _, rel := range b.priors {
+			if rel.schema < bundlefmt.OSSchemaVersion {
 				return fmt.Errorf("--from %s: its nodes run an agent that reads bundle schemas up to %d, and the OS of %s %s needs schema %d: upgrade them first with a bundle made by a kiln of their time, whose release brings a newer agent",
-					rel.from, rel.schema, r.Name, r.Version, bundle.OSSchemaVersion)
+					rel.from, rel.schema, r.Name, r.Version, bundlefmt.OSSchemaVersion)
 			}
 		}
 	}
@@ -301,18 +301,18 @@ func (b *bundler) describeRelease(context.Context) error {
 // unpacked sizes, filled by stageImages) and finds the layers on the stick.
 func (b *bundler) describeImages(context.Context) error {
 	m := b.m
-	blobs := map[string]bundle.Blob{}
+	blobs := map[string]bundlefmt.Blob{}
 	layers := map[string]bool{}
 	add := func(d v1.Descriptor) {
 		k := d.Digest.String()
 		if _, ok := blobs[k]; !ok {
-			blobs[k] = bundle.Blob{Digest: k, Size: d.Size, MediaType: string(d.MediaType), OnStick: !b.held(k)}
+			blobs[k] = bundlefmt.Blob{Digest: k, Size: d.Size, MediaType: string(d.MediaType), OnStick: !b.held(k)}
 		}
 	}
 	for i, img := range b.images {
 		ri := b.Recipe.Images[i]
 		add(img.Descriptor)
-		mi := bundle.Image{Image: builder.DescribeImage(ri, img)}
+		mi := bundlefmt.Image{Image: builder.DescribeImage(ri, img)}
 		for _, d := range img.Blobs() {
 			add(d)
 			mi.Blobs = append(mi.Blobs, d.Digest.String())
@@ -336,16 +336,16 @@ func (b *bundler) describeImages(context.Context) error {
 	return nil
 }
 
-// held says whether every base holds blob d: the delta applies to every
-// base, so it leaves out only what every base holds (a node of any of
+// held says whether every prior release holds blob d: the delta applies to every
+// prior release, so it leaves out only what every one holds (a node of any of
 // them lacks nothing).
 func (b *bundler) held(d string) bool {
-	for _, rel := range b.bases {
+	for _, rel := range b.priors {
 		if !rel.blobs[d] {
 			return false
 		}
 	}
-	return len(b.bases) > 0
+	return len(b.priors) > 0
 }
 
 // describeAgent records the agent the release runs (on the stick unless
@@ -357,13 +357,13 @@ func (b *bundler) describeAgent(context.Context) error {
 	if err != nil {
 		return fmt.Errorf("agent binary: %w", err)
 	}
-	m.Agent = bundle.File{Path: bundle.AgentBinary, Size: agentSize, Digest: agentDigest}
-	m.AgentOnStick = len(b.bases) == 0
-	for _, rel := range b.bases {
+	m.Agent = bundlefmt.File{Path: bundlefmt.AgentBinary, Size: agentSize, Digest: agentDigest}
+	m.AgentOnStick = len(b.priors) == 0
+	for _, rel := range b.priors {
 		m.AgentOnStick = m.AgentOnStick || rel.agent != agentDigest
 	}
 	for _, k := range b.trust {
-		tk, err := bundle.TrustedKey(k)
+		tk, err := bundlefmt.TrustedKey(k)
 		if err != nil {
 			return err
 		}
@@ -371,7 +371,7 @@ func (b *bundler) describeAgent(context.Context) error {
 	}
 	if m.Space.CopyBytes == 0 && len(r.Release.Files) == 0 && !b.osChanges() {
 		var from []string
-		for _, rel := range b.bases {
+		for _, rel := range b.priors {
 			from = append(from, rel.release.Version)
 		}
 		return fmt.Errorf("the bundle would be empty: %s %s has no blob or OS change that %s lacks and no release files; nothing to upgrade", r.Name, r.Version, strings.Join(from, ", "))
@@ -379,8 +379,8 @@ func (b *bundler) describeAgent(context.Context) error {
 	return nil
 }
 
-// checkBase refuses a --from the new release cannot follow.
-func checkBase(r *recipes.Recipe, b *base) error {
+// checkPrior refuses a --from the new release cannot follow.
+func checkPrior(r *recipes.Recipe, b *priorRelease) error {
 	if b.recipe != r.Name {
 		return fmt.Errorf("--from %s is recipe %q, the bundle is for %q: give a release of the same appliance", b.from, b.recipe, r.Name)
 	}
@@ -402,14 +402,14 @@ func checkBase(r *recipes.Recipe, b *base) error {
 // recipe) must trust the key — that is how a release rotates keys: signed
 // with the old key, it carries the new set. When no --from says, the key
 // must be in the new recipe's trust.
-func checkSigner(priv ed25519.PrivateKey, trust []ed25519.PublicKey, bases []*base) (string, error) {
+func checkSigner(priv ed25519.PrivateKey, trust []ed25519.PublicKey, priors []*priorRelease) (string, error) {
 	pub := priv.Public().(ed25519.PublicKey)
-	id, err := bundle.KeyID(pub)
+	id, err := bundlefmt.KeyID(pub)
 	if err != nil {
 		return "", err
 	}
 	known := false
-	for _, b := range bases {
+	for _, b := range priors {
 		if b.trust == nil {
 			continue
 		}
@@ -436,7 +436,7 @@ func readPrivateKey(p string) (ed25519.PrivateKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("signing key: %w", err)
 	}
-	k, err := bundle.ParsePrivateKey(data)
+	k, err := bundlefmt.ParsePrivateKey(data)
 	if err != nil {
 		return nil, fmt.Errorf("signing key %s: %w", p, err)
 	}
@@ -479,12 +479,12 @@ func (b *bundler) writeBundle(ctx context.Context) error {
 		return err
 	}
 	out := b.out.File
-	m.Filesystem = bundle.Filesystem{Size: plan.Size(), Metadata: digest.NewDigestFromEncoded(digest.SHA256, strings.Repeat("0", 64)).String()}
-	placeholder, err := bundle.Sign(m, priv)
+	m.Filesystem = bundlefmt.Filesystem{Size: plan.Size(), Metadata: digest.NewDigestFromEncoded(digest.SHA256, strings.Repeat("0", 64)).String()}
+	placeholder, err := bundlefmt.Sign(m, priv)
 	if err != nil {
 		return err
 	}
-	hdrSize := bundle.HeaderSize(len(placeholder))
+	hdrSize := bundlefmt.HeaderSize(len(placeholder))
 	start := int64(0)
 	if b.o.Format == FormatImage {
 		start = gpt.StickStart
@@ -512,11 +512,11 @@ func (b *bundler) writeBundle(ctx context.Context) error {
 			return fmt.Errorf("kiln bug: %w", err)
 		}
 	}
-	env, err := bundle.Sign(m, priv)
+	env, err := bundlefmt.Sign(m, priv)
 	if err != nil {
 		return err
 	}
-	hdr, err := bundle.EncodeHeader(env, hdrSize)
+	hdr, err := bundlefmt.EncodeHeader(env, hdrSize)
 	if err != nil {
 		return fmt.Errorf("kiln bug: %w", err)
 	}
@@ -528,7 +528,7 @@ func (b *bundler) writeBundle(ctx context.Context) error {
 		b.size = content
 		return nil
 	}
-	if err := gpt.WriteStick(out, content, bundle.PartitionType, bundle.PartitionName, guidSeed(env)); err != nil {
+	if err := gpt.WriteStick(out, content, bundlefmt.PartitionType, bundlefmt.PartitionName, guidSeed(env)); err != nil {
 		return err
 	}
 	b.size = gpt.StickSize(content)
@@ -540,7 +540,7 @@ func (b *bundler) commit(ctx context.Context) error { return b.out.Commit(ctx) }
 
 // placeFiles sets each manifest file's offset from the filesystem's layout;
 // the two lists must name the same files with the same sizes.
-func placeFiles(m *bundle.Manifest, files []sqfswrite.File) error {
+func placeFiles(m *bundlefmt.Manifest, files []sqfswrite.File) error {
 	at := map[string]sqfswrite.File{}
 	for _, f := range files {
 		at[f.Path] = f

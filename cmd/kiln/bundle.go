@@ -16,7 +16,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	bundlefmt "github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 )
 
 func init() { subcommands = append(subcommands, newBundleCommand) }

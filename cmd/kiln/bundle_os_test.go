@@ -25,7 +25,7 @@ import (
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/systemd/agent/slotwrite"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	bundlefmt "github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 )
 

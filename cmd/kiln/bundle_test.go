@@ -21,7 +21,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/partitions/bootconfig"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	bundlefmt "github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 	"github.com/kiln-appliance/kiln/test/fixtures/layers"
 	"github.com/kiln-appliance/kiln/test/loopmount"

@@ -33,7 +33,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
 	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 )
 
 // importNode is a node's tree: the factory disk's image partition (its
@@ -151,9 +151,9 @@ func attachStick(t *testing.T, img string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, ok := layout.Find(bundle.PartitionName)
+	p, ok := layout.Find(bundlefmt.PartitionName)
 	if !ok {
-		t.Fatalf("%s has no %s partition", img, bundle.PartitionName)
+		t.Fatalf("%s has no %s partition", img, bundlefmt.PartitionName)
 	}
 	dev := strings.TrimSpace(run(t, "losetup", "--find", "--show", "--read-only",
 		"--offset", fmt.Sprint(p.Offset), "--sizelimit", fmt.Sprint(p.Size), img))
@@ -341,9 +341,9 @@ func TestImport(t *testing.T) {
 	// One byte inside a blob the import copies, and one in the filesystem's
 	// metadata at its end, which the import never reads (it mounts nothing).
 	var rep struct {
-		Offset   int64            `json:"offset"`
-		Header   int64            `json:"headerSize"`
-		Manifest *bundle.Manifest `json:"manifest"`
+		Offset   int64               `json:"offset"`
+		Header   int64               `json:"headerSize"`
+		Manifest *bundlefmt.Manifest `json:"manifest"`
 	}
 	if err := json.Unmarshal([]byte(rs.mustKiln(t, "inspect", "-o", "json", b12)), &rep); err != nil {
 		t.Fatal(err)
@@ -352,7 +352,7 @@ func TestImport(t *testing.T) {
 	copyFile(t, b12, tampered)
 	copyFile(t, b12, tamperedMeta)
 	for _, f := range rep.Manifest.Files {
-		if strings.HasPrefix(f.Path, bundle.OCIDir+"/blobs/") && f.Size > 0 {
+		if strings.HasPrefix(f.Path, bundlefmt.OCIDir+"/blobs/") && f.Size > 0 {
 			flipByte(t, tampered, rep.Offset+rep.Header+f.Offset+f.Size/2)
 			break
 		}

@@ -15,7 +15,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/version"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	bundlefmt "github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 	"github.com/kiln-appliance/kiln/systemd/contract/slot"
 	"github.com/kiln-appliance/kiln/test/golden"

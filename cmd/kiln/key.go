@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 )
 
 func init() { subcommands = append(subcommands, newKeyCommand) }
@@ -37,7 +37,7 @@ appliance that trusts it.`,
 			if err := checkKeyName(name); err != nil {
 				return usageError{err}
 			}
-			priv, pub, err := bundle.GenerateKey()
+			priv, pub, err := bundlefmt.GenerateKey()
 			if err != nil {
 				return err
 			}
@@ -48,11 +48,11 @@ appliance that trusts it.`,
 				os.Remove(name + ".key")
 				return err
 			}
-			k, err := bundle.ParsePublicKey(pub)
+			k, err := bundlefmt.ParsePublicKey(pub)
 			if err != nil {
 				return err
 			}
-			id, err := bundle.KeyID(k)
+			id, err := bundlefmt.KeyID(k)
 			if err != nil {
 				return err
 			}

@@ -41,11 +41,13 @@ func upgradeOnHost(t *testing.T, factory, from string) *upgradedDisk {
 	if d.layout, err = gpt.Inspect(d.path); err != nil {
 		t.Fatal(err)
 	}
-	fl, raw, err := base.ReadLayout(from)
-	if err != nil || !raw {
-		t.Fatalf("%s: %v (raw %v)", from, err, raw)
+	fromDisk, err := base.OpenDisk(from, "")
+	if err != nil || !fromDisk.Raw {
+		t.Fatalf("%s: %v", from, err)
 	}
-	s, e, err := osslots.ReadBoot(from, fl, true, "")
+	defer fromDisk.Close()
+	fl := fromDisk.Layout
+	s, e, err := osslots.ReadBoot(fromDisk)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +58,7 @@ func upgradeOnHost(t *testing.T, factory, from string) *upgradedDisk {
 		copyInto(t, from, sp.Offset, d.path, dp.Offset, sp.Size)
 	}
 	// The boot files under their digests, and the entry, last.
-	got, err := osslots.CopyFromESP(from, fl, true, "", t.TempDir(), append([]string{e.Linux}, e.Initrd...))
+	got, err := osslots.CopyFromESP(fromDisk, t.TempDir(), append([]string{e.Linux}, e.Initrd...))
 	if err != nil {
 		t.Fatal(err)
 	}

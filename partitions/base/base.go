@@ -43,11 +43,12 @@ var magics = []struct {
 	{Zstd, []byte{0x28, 0xb5, 0x2f, 0xfd}},
 }
 
-// Disk is an open base disk image: Read returns the raw disk bytes,
-// decompressed on the fly. When a digest was given, the read that reaches the
-// end of the disk also checks the digest of the file's bytes (compressed, if
-// compressed) and fails instead of returning io.EOF if it does not match.
-type Disk struct {
+// Stream is an open base disk image read front to back: Read returns the
+// raw disk bytes, decompressed on the fly. When a digest was given, the read
+// that reaches the end of the disk also checks the digest of the file's
+// bytes (compressed, if compressed) and fails instead of returning io.EOF if
+// it does not match. Disk is the base opened for its partitions.
+type Stream struct {
 	Path   string
 	Format string // Raw, Gzip, Xz or Zstd
 
@@ -66,7 +67,7 @@ type Disk struct {
 // Open opens the base image at path. digest is "" or "sha256:<hex>".
 // The format is detected from the magic bytes, never from the file name, so a
 // mis-named file still works.
-func Open(path, digest string) (*Disk, error) {
+func Open(path, digest string) (*Stream, error) {
 	want, err := parseDigest(digest)
 	if err != nil {
 		return nil, fmt.Errorf("base image %s: %w", path, err)
@@ -75,7 +76,7 @@ func Open(path, digest string) (*Disk, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open base image: %w", err)
 	}
-	b := &Disk{Path: path, Format: Raw, file: f, hash: sha256.New(), want: want, closer: func() {}}
+	b := &Stream{Path: path, Format: Raw, file: f, hash: sha256.New(), want: want, closer: func() {}}
 	holes, err := newHoleReader(f)
 	if err != nil {
 		f.Close()
@@ -135,12 +136,12 @@ func parseDigest(d string) (string, error) {
 	return strings.ToLower(hexPart), nil
 }
 
-func (b *Disk) corrupt(err error) error {
+func (b *Stream) corrupt(err error) error {
 	return fmt.Errorf("base image %s (%s) is corrupt or truncated: %w; re-download or re-copy it", b.Path, b.Format, err)
 }
 
 // startXz decodes with `xz -dc`, fed from r.
-func (b *Disk) startXz(r io.Reader) error {
+func (b *Stream) startXz(r io.Reader) error {
 	cmd := exec.Command("xz", "-dc")
 	cmd.Stdin = r
 	cmd.Stderr = &b.stderr
@@ -162,7 +163,7 @@ func (b *Disk) startXz(r io.Reader) error {
 }
 
 // Read reads raw disk bytes.
-func (b *Disk) Read(p []byte) (int, error) {
+func (b *Stream) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
 	if err == io.EOF && !b.done {
 		b.done = true
@@ -185,7 +186,7 @@ func (b *Disk) Read(p []byte) (int, error) {
 
 // finish hashes what the decompressor left unread (trailing bytes) and checks
 // the digest.
-func (b *Disk) finish() error {
+func (b *Stream) finish() error {
 	if _, err := io.Copy(io.Discard, b.hashed); err != nil {
 		return fmt.Errorf("read base image %s: %w", b.Path, err)
 	}
@@ -200,16 +201,18 @@ func (b *Disk) finish() error {
 }
 
 // Close releases the file.
-func (b *Disk) Close() error {
+func (b *Stream) Close() error {
 	b.closer()
 	return b.file.Close()
 }
 
 // ReadLayout reads the partition table of the base image at path from its
-// first MiB; labels says whether the partitions' filesystems and labels
-// were detected too (a raw base: a compressed one's first MiB holds only
-// the table).
-func ReadLayout(path string) (l *gpt.Layout, labels bool, err error) {
+// first MiB. raw says the file holds the disk's bytes as they are
+// (uncompressed), so a partition can be read in place at its offset, and
+// its filesystems and labels were detected too; a compressed base's first
+// MiB holds only the table, and its partitions must be decompressed to be
+// read.
+func ReadLayout(path string) (l *gpt.Layout, raw bool, err error) {
 	b, err := Open(path, "")
 	if err != nil {
 		return nil, false, err

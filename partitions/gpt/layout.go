@@ -21,7 +21,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 )
 
 // Filesystems detected by Inspect from a partition's first bytes.
@@ -261,7 +261,7 @@ func detectFS(r io.ReaderAt) (fsType, label string) {
 	n, _ := r.ReadAt(b, 0)
 	b = b[:n]
 	switch {
-	case len(b) >= 8 && string(b[:8]) == bundle.Magic:
+	case len(b) >= 8 && string(b[:8]) == bundlefmt.Magic:
 		return FSBundle, ""
 	case len(b) >= 4 && string(b[:4]) == "hsqs":
 		return FSSquashfs, ""

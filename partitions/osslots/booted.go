@@ -14,6 +14,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/kiln-appliance/kiln/internal/filedigest"
+	"github.com/kiln-appliance/kiln/partitions/base"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/verity"
 	"github.com/kiln-appliance/kiln/systemd/contract"
@@ -64,7 +65,7 @@ func CheckBooted(ctx context.Context, path string, l *gpt.Layout, changed []gpt.
 	if err != nil {
 		return nil, nil, err
 	}
-	raw, err := readEntries(path, esp, true, "")
+	raw, err := readEntries(base.InPlace(path, l), esp)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -194,7 +195,7 @@ func checkBootFiles(disk string, l *gpt.Layout, esp gpt.Partition, entries []*bo
 		return "", err
 	}
 	defer os.RemoveAll(dir)
-	copies, err := CopyFromESP(disk, l, true, "", dir, paths)
+	copies, err := CopyFromESP(base.InPlace(disk, l), dir, paths)
 	if err != nil {
 		return "", &BootedError{partName(esp), err}
 	}

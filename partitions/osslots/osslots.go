@@ -9,7 +9,6 @@ package osslots
 import (
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"os"
 	"os/exec"
@@ -27,29 +26,27 @@ import (
 // ESPType is the EFI system partition's type GUID.
 const ESPType = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
 
-// Read returns the OS slots of the base image at path, whose partition
-// table is l: nil when it has no usr partition. A base that has some but
-// cannot be upgraded slot by slot is an error that names the partitions and
-// what is wrong. raw says path holds the disk's bytes as they are (a file
-// or a device), else it is compressed (base.Open reads it) and the ESP is
-// copied out to tempDir ("": $TMPDIR) to be read.
-func Read(path string, l *gpt.Layout, raw bool, tempDir string) (*contract.OSSlots, error) {
-	s, _, err := ReadBoot(path, l, raw, tempDir)
+// Read returns the OS slots of the base image d: nil when it has no usr
+// partition. A base that has some but cannot be upgraded slot by slot is an
+// error that names the partitions and what is wrong. A compressed base's
+// ESP is copied out (base.Disk.PartitionFile) to be read.
+func Read(d *base.Disk) (*contract.OSSlots, error) {
+	s, _, err := ReadBoot(d)
 	return s, err
 }
 
 // ReadBoot is Read, and the boot loader entry of the base's release (the
 // one OSSlots.Entry names).
-func ReadBoot(path string, l *gpt.Layout, raw bool, tempDir string) (*contract.OSSlots, *bootentry.Entry, error) {
-	s, err := FromLayout(l)
+func ReadBoot(d *base.Disk) (*contract.OSSlots, *bootentry.Entry, error) {
+	s, err := FromLayout(d.Layout)
 	if s == nil || err != nil {
 		return nil, nil, err
 	}
-	esp, err := findESP(l)
+	esp, err := findESP(d.Layout)
 	if err != nil {
 		return nil, nil, err
 	}
-	entries, err := readEntries(path, esp, raw, tempDir)
+	entries, err := readEntries(d, esp)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -225,8 +222,12 @@ func activate(s *contract.OSSlots, entries map[string][]byte, esp gpt.Partition)
 // readEntries reads every file of the ESP's loader/entries with mtools,
 // from the disk file itself when the base is raw (mtools' "@@offset"), from
 // a copy of the ESP's bytes when it is compressed.
-func readEntries(path string, esp gpt.Partition, raw bool, tempDir string) (map[string][]byte, error) {
-	img, dir, err := espImage(path, esp, raw, tempDir)
+func readEntries(d *base.Disk, esp gpt.Partition) (map[string][]byte, error) {
+	img, err := espImage(d, esp)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp(d.TempDir, "kiln-esp-")
 	if err != nil {
 		return nil, err
 	}
@@ -262,16 +263,15 @@ func readEntries(path string, esp gpt.Partition, raw bool, tempDir string) (map[
 // boot loader entry names them: "/kiln/1.0/vmlinuz") into dst, each under
 // its base name, with mtools as readEntries reads; it returns the copies'
 // paths in the order of paths. The base names must differ.
-func CopyFromESP(path string, l *gpt.Layout, raw bool, tempDir, dst string, paths []string) ([]string, error) {
-	esp, err := findESP(l)
+func CopyFromESP(d *base.Disk, dst string, paths []string) ([]string, error) {
+	esp, err := findESP(d.Layout)
 	if err != nil {
 		return nil, err
 	}
-	img, dir, err := espImage(path, esp, raw, tempDir)
+	img, err := espImage(d, esp)
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
 	var out []string
 	for _, p := range paths {
 		local := filepath.Join(dst, filepath.Base(p))
@@ -292,43 +292,17 @@ func CopyFromESP(path string, l *gpt.Layout, raw bool, tempDir, dst string, path
 	return out, nil
 }
 
-// espImage makes a directory in tempDir ("": $TMPDIR), which the caller
-// removes, and returns what mtools reads the ESP from: the disk file at the
-// ESP's offset ("@@offset") when raw, else a copy of its bytes in dir.
-func espImage(path string, esp gpt.Partition, raw bool, tempDir string) (img, dir string, err error) {
-	if dir, err = os.MkdirTemp(tempDir, "kiln-esp-"); err != nil {
-		return "", "", err
-	}
-	img = fmt.Sprintf("%s@@%d", path, esp.Offset)
-	if !raw {
-		if img, err = copyESP(path, esp, dir); err != nil {
-			os.RemoveAll(dir)
-			return "", "", err
-		}
-	}
-	return img, dir, nil
-}
-
-// copyESP copies the ESP of the compressed base at path into dir.
-func copyESP(path string, esp gpt.Partition, dir string) (string, error) {
-	d, err := base.Open(path, "")
+// espImage is what mtools reads the ESP from: the disk file at the ESP's
+// offset ("@@offset") when raw, else the disk's copy of it.
+func espImage(d *base.Disk, esp gpt.Partition) (string, error) {
+	f, off, err := d.PartitionFile(esp)
 	if err != nil {
-		return "", err
-	}
-	defer d.Close()
-	img := filepath.Join(dir, "esp.img")
-	f, err := os.Create(img)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	if _, err := io.CopyN(io.Discard, d, esp.Offset); err != nil {
 		return "", fmt.Errorf("read the base's ESP: %w", err)
 	}
-	if _, err := io.CopyN(f, d, esp.Size); err != nil {
-		return "", fmt.Errorf("read the base's ESP: %w", err)
+	if !d.Raw {
+		return f, nil
 	}
-	return img, f.Close()
+	return fmt.Sprintf("%s@@%d", f, off), nil
 }
 
 // CheckArch refuses slots (nil: none) that are not for arch, the recipe's:

@@ -165,11 +165,12 @@ func TestRead(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel() // sgdisk sleeps a second after writing
 			p := disk(t, tc.parts, tc.entries)
-			l, raw, err := base.ReadLayout(p)
-			if err != nil || !raw {
-				t.Fatal(raw, err)
+			d, err := base.OpenDisk(p, t.TempDir())
+			if err != nil || !d.Raw {
+				t.Fatal(err)
 			}
-			got, err := Read(p, l, raw, t.TempDir())
+			defer d.Close()
+			got, err := Read(d)
 			switch {
 			case tc.err != "":
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
@@ -200,11 +201,12 @@ func TestReadCompressed(t *testing.T) {
 	if err := basedisk.Compress(p, zst, "zstd"); err != nil {
 		t.Fatal(err)
 	}
-	l, raw, err := base.ReadLayout(zst)
-	if err != nil || raw {
-		t.Fatal(raw, err)
+	d, err := base.OpenDisk(zst, t.TempDir())
+	if err != nil || d.Raw {
+		t.Fatal(err)
 	}
-	got, err := Read(zst, l, raw, t.TempDir())
+	defer d.Close()
+	got, err := Read(d)
 	if err != nil || got == nil || got.RootHash != rootHash || got.Entry != "kiln-1.0" {
 		t.Fatalf("Read = %+v, %v", got, err)
 	}
@@ -224,11 +226,12 @@ func TestReadBootAndCopyFromESP(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []string{raw, zst} {
-		l, isRaw, err := base.ReadLayout(p)
+		d, err := base.OpenDisk(p, dir)
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, e, err := ReadBoot(p, l, isRaw, dir)
+		defer d.Close()
+		s, e, err := ReadBoot(d)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -236,7 +239,7 @@ func TestReadBootAndCopyFromESP(t *testing.T) {
 			t.Fatalf("%s: slots %+v, entry %+v", p, s, e)
 		}
 		out := t.TempDir()
-		got, err := CopyFromESP(p, l, isRaw, dir, out, append([]string{e.Linux}, e.Initrd...))
+		got, err := CopyFromESP(d, out, append([]string{e.Linux}, e.Initrd...))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -245,7 +248,7 @@ func TestReadBootAndCopyFromESP(t *testing.T) {
 				t.Errorf("%s: %s holds %q, want %q", p, got[i], b, want)
 			}
 		}
-		if _, err := CopyFromESP(p, l, isRaw, dir, out, []string{"/kiln/1.0/missing"}); err == nil || !strings.Contains(err.Error(), "names /kiln/1.0/missing, which its ESP") {
+		if _, err := CopyFromESP(d, out, []string{"/kiln/1.0/missing"}); err == nil || !strings.Contains(err.Error(), "names /kiln/1.0/missing, which its ESP") {
 			t.Errorf("%s: a missing file: %v", p, err)
 		}
 	}

@@ -10,7 +10,7 @@ import (
 var ErrBusy = errors.New("another release is staged or being tried")
 
 // CheckBusy is the rule both the import's first look at a bundle
-// (bundle.CheckNode) and the state machine's staging (release.Machine.Import)
+// (bundlefmt.CheckNode) and the state machine's staging (release.Machine.Import)
 // apply, in the same place: after "is it this very release, already staged?"
 // and "is it newer than the running one?". staged and trying are the node's
 // (nil: none); next is the version to be imported, named in the remedy. It

@@ -38,7 +38,7 @@ const (
 	StorageConf = "/etc/containers/storage.conf"
 
 	// BundleUdevRule starts ImportUnit for every partition of the bundle
-	// partition type (bundle.PartitionType) that appears.
+	// partition type (bundlefmt.PartitionType) that appears.
 	BundleUdevRule = "/etc/udev/rules.d/90-kiln-bundle.rules"
 	// ImportUnit imports the bundle on the partition its instance names
 	// (the kernel's name, e.g. kiln-import@sdb1.service).

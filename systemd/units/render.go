@@ -21,7 +21,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/ignition"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 )
 
 // Defaults for Params' timeouts.
@@ -172,7 +172,7 @@ func Render(p Params) ([]ignition.Unit, []ignition.File, error) {
 		{Path: contract.BundleUdevRule, Mode: 0o644, Contents: []byte(
 			"# Rendered by kiln: an upgrade stick's bundle partition starts its import.\n" +
 				`ACTION=="add", SUBSYSTEM=="block", ENV{DEVTYPE}=="partition", ENV{ID_PART_ENTRY_TYPE}=="` +
-				strings.ToLower(bundle.PartitionType) + `", TAG+="systemd", ENV{SYSTEMD_WANTS}+="` +
+				strings.ToLower(bundlefmt.PartitionType) + `", TAG+="systemd", ENV{SYSTEMD_WANTS}+="` +
 				strings.Replace(contract.ImportUnit, "@", "@%k", 1) + "\"\n")},
 	}
 	// Every start of CRI-O (a crash's restart too) may follow an unclean

@@ -31,7 +31,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/agent/release"
 	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 )
 
 // ErrNoTrust means the node has no key to check a bundle with.
@@ -111,8 +111,8 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 	if err != nil {
 		return nil, err
 	}
-	m, h, keyID, err := bundle.Open(f, keys)
-	if errors.Is(err, bundle.ErrUntrusted) {
+	m, h, keyID, err := bundlefmt.Open(f, keys)
+	if errors.Is(err, bundlefmt.ErrUntrusted) {
 		err = fmt.Errorf("%w; this node trusts %s (%s): use a bundle signed by one of them", err, ids, contract.TrustDir)
 	}
 	if err != nil {
@@ -125,7 +125,7 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 		return nil, err
 	}
 	switch err := m.CheckNode(self.node); {
-	case errors.Is(err, bundle.ErrAlreadyStaged):
+	case errors.Is(err, bundlefmt.ErrAlreadyStaged):
 		fmt.Fprintf(i.log, "%v; nothing was changed\n", err)
 		// A run cut before the staged release's boot entry was written:
 		// the state machine writes it.
@@ -181,7 +181,7 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 	if err != nil {
 		// A part that does not hash as signed proves the bundle wrong (not
 		// a stick that went away): refused, nothing kept.
-		if errors.Is(err, bundle.ErrDamaged) {
+		if errors.Is(err, bundlefmt.ErrDamaged) {
 			undo()
 			return nil, refused(source, err)
 		}
@@ -262,7 +262,7 @@ func (i *importer) path(p string) string { return filepath.Join(i.root, p) }
 
 // self is what the node knows of itself.
 type self struct {
-	node     bundle.Node
+	node     bundlefmt.Node
 	factory  contract.Release
 	current  contract.Release
 	contents *contract.Contents
@@ -307,7 +307,7 @@ func (i *importer) node() (self, error) {
 	case err != nil:
 		return self{}, err
 	}
-	n := bundle.Node{Recipe: c.Recipe, Arch: c.Arch, Current: st.Current.ID()}
+	n := bundlefmt.Node{Recipe: c.Recipe, Arch: c.Arch, Current: st.Current.ID()}
 	if n.Current.LockDigest == "" && st.Current.Version == c.Version {
 		n.Current.LockDigest = c.LockDigest // recorded before releases kept their lock digest
 	}
@@ -337,8 +337,8 @@ func (i *importer) onPartition(d string) bool {
 // blobs release r keeps in the store that neither the store nor incoming
 // holds yet (stored for another release, or left by a pulled stick), by
 // offset, and their bytes.
-func (i *importer) wants(m *bundle.Manifest, r contract.Release, incoming string) ([]part, int64, error) {
-	files := map[string]bundle.File{}
+func (i *importer) wants(m *bundlefmt.Manifest, r contract.Release, incoming string) ([]part, int64, error) {
+	files := map[string]bundlefmt.File{}
 	for _, f := range m.Files {
 		files[f.Path] = f
 	}
@@ -346,14 +346,14 @@ func (i *importer) wants(m *bundle.Manifest, r contract.Release, incoming string
 	for _, b := range m.Blobs {
 		if b.OnStick {
 			_, hx, _ := strings.Cut(b.Digest, ":")
-			sources[b.Digest] = path.Join(bundle.OCIDir, "blobs", "sha256", hx)
+			sources[b.Digest] = path.Join(bundlefmt.OCIDir, "blobs", "sha256", hx)
 		}
 	}
 	for _, f := range m.ReleaseFiles {
-		sources[f.Digest] = path.Join(bundle.ReleaseDir, f.Path)
+		sources[f.Digest] = path.Join(bundlefmt.ReleaseDir, f.Path)
 	}
 	if m.AgentOnStick {
-		sources[m.Agent.Digest] = bundle.AgentBinary
+		sources[m.Agent.Digest] = bundlefmt.AgentBinary
 	}
 	blobDir := filepath.Join(i.path(contract.ReleaseStore), "blobs", "sha256")
 	var wants []part
@@ -369,7 +369,7 @@ func (i *importer) wants(m *bundle.Manifest, r contract.Release, incoming string
 		}
 		f, ok := files[src]
 		if !ok || f.Digest != d {
-			return nil, 0, fmt.Errorf("%w: the manifest lists no file %s holding %s", bundle.ErrDamaged, src, d)
+			return nil, 0, fmt.Errorf("%w: the manifest lists no file %s holding %s", bundlefmt.ErrDamaged, src, d)
 		}
 		wants = append(wants, part{digest: d, offset: f.Offset, size: f.Size})
 		total += f.Size
@@ -468,7 +468,7 @@ func mkdirs(dir string) (undo func(), err error) {
 // contract.TrustDir under the node's root): at least one, or nothing can be
 // imported.
 func trustedKeys(dir string) (keys []ed25519.PublicKey, ids string, err error) {
-	trusted, err := bundle.ReadTrustDir(dir)
+	trusted, err := bundlefmt.ReadTrustDir(dir)
 	if err != nil {
 		return nil, "", err
 	}
@@ -477,7 +477,7 @@ func trustedKeys(dir string) (keys []ed25519.PublicKey, ids string, err error) {
 	}
 	var names []string
 	for _, k := range trusted {
-		pub, err := bundle.ParsePublicKey([]byte(k.PublicKey))
+		pub, err := bundlefmt.ParsePublicKey([]byte(k.PublicKey))
 		if err != nil {
 			return nil, "", fmt.Errorf("trusted key %s: %w", k.KeyID, err)
 		}

@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 )
 
 // incomingDir holds blobs taken from a bundle, each verified against the
@@ -64,7 +64,7 @@ type inbox struct {
 //
 // Only when every part matched are the parts made durable (one syncfs),
 // renamed to their digests and the directory synced. A damaged part
-// (bundle.ErrDamaged) keeps nothing. A read that fails (the stick pulled) or a stop
+// (bundlefmt.ErrDamaged) keeps nothing. A read that fails (the stick pulled) or a stop
 // keeps the parts finished before it, each verified, for the next run.
 func (i *importer) receive(ctx context.Context, src bundleFS, in inbox, wants []part, progress io.Writer) (err error) {
 	dir := in.dir
@@ -214,7 +214,7 @@ func (w *writer) part(ctx context.Context, src bundleFS, dir string, p part, pro
 	ok := alg == "sha256" && got == hx
 	w.jobs <- job{f: f, end: true, size: p.size, verified: ok, name: hx}
 	if !ok {
-		return nil, fmt.Errorf("%w: blob %s reads as sha256:%s (%d bytes at %d of the filesystem)", bundle.ErrDamaged, p.digest, got, p.size, p.offset)
+		return nil, fmt.Errorf("%w: blob %s reads as sha256:%s (%d bytes at %d of the filesystem)", bundlefmt.ErrDamaged, p.digest, got, p.size, p.offset)
 	}
 	return nil, nil
 }

@@ -12,7 +12,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 )
 
 // TestReceive: parts are copied from their ranges of a real file and kept
@@ -128,7 +128,7 @@ func TestReceive(t *testing.T) {
 		bad := slices.Clone(parts)
 		bad[3].digest = digest([]byte("something else"))
 		dir, err := receive(t, source, bad)
-		if !errors.Is(err, bundle.ErrDamaged) {
+		if !errors.Is(err, bundlefmt.ErrDamaged) {
 			t.Fatalf("got %v, want the bundle refused as damaged", err)
 		}
 		if got := stored(t, dir); len(got) > 0 {
@@ -141,7 +141,7 @@ func TestReceive(t *testing.T) {
 			t.Fatal(err)
 		}
 		dir, err := receive(t, short, parts)
-		if err == nil || errors.Is(err, bundle.ErrDamaged) {
+		if err == nil || errors.Is(err, bundlefmt.ErrDamaged) {
 			t.Fatalf("got %v, want a read error", err)
 		}
 		if got, want := stored(t, dir), names(parts[:1]); !slices.Equal(got, want) {

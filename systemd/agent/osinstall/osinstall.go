@@ -34,7 +34,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/agent/slotwrite"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 	"github.com/kiln-appliance/kiln/systemd/contract/slot"
 )
 
@@ -112,16 +112,16 @@ type Plan struct {
 	// OS is the release's OS record: the slot, root hash and the entry
 	// the state machine writes once the release is staged.
 	OS contract.ReleaseOS
-	// Slot says the inactive slot is written; false when the bundle's
+	// WritesSlot says the inactive slot is written; false when the bundle's
 	// /usr is the active one's (same root hash).
-	Slot bool
+	WritesSlot bool
 	// Unchanged: the bundle's OS is the one the node runs, /usr, kernel,
 	// initramfs and command line alike. Nothing is written; the release
 	// keeps the running release's OS record and entry.
 	Unchanged bool
 
 	node           Node
-	m              *bundle.Manifest
+	m              *bundlefmt.Manifest
 	r              io.ReaderAt // the bundle; its filesystem at fsStart
 	fsStart        int64
 	target, active contract.OSSlot
@@ -133,7 +133,7 @@ type Plan struct {
 
 // bootFile is a kernel or initramfs the entry boots, and where it comes from.
 type bootFile struct {
-	bundle.BootFile
+	bundlefmt.BootFile
 	from string // the node's own copy on the ESP; "" when on the stick
 	// there: already in place on the ESP
 	there bool
@@ -142,7 +142,7 @@ type bootFile struct {
 // Prepare checks that the node can take the OS of bundle m (its filesystem
 // at fsStart in r) and decides how: the target slot, the entry, where each
 // boot file comes from. It writes nothing.
-func Prepare(n Node, m *bundle.Manifest, r io.ReaderAt, fsStart int64) (*Plan, error) {
+func Prepare(n Node, m *bundlefmt.Manifest, r io.ReaderAt, fsStart int64) (*Plan, error) {
 	o := m.OS
 	if o == nil {
 		return nil, errors.New("the bundle has no OS section")
@@ -167,8 +167,8 @@ func Prepare(n Node, m *bundle.Manifest, r io.ReaderAt, fsStart int64) (*Plan, e
 		}
 	}
 	p.target = active
-	p.Slot = o.Usr.Verity.RootHash != activeHash
-	if p.Slot {
+	p.WritesSlot = o.Usr.Verity.RootHash != activeHash
+	if p.WritesSlot {
 		p.target = other(n.Slots, active)
 		if err := p.checkFits(); err != nil {
 			return nil, err
@@ -178,7 +178,7 @@ func Prepare(n Node, m *bundle.Manifest, r io.ReaderAt, fsStart int64) (*Plan, e
 	if err != nil {
 		return nil, err
 	}
-	if !p.Slot {
+	if !p.WritesSlot {
 		if p.Unchanged, err = p.sameAsRunning(entry); err != nil || p.Unchanged {
 			return p, err
 		}
@@ -294,15 +294,15 @@ func (p *Plan) sameAsRunning(entry bootentry.Entry) (bool, error) {
 func (p *Plan) findBootFiles() error {
 	e := p.m.OS.Entry
 	esp := p.node.esp()
-	var bound []bootentry.Name // removed before the files are copied
-	if p.Slot {
+	var removed []bootentry.Name // the target slot's entries, removed before the files are copied
+	if p.WritesSlot {
 		var err error
-		if bound, err = p.bound(); err != nil {
+		if removed, err = p.targetEntries(); err != nil {
 			return err
 		}
 	}
 	var need int64
-	for _, f := range append([]bundle.BootFile{e.Kernel}, e.Initrd...) {
+	for _, f := range append([]bundlefmt.BootFile{e.Kernel}, e.Initrd...) {
 		bf := bootFile{BootFile: f}
 		there, err := bootloader.HasBootFile(esp, f.Digest)
 		if err != nil {
@@ -310,7 +310,7 @@ func (p *Plan) findBootFiles() error {
 		}
 		bf.there = there
 		if !there && !f.OnStick {
-			if bf.from, err = bootloader.FindFile(esp, f.Digest, f.Size, bound...); err != nil {
+			if bf.from, err = bootloader.FindFile(esp, f.Digest, f.Size, removed...); err != nil {
 				return err
 			}
 			if bf.from == "" {
@@ -326,9 +326,9 @@ func (p *Plan) findBootFiles() error {
 	if err != nil {
 		return err
 	}
-	if p.Slot {
+	if p.WritesSlot {
 		// What the entries of the slot written take with them.
-		freed, err := p.unbound()
+		freed, err := p.freedOnESP()
 		if err != nil {
 			return err
 		}
@@ -370,7 +370,7 @@ func (p *Plan) Write(ctx context.Context, opts ...Option) error {
 	if p.Unchanged {
 		return nil
 	}
-	if p.Slot {
+	if p.WritesSlot {
 		if err := p.writeSlot(ctx, o); err != nil {
 			return err
 		}
@@ -388,10 +388,10 @@ func (p *Plan) Write(ctx context.Context, opts ...Option) error {
 	return nil
 }
 
-// writeSlot unbinds, writes and seals the target slot.
+// writeSlot removes the entries that boot the target slot, writes the slot and seals it.
 func (p *Plan) writeSlot(ctx context.Context, o options) error {
 	o.step("remove entries")
-	if err := p.unbind(o.log); err != nil {
+	if err := p.removeTargetEntries(o.log); err != nil {
 		return err
 	}
 	u := p.m.OS.Usr
@@ -464,8 +464,8 @@ func (p *Plan) writeSlot(ctx context.Context, o options) error {
 	return nil
 }
 
-// bound are the entries on the ESP that boot the target slot.
-func (p *Plan) bound() ([]bootentry.Name, error) {
+// targetEntries are the entries on the ESP that boot the target slot.
+func (p *Plan) targetEntries() ([]bootentry.Name, error) {
 	esp := p.node.esp()
 	names, err := bootloader.Entries(esp)
 	if err != nil {
@@ -484,11 +484,11 @@ func (p *Plan) bound() ([]bootentry.Name, error) {
 	return out, nil
 }
 
-// unbound is the bytes unbind frees on the ESP: the boot files only the
+// freedOnESP is the bytes removeTargetEntries frees on the ESP: the boot files only the
 // target slot's entries boot.
-func (p *Plan) unbound() (int64, error) {
+func (p *Plan) freedOnESP() (int64, error) {
 	esp := p.node.esp()
-	bound, err := p.bound()
+	removed, err := p.targetEntries()
 	if err != nil {
 		return 0, err
 	}
@@ -496,10 +496,10 @@ func (p *Plan) unbound() (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	files := map[string]bool{} // booted by a bound entry, and by no other
+	files := map[string]bool{} // booted by a removed entry, and by no other
 	for _, pass := range []bool{true, false} {
 		for _, n := range names {
-			if slices.Contains(bound, n) != pass {
+			if slices.Contains(removed, n) != pass {
 				continue
 			}
 			e, err := bootloader.Read(esp, n)
@@ -524,15 +524,15 @@ func (p *Plan) unbound() (int64, error) {
 	return n, nil
 }
 
-// unbind removes every entry on the ESP that boots the target slot: from
+// removeTargetEntries removes every entry on the ESP that boots the target slot: from
 // here on the slot's bytes change, and no entry may boot them until the
 // state machine writes the new release's.
-func (p *Plan) unbind(log io.Writer) error {
-	bound, err := p.bound()
+func (p *Plan) removeTargetEntries(log io.Writer) error {
+	entries, err := p.targetEntries()
 	if err != nil {
 		return err
 	}
-	for _, n := range bound {
+	for _, n := range entries {
 		files, err := bootloader.RemoveWithFiles(p.node.esp(), n.ID)
 		if err != nil {
 			return err
@@ -563,9 +563,9 @@ func (p *Plan) writeMark(w writing) error {
 
 // file is where the OS section's file with digest d is in the bundle.
 func (p *Plan) file(d string) (offset, size int64, err error) {
-	i := slices.IndexFunc(p.m.Files, func(f bundle.File) bool { return f.Path == bundle.OSFile(d) })
+	i := slices.IndexFunc(p.m.Files, func(f bundlefmt.File) bool { return f.Path == bundlefmt.OSFile(d) })
 	if i < 0 {
-		return 0, 0, fmt.Errorf("%w: %s is not a file of the bundle", bundle.ErrDamaged, bundle.OSFile(d))
+		return 0, 0, fmt.Errorf("%w: %s is not a file of the bundle", bundlefmt.ErrDamaged, bundlefmt.OSFile(d))
 	}
 	f := p.m.Files[i]
 	return p.fsStart + f.Offset, f.Size, nil

@@ -9,7 +9,7 @@ import (
 
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 )
 
 const (
@@ -98,17 +98,17 @@ func TestBooted(t *testing.T) {
 // Prepare refuses, before reading the bundle's OS, a node that cannot take
 // it, and says what to do instead.
 func TestPrepareRefuses(t *testing.T) {
-	withOS := func(arch string) *bundle.Manifest {
-		return &bundle.Manifest{Version: "1.1.0", Arch: arch, OS: &bundle.OS{Usr: bundle.UsrSlot{Index: "sha256:" + strings.Repeat("c", 64)}}}
+	withOS := func(arch string) *bundlefmt.Manifest {
+		return &bundlefmt.Manifest{Version: "1.1.0", Arch: arch, OS: &bundlefmt.OS{Usr: bundlefmt.UsrSlot{Index: "sha256:" + strings.Repeat("c", 64)}}}
 	}
 	for _, tc := range []struct {
 		name    string
-		m       *bundle.Manifest
+		m       *bundlefmt.Manifest
 		noSlots bool
 		cmdline string
 		err     string
 	}{
-		{name: "no OS section", m: &bundle.Manifest{Version: "1.1.0", Arch: "amd64"}, err: "the bundle has no OS section"},
+		{name: "no OS section", m: &bundlefmt.Manifest{Version: "1.1.0", Arch: "amd64"}, err: "the bundle has no OS section"},
 		{name: "a node without slots", m: withOS("amd64"), noSlots: true,
 			err: "this node has no OS slots (its factory disk was built on a base without usr slots), and bundle 1.1.0 brings an OS: reflash the node with a disk built on an A/B base"},
 		{name: "another arch", m: withOS("arm64"), err: "the bundle's OS is for arm64; this node's usr slots are amd64 partitions: use a bundle made for amd64"},

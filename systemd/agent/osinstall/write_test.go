@@ -15,14 +15,14 @@ import (
 	"testing"
 
 	"github.com/kiln-appliance/kiln/builder"
-	bundlew "github.com/kiln-appliance/kiln/builder/bundle"
+	"github.com/kiln-appliance/kiln/builder/bundle"
 	pbase "github.com/kiln-appliance/kiln/partitions/base"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/osslots"
 	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/agent/bootloader"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 	"github.com/kiln-appliance/kiln/test/fixtures/layers"
 )
@@ -52,7 +52,7 @@ func makeOSReleases(t *testing.T) *osReleases {
 	rs := &osReleases{dir: dir, kernel: bytes.Repeat([]byte("kernel "), 4096)}
 	shared := make([]byte, 2<<20)
 	rand.New(rand.NewSource(1)).Read(shared)
-	priv, pub, err := bundle.GenerateKey()
+	priv, pub, err := bundlefmt.GenerateKey()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,11 +92,11 @@ trust: [%s]
 			t.Fatal(err)
 		}
 		out := filepath.Join(dir, "upgrade-"+v+".img")
-		o2 := bundlew.Options{Output: out, Key: key, Agent: agent, CacheDir: filepath.Join(dir, "cache")}
+		o2 := bundle.Options{Output: out, Key: key, Agent: agent, CacheDir: filepath.Join(dir, "cache")}
 		if prev != "" {
 			o2.From = []string{prev}
 		}
-		res, err := bundlew.Write(context.Background(), recipe, o2)
+		res, err := bundle.Write(context.Background(), recipe, o2)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,11 +116,13 @@ trust: [%s]
 func (rs *osReleases) node(t *testing.T, usrB int64) Node {
 	t.Helper()
 	root := t.TempDir()
-	l, raw, err := pbase.ReadLayout(rs.base10)
-	if err != nil || !raw {
-		t.Fatalf("the base: %v (raw %v)", err, raw)
+	d, err := pbase.OpenDisk(rs.base10, t.TempDir())
+	if err != nil || !d.Raw {
+		t.Fatalf("the base: %v", err)
 	}
-	slots, entry, err := osslots.ReadBoot(rs.base10, l, raw, t.TempDir())
+	defer d.Close()
+	l := d.Layout
+	slots, entry, err := osslots.ReadBoot(d)
 	if err != nil || slots == nil {
 		t.Fatalf("the base's slots: %v", err)
 	}
@@ -145,7 +147,7 @@ func (rs *osReleases) node(t *testing.T, usrB int64) Node {
 		writeFile(t, filepath.Join(root, ByPartUUID, strings.ToLower(p.GUID)), b)
 	}
 	files := append([]string{entry.Linux}, entry.Initrd...)
-	copies, err := osslots.CopyFromESP(rs.base10, l, raw, t.TempDir(), t.TempDir(), append(files, "/loader/entries/"+entry.ID+".conf"))
+	copies, err := osslots.CopyFromESP(d, t.TempDir(), append(files, "/loader/entries/"+entry.ID+".conf"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,9 +168,9 @@ func writeFile(t *testing.T, p string, b []byte) {
 }
 
 // open reads a bundle's manifest and where its filesystem starts.
-func open(t *testing.T, p string) (*bundle.Manifest, *os.File, int64) {
+func open(t *testing.T, p string) (*bundlefmt.Manifest, *os.File, int64) {
 	t.Helper()
-	rep, err := bundlew.Inspect(p)
+	rep, err := bundle.Inspect(p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,8 +192,8 @@ func TestPrepareWrite(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p.Slot || !p.Unchanged {
-			t.Fatalf("plan: slot %v, unchanged %v; want nothing written", p.Slot, p.Unchanged)
+		if p.WritesSlot || !p.Unchanged {
+			t.Fatalf("plan: slot %v, unchanged %v; want nothing written", p.WritesSlot, p.Unchanged)
 		}
 		before := espFiles(t, n)
 		if err := p.Write(context.Background()); err != nil {
@@ -215,8 +217,8 @@ func TestPrepareWrite(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !p.Slot || p.Unchanged || p.OS.Slot != contract.SlotB || p.OS.RootHash != m.OS.Usr.Verity.RootHash || p.OS.Entry != contract.EntryID("1.1.0") {
-			t.Fatalf("plan: slot %v, unchanged %v, OS %+v", p.Slot, p.Unchanged, p.OS)
+		if !p.WritesSlot || p.Unchanged || p.OS.Slot != contract.SlotB || p.OS.RootHash != m.OS.Usr.Verity.RootHash || p.OS.Entry != contract.EntryID("1.1.0") {
+			t.Fatalf("plan: slot %v, unchanged %v, OS %+v", p.WritesSlot, p.Unchanged, p.OS)
 		}
 		if !strings.Contains(strings.Join(p.OS.Options, " "), "systemd.verity_usr_data=PARTUUID="+n.Slots.Slots[1].Usr.PartUUID) {
 			t.Errorf("the entry does not mount slot b: %v", p.OS.Options)
@@ -249,7 +251,7 @@ func TestPrepareWrite(t *testing.T) {
 		if !bytes.Equal(got[:len(want)], want) {
 			t.Error("slot b does not hold 1.1's slot image")
 		}
-		for _, bf := range append([]bundle.BootFile{m.OS.Entry.Kernel}, m.OS.Entry.Initrd...) {
+		for _, bf := range append([]bundlefmt.BootFile{m.OS.Entry.Kernel}, m.OS.Entry.Initrd...) {
 			if ok, err := bootloader.HasBootFile(n.esp(), bf.Digest); err != nil || !ok {
 				t.Errorf("%s %s is not on the ESP: %v", bf.Name, bf.Digest, err)
 			}

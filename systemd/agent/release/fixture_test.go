@@ -19,7 +19,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 )
 
 // The releases the tests move between. 1.0 is the factory's (its file
@@ -45,12 +45,12 @@ type testRelease struct {
 // testKey is a trusted key named name (deterministic: seeded by the name).
 func testKey(t testing.TB, name string) contract.TrustKey {
 	seed := sha256.Sum256([]byte("kiln test key " + name))
-	pem, err := bundle.EncodePublicKey(ed25519.NewKeyFromSeed(seed[:]).Public().(ed25519.PublicKey))
+	pem, err := bundlefmt.EncodePublicKey(ed25519.NewKeyFromSeed(seed[:]).Public().(ed25519.PublicKey))
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, _ := bundle.ParsePublicKey(pem)
-	k, err := bundle.TrustedKey(pub)
+	pub, _ := bundlefmt.ParsePublicKey(pem)
+	k, err := bundlefmt.TrustedKey(pub)
 	if err != nil {
 		t.Fatal(err)
 	}

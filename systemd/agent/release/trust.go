@@ -14,7 +14,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 	"github.com/kiln-appliance/kiln/systemd/agent/state"
 	"github.com/kiln-appliance/kiln/systemd/contract"
-	"github.com/kiln-appliance/kiln/systemd/contract/bundle"
+	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 )
 
 // Key rotation. The keys the node accepts bundles from are the current
@@ -27,7 +27,7 @@ import (
 // captureTrust records the keys in TrustDir (Ignition wrote them from the
 // recipe's trust) as the factory release's.
 func (m *Machine) captureTrust(r *contract.Release) error {
-	keys, err := bundle.ReadTrustDir(m.path(contract.TrustDir))
+	keys, err := bundlefmt.ReadTrustDir(m.path(contract.TrustDir))
 	if err != nil {
 		return fmt.Errorf("record the factory release's trusted keys: %w", err)
 	}
@@ -38,11 +38,11 @@ func (m *Machine) captureTrust(r *contract.Release) error {
 // checkTrust refuses a trust set the node could not install.
 func checkTrust(keys []contract.TrustKey) error {
 	for _, k := range keys {
-		pub, err := bundle.ParsePublicKey([]byte(k.PublicKey))
+		pub, err := bundlefmt.ParsePublicKey([]byte(k.PublicKey))
 		if err != nil {
 			return fmt.Errorf("trusted key %s: %w", k.KeyID, err)
 		}
-		if id, err := bundle.KeyID(pub); err != nil || id != k.KeyID {
+		if id, err := bundlefmt.KeyID(pub); err != nil || id != k.KeyID {
 			return fmt.Errorf("trusted key %s: its key ID is %s", k.KeyID, id)
 		}
 	}

@@ -1,4 +1,4 @@
-// Package bundle is the format of kiln's field upgrade bundles: what the
+// Package bundlefmt is the format of kiln's field upgrade bundles: what the
 // factory writes (`kiln bundle`) and the node reads (import from a USB stick
 // or a file). It holds the manifest types, the on-stick header, signing and
 // verification (DSSE envelopes, ed25519), and the checks the node makes
@@ -25,7 +25,7 @@
 //	/bin/kiln           the kiln agent the release runs (a delta may leave it out)
 //	/os/sha256/HEX      the OS section's files by digest (schema 3): slot
 //	                    indexes, the pack, kernel and initramfs
-package bundle
+package bundlefmt
 
 import (
 	"github.com/kiln-appliance/kiln/internal/version"
