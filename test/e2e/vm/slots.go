@@ -38,12 +38,12 @@ type waiter struct {
 
 var machines = &slots{free: machineCount(), holders: map[string]bool{}}
 
-// machineCount is $KILN_E2E_MACHINES (the Makefile's E2E_PARALLEL), or 3.
+X
 func machineCount() int {
 	if n, err := strconv.Atoi(os.Getenv("KILN_E2E_MACHINES")); err == nil && n > 0 {
 		return n
 	}
-	return 3
+	return 2
 }
 
 // Schedule makes t a parallel test that runs once one of the machine slots
