@@ -38,7 +38,8 @@ type waiter struct {
 
 var machines = &slots{free: machineCount(), holders: map[string]bool{}}
 
-X
+// machineCount is $KILN_E2E_MACHINES (the Makefile's E2E_PARALLEL), or 2:
+// two guests keep the 2-core machine busy; a third oversubscribes it.
 func machineCount() int {
 	if n, err := strconv.Atoi(os.Getenv("KILN_E2E_MACHINES")); err == nil && n > 0 {
 		return n
