@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,6 +19,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/contract/recovery"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 	"github.com/kiln-appliance/kiln/test/fixtures/layers"
+	"github.com/kiln-appliance/kiln/test/kilnbin"
 	"github.com/kiln-appliance/kiln/test/loopmount"
 )
 
@@ -32,12 +32,8 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	agentBin = filepath.Join(dir, "kiln-agent")
-	_, file, _, _ := runtime.Caller(0)
-	build := exec.Command("go", "build", "-tags", "containers_image_openpgp,exclude_graphdriver_btrfs,nodeonly", "-o", agentBin, "./cmd/kiln")
-	build.Dir = filepath.Join(filepath.Dir(file), "..", "..")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build kiln-agent: %v\n%s", err, out)
+	if err := kilnbin.Build(kilnbin.Node, agentBin); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()

@@ -27,6 +27,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 	"github.com/kiln-appliance/kiln/test/fixtures/images"
+	"github.com/kiln-appliance/kiln/test/kilnbin"
 	"github.com/kiln-appliance/kiln/test/loopmount"
 )
 
@@ -41,18 +42,12 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	kilnBin = filepath.Join(dir, "kiln")
-	build := exec.Command("go", "build", "-tags", "containers_image_openpgp,exclude_graphdriver_btrfs", "-o", kilnBin, ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build kiln: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	// The node's edition, beside kiln, as `make build` leaves it: builds use it.
-	build = exec.Command("go", "build", "-tags", "containers_image_openpgp,exclude_graphdriver_btrfs,nodeonly", "-o", filepath.Join(dir, "kiln-agent"), ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build kiln-agent: %v\n%s", err, out)
-		os.Exit(1)
+	// The node's edition beside kiln, as `make build` leaves it: builds use it.
+	for _, b := range []struct{ tags, path string }{{kilnbin.Factory, kilnBin}, {kilnbin.Node, filepath.Join(dir, "kiln-agent")}} {
+		if err := kilnbin.Build(b.tags, b.path); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)

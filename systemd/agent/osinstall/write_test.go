@@ -8,9 +8,7 @@ import (
 	"io"
 	"math/rand"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -25,6 +23,7 @@ import (
 	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 	"github.com/kiln-appliance/kiln/test/fixtures/basedisk"
 	"github.com/kiln-appliance/kiln/test/fixtures/layers"
+	"github.com/kiln-appliance/kiln/test/kilnbin"
 )
 
 // osReleases are two releases of an appliance on A/B bases whose /usr share
@@ -41,13 +40,9 @@ type osReleases struct {
 func makeOSReleases(t *testing.T) *osReleases {
 	t.Helper()
 	dir := t.TempDir()
-	_, file, _, _ := runtime.Caller(0)
 	agent := filepath.Join(dir, "kiln-agent")
-	build := exec.Command("go", "build", "-tags", "containers_image_openpgp,exclude_graphdriver_btrfs,nodeonly", "-o", agent, "./cmd/kiln")
-	build.Dir = filepath.Join(filepath.Dir(file), "..", "..", "..")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build kiln-agent: %v\n%s", err, out)
+	if err := kilnbin.Build(kilnbin.Node, agent); err != nil {
+		t.Fatal(err)
 	}
 	rs := &osReleases{dir: dir, kernel: bytes.Repeat([]byte("kernel "), 4096)}
 	shared := make([]byte, 2<<20)
