@@ -135,10 +135,10 @@ func TestResolveErrors(t *testing.T) {
 		{"oci not a layout", "oci:" + notLayout + ":1.0", amd64, ErrBadSource, []string{"not an OCI image layout", "skopeo copy"}},
 		{"oci is a file", "oci:" + file, amd64, ErrBadSource, []string{"docker-archive:"}},
 		{"oci tag missing", "oci:" + f.ociDir + ":2.0", amd64, ErrNotFound, []string{`"2.0"`, `"quay.io/kiln/hello:1.0"`, `"quay.io/kiln/hello:multi"`}},
-		{"oci which image", "oci:" + f.ociDir, amd64, ErrBadSource, []string{"holds 4 images", "oci:" + f.ociDir + ":TAG"}},
+		{"oci which image", "oci:" + f.ociDir, amd64, ErrBadSource, []string{"holds 4 images", "e.g. source: oci:" + f.ociDir + ":quay.io/kiln/hello:1.0"}},
 		{"archive missing", "docker-archive:" + filepath.Join(notLayout, "x.tar"), amd64, ErrBadSource, []string{"x.tar"}},
 		{"archive not an archive", "docker-archive:" + file, amd64, ErrBadSource, []string{"docker save"}},
-		{"archive which image", "docker-archive:" + two, amd64, ErrBadSource, []string{"holds 2 images", "quay.io/kiln/a:1", "docker-archive:" + two + ":REF"}},
+		{"archive which image", "docker-archive:" + two, amd64, ErrBadSource, []string{"holds 2 images", "quay.io/kiln/a:1", "e.g. source: docker-archive:" + two + ":quay.io/kiln/a:1"}},
 		{"archive ref missing", "docker-archive:" + f.archive + ":quay.io/kiln/other:1", amd64, ErrNotFound, []string{"kiln/other", "quay.io/kiln/hello:1.0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
