@@ -114,16 +114,17 @@ FUZZ_TARGETS := \
 	./partitions/seal:FuzzDiskReaders:500 \
 	./partitions/squashfs:FuzzRawSquashfs:30000 \
 	./recipes:FuzzLoad:100000 \
-	./systemd/agent/registry:FuzzParseName:100000 \
+	./systemd/contract/regindex:FuzzParseName:100000 \
 	./systemd/agent/registry:FuzzRoute:100000 \
-	./systemd/agent/registry:FuzzValidDigest:100000 \
-	./systemd/contract:FuzzRegistryIndex:300000 \
+	./systemd/contract/regindex:FuzzValidDigest:100000 \
+	./systemd/contract/regindex:FuzzRegistryIndex:300000 \
 	./systemd/contract/bundlefmt:FuzzDecode:20000 \
 	./systemd/contract/slot:FuzzDecode:200000
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; rest=$${t#*:}; fn=$${rest%%:*}; budget=$${rest#*:}x; \
 	  [ -z "$(FUZZTIME)" ] || budget=$(FUZZTIME); \
+	  grep -qs "^func $$fn(" $$pkg/*_test.go || { echo "fuzz: $$pkg has no $$fn (go test would fuzz nothing and pass)"; exit 1; }; \
 	  echo "fuzz $$pkg $$fn ($$budget)"; \
 	  $(GO) test $(GOFLAGS) -run '^$$' -fuzz "^$$fn\$$" -fuzztime $$budget -timeout 10m $$pkg; \
 	done
