@@ -27,20 +27,7 @@ import (
 // agentBin is the node edition of kiln, built once: a release carries it.
 var agentBin string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "kiln-bundle-test-")
-	if err != nil {
-		panic(err)
-	}
-	agentBin = filepath.Join(dir, "kiln-agent")
-	if err := kilnbin.Build(kilnbin.Node, agentBin); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { kilnbin.RunWithAgent(m, &agentBin) }
 
 // releases is one appliance's inputs, generated: a base disk, an OCI layout
 // of random images, two signing keys, and a recipe per release.

@@ -26,20 +26,7 @@ import (
 // agentBin is the node edition of kiln, built once: the stick runs it.
 var agentBin string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "kiln-reflashstick-test-")
-	if err != nil {
-		panic(err)
-	}
-	agentBin = filepath.Join(dir, "kiln-agent")
-	if err := kilnbin.Build(kilnbin.Node, agentBin); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { kilnbin.RunWithAgent(m, &agentBin) }
 
 // appliance is a recipe, generated inputs for it, and the disk kiln built
 // from it.

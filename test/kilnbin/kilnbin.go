@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 
 	"github.com/kiln-appliance/kiln/test/e2e/repo"
 )
@@ -28,4 +29,25 @@ func Build(tags, path string) error {
 		return fmt.Errorf("build kiln (tags %s): %v\n%s", tags, err, out)
 	}
 	return nil
+}
+
+// RunWithAgent is a TestMain for packages whose tests need the node's
+// edition as a program: it builds kiln-agent into a temporary directory,
+// sets *agent to its path, runs the tests, removes the directory and exits
+// with the tests' code.
+func RunWithAgent(m interface{ Run() int }, agent *string) {
+	dir, err := os.MkdirTemp("", "kiln-agent-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	*agent = filepath.Join(dir, "kiln-agent")
+	if err := Build(Node, *agent); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
