@@ -143,6 +143,7 @@ func writeReport(w io.Writer, l *ledger, wall time.Duration) {
 		tt := *t // a copy: the ledger goes on
 		if tt.ended == 0 {
 			tt.ended = wall // still running (or a run that timed out)
+			tt.name += " (running)"
 		}
 		tests = append(tests, &tt)
 		all[name] = &tt

@@ -37,7 +37,7 @@ func TestWriteReport(t *testing.T) {
 	l.tests["TestRunning"] = &testTimes{name: "TestRunning", asked: s, granted: 600 * s}
 	b.Reset()
 	writeReport(&b, l, 710*s)
-	if !strings.Contains(b.String(), "TestRunning  1m50s") {
+	if !strings.Contains(b.String(), "TestRunning (running)  1m50s") {
 		t.Errorf("a running test is not in the table up to now:\n%s", b.String())
 	}
 	if l.tests["TestRunning"].ended != 0 {
