@@ -61,8 +61,11 @@ func TestABUpgrade(t *testing.T) {
 		script: map[string]string{"USR_A": fixture.UsrAPartUUID, "USR_B": fixture.UsrBPartUUID},
 	})
 	tech := &technician{t: t, sticks: set.sticks}
+	// 60 min for eight boots: on a slow day (2026-11-28, three machines at
+	// once) 40 min ended the run at its fifth boot, each boot well inside
+	// its own bounds. A hang is still caught by the boots' own waits first.
 	res := vm.Boot(t, set.disk, append(tech.hands(), vm.WithName("ab-upgrade"), vm.WithReboots(),
-		vm.WithoutFailOn("Kernel panic"), vm.WithTimeout(applianceTimeout(40*time.Minute)))...)
+		vm.WithoutFailOn("Kernel panic"), vm.WithTimeout(applianceTimeout(60*time.Minute)))...)
 	t.Logf("A/B upgrade: %s in one QEMU run", res.Duration.Round(time.Second))
 	for _, step := range []string{"b1-boot PASS", "kiln-e2e: plug 1.1.0", "release 1.1.0 is staged", "b2-boot PASS", "b2-blessed",
 		"kiln-e2e: plug 1.2.0", "release 1.2.0 is staged", fixture.HaltInitLine, "b3-boot PASS", "b3-rolled-back",
@@ -181,7 +184,7 @@ func TestABUpgradeReset(t *testing.T) {
 	tech := &technician{t: t, sticks: set.sticks}
 	resets := 0
 	res := vm.Boot(t, set.disk, append(tech.hands(), vm.WithName("ab-upgrade-reset"), vm.WithReboots(),
-		vm.WithTimeout(applianceTimeout(30*time.Minute)),
+		vm.WithTimeout(applianceTimeout(45*time.Minute)), // took 26 min on 2026-11-28, three machines at once
 		vm.OnConsole(slotWriteBegins, func(m *vm.Monitor, line string) error {
 			if resets > 0 {
 				return nil
