@@ -633,11 +633,15 @@ func defaultCPUs() int {
 	return 2
 }
 
-func defaultLogDir(t testing.TB) string {
+func defaultLogDir(t testing.TB) string { return filepath.Join(LogRoot(), sanitize(t.Name())) }
+
+// LogRoot is where the run's console logs go, a directory per test:
+// $KILN_E2E_LOGS, else test/e2e/.cache/logs in the clone.
+func LogRoot() string {
 	if d := os.Getenv("KILN_E2E_LOGS"); d != "" {
-		return filepath.Join(d, sanitize(t.Name()))
+		return d
 	}
-	return filepath.Join(repo.Root(), "test", "e2e", ".cache", "logs", sanitize(t.Name()))
+	return filepath.Join(repo.Root(), "test", "e2e", ".cache", "logs")
 }
 
 // bootName names a boot in the time table: the subtest (if any) and the
