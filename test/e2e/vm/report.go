@@ -36,7 +36,8 @@ type testTimes struct {
 type bootTime struct {
 	name     string
 	duration time.Duration
-	restarts int // QEMU started the same boot again (a kernel stuck or panicked before init)
+	parts    []time.Duration // with reboots: each boot of the run, from QEMU start to its reset or power-off
+	restarts int             // QEMU started the same boot again (a kernel stuck or panicked before init)
 	failed   bool
 }
 
@@ -165,6 +166,13 @@ func writeReport(w io.Writer, l *ledger, wall time.Duration) {
 		var boots []string
 		for _, b := range tt.boots {
 			s := b.name + " " + round(b.duration)
+			if len(b.parts) > 1 {
+				var ps []string
+				for _, p := range b.parts {
+					ps = append(ps, round(p))
+				}
+				s += " [" + strings.Join(ps, " ") + "]"
+			}
 			if b.restarts > 0 {
 				s += fmt.Sprintf(" (started %d more times)", b.restarts)
 			}

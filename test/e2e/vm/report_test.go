@@ -12,7 +12,7 @@ import (
 func TestWriteReport(t *testing.T) {
 	s := time.Second
 	l := &ledger{tests: map[string]*testTimes{
-		"TestLong":   {name: "TestLong", asked: 1 * s, granted: 3 * s, ended: 600 * s, boots: []bootTime{{name: "first-boot", duration: 200 * s}, {name: "second-boot", duration: 150 * s, restarts: 1}}},
+		"TestLong":   {name: "TestLong", asked: 1 * s, granted: 3 * s, ended: 600 * s, boots: []bootTime{{name: "first-boot", duration: 200 * s}, {name: "second-boot", duration: 150 * s, restarts: 1}, {name: "reboots", duration: 500 * s, parts: []time.Duration{200 * s, 300 * s}}}},
 		"TestShort":  {name: "TestShort", asked: 1 * s, granted: 3 * s, ended: 100 * s},
 		"TestAfter":  {name: "TestAfter", asked: 1 * s, granted: 100 * s, ended: 400 * s, predecessor: "TestShort"},
 		"TestLast":   {name: "TestLast", asked: 1 * s, granted: 400 * s, ended: 700 * s, predecessor: "TestAfter", boots: []bootTime{{name: "x:boot", duration: 290 * s, failed: true}}},
@@ -25,7 +25,7 @@ func TestWriteReport(t *testing.T) {
 	for _, want := range []string{
 		"11m50s wall, 21m34s of machine slots, 4 tests",
 		"TestLast   5m0s       23.2 %  6m39s",
-		"2: first-boot 3m20s, second-boot 2m30s (started 1 more times)",
+		"3: first-boot 3m20s, second-boot 2m30s (started 1 more times), reboots 8m20s [3m20s 5m0s]",
 		"1: x:boot 4m50s (failed)",
 		"critical path: 3s before the first slot, then TestShort 1m37s -> TestAfter 5m0s -> TestLast 5m0s (11m37s)",
 		"3 distinct KILN-E2E check names",

@@ -155,6 +155,7 @@ type Result struct {
 	lines    []string        // console lines, escape sequences removed
 	at       []time.Duration // when each line arrived, from QEMU start
 	restarts int             // the boot started again after an early kernel fault
+	boots    []time.Duration // each boot of the run (WithReboots: one per reset), stuck starts included
 }
 
 // When returns how long after QEMU started the first console line holding
@@ -298,7 +299,7 @@ func Run(t testing.TB, disk string, opts ...Option) (*Result, error) {
 	res, err := run(t, disk, c)
 	if res != nil {
 		record.boot(t.Name(), bootTime{name: bootName(t.Name(), c.name), duration: res.Duration,
-			restarts: res.restarts, failed: err != nil})
+			parts: res.boots, restarts: res.restarts, failed: err != nil})
 		// CI keeps only the end of the output: a failed test ends with what
 		// systemd said went wrong in this run, boot by boot.
 		t.Cleanup(func() {
@@ -396,12 +397,19 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 	var stderr strings.Builder
 	var waitErr error
 	stuckRestarts := 0
+	var boots []time.Duration
+	bootStart := start
 	for starts := 1; ; starts++ {
 		if starts > 1 && !sc.stuck {
 			fmt.Fprintf(logFile, "# the machine reset: qemu-system-x86_64 starts again (%s into the run)\n", time.Since(start).Round(time.Second))
 		}
 		var again bool
 		again, waitErr = c.runQEMU(ctx, cancel, args, qmpPath, mon, hooks, sc, console, &stderr)
+		if !(again && sc.stuck) {
+			// A stuck start belongs to the boot that follows it.
+			boots = append(boots, time.Since(bootStart))
+			bootStart = time.Now()
+		}
 		if again && sc.stuck {
 			// The guest kernel got stuck or panicked before init ran (an
 			// emulator fault, not the appliance's: nothing on the disks has
@@ -419,7 +427,7 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 		}
 	}
 	hookErr := hooks.stop()
-	res := &Result{Console: logPath, Duration: time.Since(start), lines: sc.lines, at: sc.at, restarts: stuckRestarts}
+	res := &Result{Console: logPath, Duration: time.Since(start), lines: sc.lines, at: sc.at, restarts: stuckRestarts, boots: boots}
 
 	tail := func() string {
 		return fmt.Sprintf("last console lines:\n%s\nfull console log: %s",
