@@ -152,8 +152,16 @@ func stubEnd(stub string) (vma, align uint64, err error) {
 	default:
 		return 0, 0, fmt.Errorf("systemd-stub %s has no PE optional header: it is an object file, not an EFI program", stub)
 	}
-	if f.Section(".sdmagic") == nil {
-		return 0, 0, fmt.Errorf("systemd-stub %s is a PE image but not systemd's (no .sdmagic section): give the linuxx64.efi.stub of Debian package %s", stub, stubPackage)
+	// systemd's EFI programs say what they are in .sdmagic, e.g.
+	// "#### LoaderInfo: systemd-stub 252.39-1~deb12u2 ####"; systemd-boot
+	// is a PE image too, with an .osrel of its own.
+	var magic []byte
+	if sec := f.Section(".sdmagic"); sec != nil {
+		magic, _ = sectionBytes(sec)
+	}
+	if !bytes.Contains(magic, []byte("LoaderInfo: systemd-stub ")) {
+		return 0, 0, fmt.Errorf("systemd-stub %s is a PE image but not systemd-stub (.sdmagic %q): give the linuxx64.efi.stub of Debian package %s",
+			stub, bytes.TrimRight(magic, "\x00"), stubPackage)
 	}
 	for _, name := range []string{secOSRel, secCmdline, secLinux, secInitrd} {
 		if f.Section(name) != nil {
@@ -162,10 +170,19 @@ func stubEnd(stub string) (vma, align uint64, err error) {
 	}
 	end := sizeOfImage
 	for _, s := range f.Sections {
-		end = max(end, uint64(s.VirtualAddress)+uint64(max(s.VirtualSize, s.Size)))
+		end = max(end, uint64(s.VirtualAddress)+uint64(memSize(s)))
 	}
 	align = max(uint64(sectionAlign), minAlign)
 	return imageBase + roundUp(end, align), align, nil
+}
+
+// memSize is how much of the image a section takes in memory: its virtual
+// size, or (when that is 0, as some linkers leave it) its size in the file.
+func memSize(s *pe.Section) uint32 {
+	if s.VirtualSize != 0 {
+		return s.VirtualSize
+	}
+	return s.Size
 }
 
 func roundUp(n, align uint64) uint64 { return (n + align - 1) / align * align }
@@ -223,6 +240,9 @@ func Sign(ctx context.Context, in, out, key, cert string) error {
 		if bytes.Contains(o, []byte("key values mismatch")) || bytes.Contains(o, []byte("private key does not match certificate")) {
 			return fmt.Errorf("sign %s: key %s does not match certificate %s: give the key the certificate was made for (kiln key secureboot writes db.key beside db.crt)", in, key, cert)
 		}
+		if notPE(o) {
+			return fmt.Errorf("sign %s: it is not an EFI program (no PE header)", in)
+		}
 		return hosttools.RunError("sbsign "+in, err, quiet(o))
 	}
 	if err := os.Chmod(signed, 0o644); err != nil {
@@ -252,6 +272,8 @@ func Verify(ctx context.Context, file, cert string) error {
 	switch {
 	case err == nil:
 		return nil
+	case notPE(o):
+		return fmt.Errorf("%s: %w: it is not an EFI program (no PE header)", file, ErrUnsigned)
 	case bytes.Contains(o, []byte("No signature table present")):
 		return fmt.Errorf("%s: %w: Secure Boot firmware refuses to boot it; sign it with the db key", file, ErrUnsigned)
 	case bytes.Contains(o, []byte("Signature verification failed")):
@@ -259,6 +281,9 @@ func Verify(ctx context.Context, file, cert string) error {
 	}
 	return hosttools.RunError(fmt.Sprintf("sbverify --cert %s %s", cert, file), err, quiet(o))
 }
+
+// notPE tells sbsigntool's complaint about a file that is not PE at all.
+func notPE(out []byte) bool { return bytes.Contains(out, []byte("Invalid DOS header magic")) }
 
 // quiet drops the warning sbsigntool prints for the symbol table Debian's
 // stub carries after its sections ("gaps between PE/COFF sections?"):
