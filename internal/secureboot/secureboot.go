@@ -89,7 +89,9 @@ func Generate(ctx context.Context, dir string) error {
 	}
 	dir = filepath.Clean(dir)
 	tmp, err := os.MkdirTemp(filepath.Dir(dir), "."+filepath.Base(dir)+".tmp-")
-	if err != nil {
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%s: directory %s does not exist: make it first", dir, filepath.Dir(dir))
+	} else if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp) // a no-op once renamed

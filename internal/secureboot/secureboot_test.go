@@ -250,17 +250,19 @@ func TestGenerateLeavesNothing(t *testing.T) {
 	for _, tt := range []struct {
 		name     string
 		ctx      context.Context
-		existing bool // dir is there, empty
+		existing bool   // dir is there, empty
+		sub      string // between the test's directory and sb
 		path     string
 		want     string
 	}{
 		{name: "dir exists", ctx: context.Background(), existing: true, want: "exists: kiln never overwrites keys"},
+		{name: "parent missing", ctx: context.Background(), sub: "nosuch/", want: "nosuch does not exist: make it first"},
 		{name: "efitools missing", ctx: context.Background(), path: t.TempDir(), want: "apt-get install efitools"},
 		{name: "canceled mid-way", ctx: canceled, want: "cert-to-efi-sig-list PK.crt"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			parent := t.TempDir()
-			dir := filepath.Join(parent, "sb")
+			dir := filepath.Join(parent, tt.sub, "sb")
 			if tt.existing {
 				if err := os.Mkdir(dir, 0o755); err != nil {
 					t.Fatal(err)
