@@ -20,9 +20,12 @@ COMMIT    ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS   := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(COMMIT)
 
 # Debian packages the build and the tests need (qemu-system-x86: the e2e
-# harness's own tests drive a stopped QEMU through its monitor).
+# harness's own tests drive a stopped QEMU through its monitor; binutils,
+# sbsigntool, efitools and systemd-boot-efi: Secure Boot keys and signed
+# unified kernel images, systemd-boot-efi for systemd-stub and systemd-boot).
 APT_PKGS := gdisk squashfs-tools e2fsprogs dosfstools mtools fdisk skopeo podman \
-            ignition zstd xz-utils util-linux openssl cryptsetup-bin systemd qemu-system-x86
+            ignition zstd xz-utils util-linux openssl cryptsetup-bin systemd qemu-system-x86 \
+            binutils sbsigntool efitools systemd-boot-efi
 # gcc + libc6-dev: the e2e fixture builds CRI-O's pinns helper (static C).
 APT_E2E  := ovmf debootstrap gcc libc6-dev make
 # The reference registry the benchmarks measure kiln serve against.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kiln-appliance/kiln/internal/secureboot"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
 )
 
@@ -18,9 +19,10 @@ func init() { subcommands = append(subcommands, newKeyCommand) }
 
 func newKeyCommand() *cobra.Command {
 	key := &cobra.Command{
-		Use:     "key",
-		Short:   "Manage the keys that sign upgrade bundles",
-		Example: `  kiln key generate factory   # factory.key signs bundles; factory.pub goes in the recipe's trust`,
+		Use:   "key",
+		Short: "Manage the keys that sign upgrade bundles and Secure Boot's boot files",
+		Example: `  kiln key generate factory   # factory.key signs bundles; factory.pub goes in the recipe's trust
+  kiln key secureboot secureboot   # PK, KEK and db: the Secure Boot keys`,
 	}
 	key.AddCommand(&cobra.Command{
 		Use:   "generate NAME",
@@ -60,7 +62,39 @@ appliance that trusts it.`,
 			return nil
 		},
 	})
+	key.AddCommand(newSecureBootKeyCommand())
 	return key
+}
+
+func newSecureBootKeyCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "secureboot DIR",
+		Short: "Write new Secure Boot keys (PK, KEK, db) into a new directory DIR",
+		Long: `Secureboot makes the keys of a Secure Boot chain of trust in a new directory DIR (never over an
+existing one): for each of PK, KEK and db an RSA 2048 private key X.key (mode 0600) and its
+self-signed certificate X.crt, named after DIR, and X.auth, the signed EFI signature list that
+systemd-boot enrols from loader/keys/ on a machine in setup mode (PK.auth and KEK.auth signed by PK,
+db.auth by KEK). The *.key files stay at the factory; db.crt checks what db.key signs (the boot
+loader and unified kernel images). These keys are not the bundle-signing key of kiln key generate.
+See docs/security.md.`,
+		Example: `  kiln key secureboot secureboot   # secureboot/{PK,KEK,db}.{key,crt,auth}`,
+		Args:    exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			dir := args[0]
+			if base := filepath.Base(dir); dir == "" || !keyFileName.MatchString(base) {
+				return usageError{fmt.Errorf("directory %q: give a new directory such as secureboot (or keys/secureboot): its name, letters, digits, '.', '_' and '-' starting with a letter or digit, names the certificates", dir)}
+			}
+			if err := secureboot.Generate(cmd.Context(), dir); err != nil {
+				return fmt.Errorf("key secureboot: %w", err)
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "wrote %s: %s\n", dir, strings.Join(secureboot.Files(), " "))
+			fmt.Fprintf(out, "the *.key files are private: keep them at the factory, never on an appliance or in version control\n")
+			fmt.Fprintf(out, "%s verifies what %s signs; the *.auth files are what systemd-boot enrols from loader/keys/\n",
+				secureboot.Cert(dir, secureboot.DB), secureboot.Key(dir, secureboot.DB))
+			return nil
+		},
+	}
 }
 
 // keyFileName is what the last element of a key's NAME may be: a plain

@@ -21,7 +21,7 @@ type Tool struct {
 }
 
 // The factory's host tools, one row each: what `kiln build`, `bundle`,
-// `reflash-stick`, `inspect` and `verify` may run. The README lists the
+// `reflash-stick`, `inspect`, `verify` and `key secureboot` may run. The README lists the
 // same rows (a test checks), and the Makefile's APT_PKGS installs them.
 // Everything else (partition tables, the squashfs writer and readers,
 // dm-verity, signing, fetching) is Go inside kiln.
@@ -31,6 +31,11 @@ var Tools = []Tool{
 	{Name: "xz", Package: "xz-utils", Use: "decompresses a base downloaded as .xz"},
 	{Name: "mcopy", Package: "mtools", Use: "reads the boot loader entries and kernels of a base with A/B OS slots"},
 	{Name: "systemd-analyze", Package: "systemd", Use: "checks a recipe's upgrade.rebootWindow"},
+	{Name: "objcopy", Package: "binutils", Use: "assembles unified kernel images from systemd-stub (Debian package systemd-boot-efi), a kernel, an initramfs and a command line"},
+	{Name: "sbsign", Package: "sbsigntool", Use: "signs unified kernel images and systemd-boot with the Secure Boot db key"},
+	{Name: "sbverify", Package: "sbsigntool", Use: "checks the signatures of unified kernel images and systemd-boot against a db certificate"},
+	{Name: "cert-to-efi-sig-list", Package: "efitools", Use: "turns the Secure Boot certificates into EFI signature lists (kiln key secureboot)"},
+	{Name: "sign-efi-sig-list", Package: "efitools", Use: "signs those lists into the .auth files systemd-boot enrols (kiln key secureboot)"},
 }
 
 // Lookup returns the row of the named tool.
