@@ -120,7 +120,7 @@ func Verify(ctx context.Context, disk string, o VerifyOptions, p progress.Report
 		return nil, err
 	}
 	// What upgrades rewrote, by what the node wrote (seal.Verify leaves it).
-	checked, unchecked, err := osslots.CheckBooted(ctx, disk, rep.Layout, sealed.Rewritten)
+	checked, unchecked, err := osslots.CheckBooted(ctx, disk, rep.Layout, rep.OSSlots, sealed.Rewritten)
 	var booted *osslots.BootedError
 	if errors.As(err, &booted) {
 		return nil, fmt.Errorf("%s failed verification; the disk is damaged or was modified: rebuild or reflash it:\n  %w", disk, err)
