@@ -373,12 +373,16 @@ func RecordBoot(d *base.Disk) (*contract.BootRecord, error) {
 			}
 		}
 	}
-	digests, err := espDigests(d, paths)
-	if err != nil {
-		return nil, err
-	}
-	for i, p := range paths {
-		rec.Files[p] = digests[i]
+	for _, p := range paths {
+		dg, err := espDigests(d, []string{p})
+		var missing notOnESPError
+		if errors.As(err, &missing) {
+			continue // the base's to boot; nothing of it to record
+		}
+		if err != nil {
+			return nil, err
+		}
+		rec.Files[p] = dg[0]
 	}
 	return rec, rec.Check()
 }
