@@ -211,6 +211,13 @@ func (b *build) readOSSlots(context.Context) error {
 	if err := osslots.CheckArch(s, r.Arch); err != nil {
 		return r.Errorf("base.path", "base image %s: %v", path, err)
 	}
+	if s != nil {
+		// The disk keeps the base's ESP as it is: what the factory wrote
+		// there, `kiln verify --booted` holds it to.
+		if s.Boot, err = osslots.RecordBoot(d); err != nil {
+			return r.Errorf("base.path", "base image %s: %v", path, err)
+		}
+	}
 	b.osSlots = s
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/partitions/base"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
@@ -120,7 +121,7 @@ func Verify(ctx context.Context, disk string, o VerifyOptions, p progress.Report
 		return nil, err
 	}
 	// What upgrades rewrote, by what the node wrote (seal.Verify leaves it).
-	checked, unchecked, err := osslots.CheckBooted(ctx, disk, rep.Layout, sealed.Rewritten)
+	checked, unchecked, err := osslots.CheckBooted(ctx, disk, rep.Layout, rep.OSSlots, sealed.Rewritten)
 	var booted *osslots.BootedError
 	if errors.As(err, &booted) {
 		return nil, fmt.Errorf("%s failed verification; the disk is damaged or was modified: rebuild or reflash it:\n  %w", disk, err)
@@ -162,7 +163,7 @@ func Verify(ctx context.Context, disk string, o VerifyOptions, p progress.Report
 			return err
 		}
 		if d.Type().IsRegular() && !listed[p] {
-			problems = append(problems, fmt.Errorf("%s: not listed in %s", p, contract.ContentsFile))
+			problems = append(problems, fmt.Errorf("%s: not listed in %s", human.Quote(p), contract.ContentsFile))
 		}
 		return nil
 	})
@@ -185,19 +186,19 @@ func Verify(ctx context.Context, disk string, o VerifyOptions, p progress.Report
 func VerifyFile(fsys fs.FS, f contract.File, listedIn string, w io.Writer) error {
 	r, err := fsys.Open(path.Clean(f.Path))
 	if err != nil {
-		return fmt.Errorf("%s: missing: %w", f.Path, err)
+		return fmt.Errorf("%s: missing: %w", human.Quote(f.Path), err)
 	}
 	defer r.Close()
 	h := sha256.New()
 	n, err := io.Copy(io.MultiWriter(h, w), r)
 	if err != nil {
-		return fmt.Errorf("%s: unreadable: %w", f.Path, err)
+		return fmt.Errorf("%s: unreadable: %w", human.Quote(f.Path), err)
 	}
 	if n != f.Size {
-		return fmt.Errorf("%s: size %d, %s says %d", f.Path, n, listedIn, f.Size)
+		return fmt.Errorf("%s: size %d, %s says %d", human.Quote(f.Path), n, listedIn, f.Size)
 	}
 	if got := digest.NewDigest(digest.SHA256, h).String(); got != f.Digest {
-		return fmt.Errorf("%s: digest %s, %s says %s", f.Path, got, listedIn, f.Digest)
+		return fmt.Errorf("%s: digest %s, %s says %s", human.Quote(f.Path), got, listedIn, human.Quote(f.Digest))
 	}
 	return nil
 }

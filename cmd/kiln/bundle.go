@@ -100,17 +100,17 @@ func printBundle(w io.Writer, rep *bundle.Report, format string) error {
 		return enc.Encode(rep)
 	}
 	m := rep.Manifest
-	fmt.Fprintf(w, "Bundle %s: %s %s (%s), %s bundle, %s, %s\n", rep.Path, m.Recipe, m.Version, m.Arch, m.Kind, formatName(rep.Format), human.Bytes(rep.Size))
+	fmt.Fprintf(w, "Bundle %s: %s %s (%s), %s bundle, %s, %s\n", rep.Path, human.Quote(m.Recipe), human.Quote(m.Version), human.Quote(m.Arch), human.Quote(m.Kind), formatName(rep.Format), human.Bytes(rep.Size))
 	if m.Kind == bundlefmt.KindFull {
 		fmt.Fprintln(w, "Applies to: any earlier release")
 	} else {
 		for _, r := range m.AppliesTo {
-			fmt.Fprintf(w, "Applies to: %s (lock %s)\n", r.Version, short(r.LockDigest))
+			fmt.Fprintf(w, "Applies to: %s (lock %s)\n", human.Quote(r.Version), human.Quote(short(r.LockDigest)))
 		}
 	}
 	signed := rep.Verified
 	if signed == "" {
-		signed = fmt.Sprint(rep.SignedBy) + " (claimed; kiln verify --key checks it)"
+		signed = human.Quote(fmt.Sprint(rep.SignedBy)) + " (claimed; kiln verify --key checks it)"
 	}
 	fmt.Fprintf(w, "Signed by: %s\n", signed)
 	if m.Kiln != (version.Info{}) {
@@ -136,7 +136,7 @@ func printBundle(w io.Writer, rep *bundle.Report, format string) error {
 				n++
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d of %d\n", img.Name, short(img.Digest), human.Bytes(img.Size), yesNo(img.Served), yesNo(img.Preloaded), n, len(img.Blobs)+1)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d of %d\n", human.Quote(img.Name), human.Quote(short(img.Digest)), human.Bytes(img.Size), yesNo(img.Served), yesNo(img.Preloaded), n, len(img.Blobs)+1)
 	}
 	tw.Flush()
 	printRelease(w, m.ReleaseFiles, m.Trust, "after this release")
@@ -153,7 +153,7 @@ func printRelease(w io.Writer, files []contract.ReleaseFile, trust []contract.Tr
 			if f.Digest == "" {
 				size = "fetched by Ignition"
 			}
-			fmt.Fprintf(w, "  %s (%04o, %s)\n", f.Path, f.Mode, size)
+			fmt.Fprintf(w, "  %s (%04o, %s)\n", human.Quote(f.Path), f.Mode, size)
 		}
 	}
 	if len(trust) == 0 {
@@ -162,7 +162,7 @@ func printRelease(w io.Writer, files []contract.ReleaseFile, trust []contract.Tr
 	}
 	fmt.Fprintf(w, "\nTrusted keys %s:\n", when)
 	for _, k := range trust {
-		fmt.Fprintf(w, "  %s\n", k.KeyID)
+		fmt.Fprintf(w, "  %s\n", human.Quote(k.KeyID))
 	}
 }
 
@@ -210,9 +210,9 @@ func bootLine(e bundlefmt.BootEntry) string {
 		if !f.OnStick {
 			where = "the node's own"
 		}
-		return fmt.Sprintf("%s %s %s (%s)", what, f.Name, human.Bytes(f.Size), where)
+		return fmt.Sprintf("%s %s %s (%s)", what, human.Quote(f.Name), human.Bytes(f.Size), where)
 	}
-	s := fmt.Sprintf("Boot entry: version %s, %s", e.Version, file("kernel", e.Kernel))
+	s := fmt.Sprintf("Boot entry: version %s, %s", human.Quote(e.Version), file("kernel", e.Kernel))
 	for _, f := range e.Initrd {
 		s += ", " + file("initramfs", f)
 	}

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -347,7 +348,7 @@ func TestBuildABBase(t *testing.T) {
 	}
 	// The node reads the same from the partition, as the kernel mounts it.
 	c, err := contract.Read(mountImagePartition(t, disk))
-	if err != nil || c.OSSlots == nil || *c.OSSlots != *s {
+	if err != nil || c.OSSlots == nil || !reflect.DeepEqual(c.OSSlots, s) || s.Boot == nil || len(s.Boot.Entries) != 1 {
 		t.Errorf("kiln.json on the partition: %+v, %v", c, err)
 	}
 }

@@ -215,11 +215,11 @@ func osSlotsLine(rep *builder.Report) string {
 	for i, sl := range s.Slots {
 		switch {
 		case sl.Name == s.Active:
-			says[i] = fmt.Sprintf("%s (active, entry %s, root hash %s…)", sl.Usr.Name, s.Entry, s.RootHash[:12])
+			says[i] = fmt.Sprintf("%s (active, entry %s, root hash %s…)", human.Quote(sl.Usr.Name), human.Quote(s.Entry), human.Quote(s.RootHash[:min(12, len(s.RootHash))]))
 		case slotFilesystem(rep, sl) == "":
 			says[i] = sl.Usr.Name + " (empty)"
 		default:
-			says[i] = fmt.Sprintf("%s (inactive, %s)", sl.Usr.Name, slotFilesystem(rep, sl))
+			says[i] = fmt.Sprintf("%s (inactive, %s)", human.Quote(sl.Usr.Name), slotFilesystem(rep, sl))
 		}
 	}
 	a, b := s.Slots[0].Usr.Size, s.Slots[1].Usr.Size
@@ -246,7 +246,7 @@ func printReport(w io.Writer, rep *builder.Report) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "#\tNAME\tSTART\tSIZE\tFS\tLABEL\tPARTITION GUID")
 	for _, p := range l.Partitions {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Number, p.Name, human.Bytes(p.Offset), human.Bytes(p.Size), p.Filesystem, p.Label, p.GUID)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Number, human.Quote(p.Name), human.Bytes(p.Offset), human.Bytes(p.Size), human.Quote(p.Filesystem), human.Quote(p.Label), p.GUID)
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\n%s\n", osSlotsLine(rep))
@@ -255,7 +255,7 @@ func printReport(w io.Writer, rep *builder.Report) {
 		fmt.Fprintln(w, "\nNo kiln image partition.")
 		return
 	}
-	fmt.Fprintf(w, "\nAppliance %s %s (%s), lock %s\n", c.Recipe, c.Version, c.Arch, short(c.LockDigest))
+	fmt.Fprintf(w, "\nAppliance %s %s (%s), lock %s\n", human.Quote(c.Recipe), human.Quote(c.Version), human.Quote(c.Arch), human.Quote(short(c.LockDigest)))
 	if c.Kiln != (version.Info{}) {
 		fmt.Fprintf(w, "Built by %s\n", c.Kiln)
 	}
@@ -271,7 +271,7 @@ func printReport(w io.Writer, rep *builder.Report) {
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "IMAGE\tDIGEST\tSIZE\tSERVED\tPRELOADED")
 	for _, img := range c.Images {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", img.Name, short(img.Digest), human.Bytes(img.Size), yesNo(img.Served), yesNo(img.Preloaded))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", human.Quote(img.Name), human.Quote(short(img.Digest)), human.Bytes(img.Size), yesNo(img.Served), yesNo(img.Preloaded))
 	}
 	tw.Flush()
 	printRelease(w, rep.ReleaseFiles, rep.Trust, "(its nodes accept upgrade bundles signed with these)")

@@ -89,7 +89,7 @@ func printReflashStick(w io.Writer, rep *reflashstick.Report, format string) err
 	fmt.Fprintf(w, "Reflash stick %s: %s, disk GUID %s\n", rep.Path, human.Bytes(rep.Layout.Size), rep.Layout.GUID)
 	d := rep.Disk
 	if c := d.Contents; c != nil {
-		fmt.Fprintf(w, "Carries: appliance %s %s (%s), lock %s, %d image(s)\n", c.Recipe, c.Version, c.Arch, short(c.LockDigest), len(c.Images))
+		fmt.Fprintf(w, "Carries: appliance %s %s (%s), lock %s, %d image(s)\n", human.Quote(c.Recipe), human.Quote(c.Version), human.Quote(c.Arch), human.Quote(short(c.LockDigest)), len(c.Images))
 		if c.Kiln != (version.Info{}) {
 			fmt.Fprintf(w, "  built by %s\n", c.Kiln)
 		}
@@ -119,7 +119,7 @@ func printReflashStick(w io.Writer, rep *reflashstick.Report, format string) err
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "IMAGE\tDIGEST\tSIZE\tSERVED\tPRELOADED")
 		for _, img := range c.Images {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", img.Name, short(img.Digest), human.Bytes(img.Size), yesNo(img.Served), yesNo(img.Preloaded))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", human.Quote(img.Name), human.Quote(short(img.Digest)), human.Bytes(img.Size), yesNo(img.Served), yesNo(img.Preloaded))
 		}
 		tw.Flush()
 	}

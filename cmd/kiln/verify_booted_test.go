@@ -105,6 +105,31 @@ func (d *upgradedDisk) espPut(t *testing.T, p string, b []byte) {
 	}
 }
 
+// espEdit replaces old with new in the file at path p of the disk's ESP.
+func (d *upgradedDisk) espEdit(t *testing.T, p, old, new string) {
+	t.Helper()
+	esp, _ := d.layout.Find("EFI-SYSTEM")
+	cmd := exec.Command("mtype", "-i", fmt.Sprintf("%s@@%d", d.path, esp.Offset), "::"+p)
+	cmd.Env = append(os.Environ(), "MTOOLS_SKIP_CHECK=1")
+	b, err := cmd.Output()
+	if err != nil || !strings.Contains(string(b), old) {
+		t.Fatalf("%s: %v: %q", cmd, err, b)
+	}
+	d.espPut(t, p, []byte(strings.Replace(string(b), old, new, 1)))
+}
+
+// espRename renames the file at path p of the disk's ESP to q, as
+// systemd-boot does when it counts a try.
+func (d *upgradedDisk) espRename(t *testing.T, p, q string) {
+	t.Helper()
+	esp, _ := d.layout.Find("EFI-SYSTEM")
+	cmd := exec.Command("mren", "-i", fmt.Sprintf("%s@@%d", d.path, esp.Offset), "::"+p, "::"+q)
+	cmd.Env = append(os.Environ(), "MTOOLS_SKIP_CHECK=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", cmd, err, out)
+	}
+}
+
 // espDel removes the file at path p of the disk's ESP (mtools).
 func (d *upgradedDisk) espDel(t *testing.T, p string) {
 	t.Helper()
@@ -168,7 +193,10 @@ func TestVerifyBootedSlots(t *testing.T) {
 	}{
 		{name: "upgraded", booted: true, want: []string{
 			"ok           partition 6 (usr-b) and 7 (usr-b-verity): every block through dm-verity (root hash @H11@, as entry kiln-1.1.0 (version 1.1.0) boots it)",
-			"ok           partition 2 (EFI-SYSTEM): boot loader entries kiln-1.0, kiln-1.1.0, and the 2 kernel and initramfs files they name under /kiln/sha256, each against the sha256 it is named by",
+			"ok           partition 2 (EFI-SYSTEM): boot loader entries kiln-1.0.conf, byte for byte as the factory wrote them (kiln.json)",
+			"ok           partition 2 (EFI-SYSTEM): the 2 kernel and initramfs files the entries name under /kiln/sha256, each against the sha256 it is named by",
+			"ok           partition 2 (EFI-SYSTEM): the factory's kernel and initramfs /kiln/1.0/initrd.img, /kiln/1.0/vmlinuz, byte for byte as kiln.json records them",
+			"not checked  partition 2 (EFI-SYSTEM): the kernel command line of boot loader entries kiln-1.1.0.conf: the node wrote them from a signed bundle",
 			"ok           partition 4 (usr-a)",
 			"not checked  partition 2 (EFI-SYSTEM): its other files",
 			": OK, except what is not checked above",
@@ -193,6 +221,18 @@ func TestVerifyBootedSlots(t *testing.T) {
 			first := strings.Fields(string(out))[0]
 			d.espPut(t, strings.TrimPrefix(first, "::"), []byte("not the kernel"))
 		}, want: []string{"partition 2 (EFI-SYSTEM): /kiln/sha256/", "holds bytes whose sha256 is"}},
+		{name: "factory-entry-edited", booted: true, code: 1, damage: func(t *testing.T, d *upgradedDisk) {
+			d.espEdit(t, "/"+bootentry.Dir+"/kiln-1.0.conf", "mount.usrflags=ro", "mount.usrflags=rw")
+		}, want: []string{"partition 2 (EFI-SYSTEM): /loader/entries/kiln-1.0.conf: its bytes (sha256:", "are not the ones the factory wrote for entry kiln-1.0"}},
+		{name: "factory-entry-to-other-slot", booted: true, code: 1, damage: func(t *testing.T, d *upgradedDisk) {
+			d.espEdit(t, "/"+bootentry.Dir+"/kiln-1.0.conf", strings.ToLower(basedisk.UsrAGUID), strings.ToLower(basedisk.UsrBGUID))
+		}, want: []string{"/loader/entries/kiln-1.0.conf: boots /usr from PARTUUID " + strings.ToLower(basedisk.UsrBGUID)}},
+		{name: "factory-entry-counted", booted: true, damage: func(t *testing.T, d *upgradedDisk) {
+			d.espRename(t, "/"+bootentry.Dir+"/kiln-1.0.conf", "/"+bootentry.Dir+"/kiln-1.0+2-1.conf")
+		}, want: []string{"ok           partition 2 (EFI-SYSTEM): boot loader entries kiln-1.0+2-1.conf, byte for byte"}},
+		{name: "factory-kernel-edited", booted: true, code: 1, damage: func(t *testing.T, d *upgradedDisk) {
+			d.espPut(t, "/kiln/1.0/vmlinuz", []byte("not the factory's kernel"))
+		}, want: []string{"partition 2 (EFI-SYSTEM): /kiln/1.0/vmlinuz holds bytes whose digest is"}},
 		{name: "slot-written-not-booted", booted: true, damage: func(t *testing.T, d *upgradedDisk) {
 			d.espDel(t, "/"+bootentry.Dir+"/kiln-1.1.0.conf")
 		}, want: []string{

@@ -10,3 +10,22 @@ func TestBytes(t *testing.T) {
 		}
 	}
 }
+
+func TestQuote(t *testing.T) {
+	t.Parallel()
+	for s, want := range map[string]string{
+		"":                               "",
+		"kiln-1.1.0.conf":                "kiln-1.1.0.conf",
+		"acme 1.1 (ütf-8, quoted \"x\")": "acme 1.1 (ütf-8, quoted \"x\")",
+		"1.0\x1b[2J\x1b]0;pwned\x07":     `"1.0\x1b[2J\x1b]0;pwned\a"`,
+		"a\nok  forged line":             `"a\nok  forged line"`,
+		"nul\x00":                        `"nul\x00"`,
+		"tab\there":                      `"tab\there"`,
+		"\u202eevil":                     `"\u202eevil"`,
+		"bad\xffutf8":                    `"bad\xffutf8"`,
+	} {
+		if got := Quote(s); got != want {
+			t.Errorf("Quote(%q) = %s, want %s", s, got, want)
+		}
+	}
+}

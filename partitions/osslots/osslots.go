@@ -284,13 +284,18 @@ func CopyFromESP(d *base.Disk, dst string, paths []string) ([]string, error) {
 			if errors.Is(err, exec.ErrNotFound) {
 				return nil, hosttools.RunError("read the base's ESP", err, nil)
 			}
-			return nil, fmt.Errorf("the base's boot loader entry names %s, which its ESP (partition %d %q) does not hold: mcopy: %s",
-				p, esp.Number, esp.Name, strings.TrimSpace(string(b)))
+			return nil, notOnESPError{fmt.Errorf("the base's boot loader entry names %s, which its ESP (partition %d %q) does not hold: mcopy: %s",
+				p, esp.Number, esp.Name, strings.TrimSpace(string(b)))}
 		}
 		out = append(out, local)
 	}
 	return out, nil
 }
+
+// notOnESPError: CopyFromESP found no file at a path.
+type notOnESPError struct{ error }
+
+func (e notOnESPError) Unwrap() error { return e.error }
 
 // espImage is what mtools reads the ESP from: the disk file at the ESP's
 // offset ("@@offset") when raw, else the disk's copy of it.

@@ -3,6 +3,7 @@ package contract
 import (
 	"fmt"
 	"regexp"
+	"strings"
 
 	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
@@ -44,6 +45,41 @@ type OSSlots struct {
 	// RootHash is the active slot's dm-verity root hash, as its entry
 	// names it (usrhash=): hex sha256.
 	RootHash string `json:"rootHash"`
+	// Boot is what the factory put on the ESP for the boot loader (absent
+	// on disks built before kiln recorded it).
+	Boot *BootRecord `json:"boot,omitempty"`
+}
+
+// BootRecord is the sha256 ("sha256:HEX") of every boot loader entry on the
+// factory's ESP, by entry ID (bootentry.Entry.ID: the boot loader renames
+// the file as it counts tries, never changes its bytes), and of every
+// kernel and initramfs those entries name, by ESP path ("/flatcar/vmlinuz-a").
+// `kiln verify --booted` holds the ESP to it byte for byte.
+type BootRecord struct {
+	Entries map[string]string `json:"entries"`
+	Files   map[string]string `json:"files"`
+}
+
+// Check says whether every ID can name an entry, every path is absolute
+// and every digest is a sha256.
+func (r *BootRecord) Check() error {
+	for id, d := range r.Entries {
+		if err := bootentry.CheckID(id); err != nil {
+			return fmt.Errorf("boot record: %w", err)
+		}
+		if !sha256Digest.MatchString(d) {
+			return fmt.Errorf("boot record: entry %s: digest %q is not sha256:HEX", id, d)
+		}
+	}
+	for p, d := range r.Files {
+		if !strings.HasPrefix(p, "/") {
+			return fmt.Errorf("boot record: file %q is not an absolute ESP path", p)
+		}
+		if !sha256Digest.MatchString(d) {
+			return fmt.Errorf("boot record: file %s: digest %q is not sha256:HEX", p, d)
+		}
+	}
+	return nil
 }
 
 // OSSlot is one slot's partitions.
@@ -63,6 +99,8 @@ type SlotPartition struct {
 var (
 	lowerUUID = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 	rootHash  = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	// sha256Digest is a digest as kiln writes them ("sha256:HEX").
+	sha256Digest = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 )
 
 // ActiveSlot is the slot the factory's release boots.
@@ -116,6 +154,9 @@ func (s *OSSlots) Check() error {
 	}
 	if !rootHash.MatchString(s.RootHash) {
 		return fmt.Errorf("OS slots: root hash %q is not 64 lower-case hex digits (sha256)", s.RootHash)
+	}
+	if s.Boot != nil {
+		return s.Boot.Check()
 	}
 	return nil
 }
