@@ -55,7 +55,7 @@ func parseCert(data []byte) (*x509.Certificate, error) {
 // UKI's signed command line: usrhash= must be the root hash of the slot it
 // mounts, proved by dm-verity over every block of the slot, and
 // kiln.images.roothash= the image partition's, imageRootHash ("": not
-// known, not compared). On a booted disk (booted), a first-boot UKI the
+// proved, compared with the image partition's GUID, derived from it). On a booted disk (booted), a first-boot UKI the
 // node removed is reported as not checked, and systemd-boot is checked by
 // its signature only (bootctl update may replace it).
 func CheckSecureBoot(ctx context.Context, disk string, l *gpt.Layout, c *contract.Contents, imageRootHash string, booted bool) (checked, unchecked []string, err error) {
@@ -158,6 +158,15 @@ func checkUKIRootHashes(ctx context.Context, disk string, l *gpt.Layout, secs uk
 		return fmt.Errorf("its signed command line has no %s=: the image partition's root hash is not signed", contract.ImagesRootHashParam)
 	case imageRootHash != "" && img != imageRootHash:
 		return fmt.Errorf("its signed command line names image partition root hash %s, the disk's image partition has %s", img, imageRootHash)
+	case imageRootHash == "":
+		// Not proved here (the seal failed): the image partition's GUID
+		// is its root hash's first 128 bits, enough to name a UKI that
+		// boots another image partition.
+		if p, found := l.Find(contract.PartitionName); found {
+			if guid, err := (&verity.Verity{RootHash: img}).PartitionGUID(); err != nil || !strings.EqualFold(guid, p.GUID) {
+				return fmt.Errorf("its signed command line names image partition root hash %s, not that of the disk's image partition (GUID %s)", img, p.GUID)
+			}
+		}
 	}
 	usr, ok, err := bootentry.ParseUsrVerity(strings.Fields(secs.Cmdline))
 	if err != nil {

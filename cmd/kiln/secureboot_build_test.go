@@ -250,6 +250,22 @@ func TestBuildSecureBoot(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
+		{"a unified kernel image signed with the factory's db for another image partition", "EFI/Linux/kiln-1.0.efi", "names image partition root hash 00000000", func(t *testing.T, fs esp.FS, local string) {
+			s, err := uki.Read(local)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kernel := filepath.Join(t.TempDir(), "vmlinuz")
+			os.WriteFile(kernel, osOf("1.0").Kernel, 0o644)
+			in := uki.Inputs{Kernel: kernel, OSRelease: s.OSRelease,
+				Cmdline: strings.Replace(s.Cmdline, imageRoot, strings.Repeat("0", 64), 1)}
+			if err := uki.Build(context.Background(), local, in); err != nil {
+				t.Fatal(err)
+			}
+			if err := uki.Sign(context.Background(), local, local, dbKey, dbCert); err != nil {
+				t.Fatal(err)
+			}
+		}},
 		{"systemd-boot swapped for an unsigned one", "EFI/BOOT/BOOTX64.EFI", "not signed", func(t *testing.T, fs esp.FS, local string) {
 			b, _ := os.ReadFile(uki.SystemdBoot)
 			os.WriteFile(local, b, 0o644)
