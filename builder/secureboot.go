@@ -99,6 +99,11 @@ func (b *build) prepareSecureBoot(ctx context.Context) error {
 	if err := hosttools.Check(SecureBootTools...); err != nil {
 		return err
 	}
+	// systemd-stub is a file, not a program: checked now too, not once
+	// the images are fetched.
+	if info, err := uki.LoaderInfo(uki.Stub); err != nil || !strings.HasPrefix(info, "systemd-stub ") {
+		return fmt.Errorf("systemd-stub %s, which every unified kernel image starts with, is missing or not systemd-stub: install it as root with: apt-get install systemd-boot-efi", uki.Stub)
+	}
 	if !r.ImagePartition.VerityOn() {
 		return r.Errorf("secureBoot", "a Secure Boot disk needs imagePartition.verity: the signed kernel command line carries the image partition's dm-verity root hash")
 	}
