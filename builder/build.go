@@ -41,6 +41,11 @@ type Options struct {
 	Progress        progress.Reporter
 	Log             io.Writer // human-readable steps; io.Discard when nil
 	Fetch           []fetch.Option
+
+	// SecureBootKey is the db private key (kiln key secureboot's db.key)
+	// that signs a Secure Boot disk's boot files (the recipe's secureBoot);
+	// given at build time, never named in the recipe.
+	SecureBootKey string
 }
 
 // Result describes what a build wrote.
@@ -71,6 +76,8 @@ type build struct {
 	contents *contract.Contents
 	ignition []byte
 	layout   *gpt.Layout
+
+	secureBoot *secureBoot // what a Secure Boot build signs, nil without
 }
 
 // Build runs the whole pipeline for the recipe at recipePath. On any error,
@@ -92,6 +99,8 @@ func Build(ctx context.Context, recipePath string, o Options) (*Result, error) {
 		b.createOutput, // first: an unwritable output fails now, not after an hour of fetching
 		b.sweepLeftovers,
 		b.readOSSlots, // before any fetch: a base without a boot partition, or that cannot be upgraded slot by slot, fails now
+		// Before any fetch too: a wrong key, a base without slots or systemd-boot.
+		b.prepareSecureBoot,
 		b.lockImages,
 		b.fetchImages,
 		b.stagePartition,
@@ -231,6 +240,9 @@ func (b *build) commit(ctx context.Context) error { return b.out.Commit(ctx) }
 func (b *build) cleanup() {
 	if b.work != "" {
 		os.RemoveAll(b.work)
+	}
+	if b.secureBoot != nil {
+		os.RemoveAll(b.secureBoot.dir)
 	}
 	b.out.Discard()
 }

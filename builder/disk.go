@@ -87,13 +87,17 @@ func (b *build) assembleDisk(ctx context.Context) error {
 	}
 	kept := &verity.KeptTrees{Dir: filepath.Join(b.cache.Dir(), "verity"), StageDir: b.work}
 	defer kept.Discard() // unless committed below
-	b.layout, err = partitions.Assemble(ctx, b.out.File, d,
+	opts := []partitions.Option{}
+	if b.secureBoot != nil {
+		opts = append(opts, partitions.WithESP(b.writeSecureBoot))
+	}
+	b.layout, err = partitions.Assemble(ctx, b.out.File, d, append(opts,
 		partitions.WithIgnition(b.ignitionFor),
 		partitions.WithFileHashes(b.inPlacePaths(), "check blobs read in place", b.checkInPlace),
 		partitions.WithKeptTrees(kept, b.servedBlobs()),
 		// Temporary files in the work directory: a killed build's go with it.
 		partitions.WithTempDir(b.work),
-		partitions.WithProgress(b.o.Progress))
+		partitions.WithProgress(b.o.Progress))...)
 	if err != nil {
 		return b.sizeError(err)
 	}

@@ -111,6 +111,7 @@ func Verify(ctx context.Context, disk string, o VerifyOptions, p progress.Report
 	sealed, err := seal.Verify(ctx, disk, o)
 	var damaged *seal.VerifyError
 	if errors.As(err, &damaged) {
+		err = nameSecureBootFile(ctx, disk, o.Booted, err)
 		return nil, fmt.Errorf("%s failed verification; the disk is damaged or was modified: rebuild or reflash it:\n  %w", disk, err)
 	}
 	if err != nil { // not a disk at all, unreadable, interrupted
@@ -130,6 +131,21 @@ func Verify(ctx context.Context, disk string, o VerifyOptions, p progress.Report
 		return nil, err
 	}
 	sealed.Checked, sealed.Unchecked = append(sealed.Checked, checked...), append(sealed.Unchecked, unchecked...)
+	if rep.Contents != nil && rep.Contents.SecureBoot != nil {
+		var rootHash string
+		if v := sealed.Seal.Image.Verity; v != nil {
+			rootHash = v.RootHash
+		}
+		checked, unchecked, err := CheckSecureBoot(ctx, disk, rep.Layout, rep.Contents, rootHash, o.Booted)
+		var sbe *SecureBootError
+		if errors.As(err, &sbe) {
+			return nil, fmt.Errorf("%s failed verification; the disk is damaged or was modified: rebuild or reflash it:\n  %w", disk, err)
+		}
+		if err != nil {
+			return nil, err
+		}
+		sealed.Checked, sealed.Unchecked = append(sealed.Checked, checked...), append(sealed.Unchecked, unchecked...)
+	}
 	rep.Verified = sealed
 	if rep.Contents == nil {
 		return rep, fmt.Errorf("%s has no %s partition: nothing to verify", disk, contract.PartitionName)

@@ -109,6 +109,9 @@ func (b *build) describe() (*contract.Contents, error) {
 		},
 		OSSlots: b.osSlots,
 	}
+	if b.secureBoot != nil {
+		c.SecureBoot = b.secureBoot.record
+	}
 	hosts := map[string]bool{}
 	for _, fi := range b.images {
 		if fi.recipe.Served() {

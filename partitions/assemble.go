@@ -105,6 +105,7 @@ type options struct {
 	known              map[string]squashfs.FileDigest
 	tempDir            string
 	progress           progress.Reporter
+	esp                func(ctx context.Context, disk string, l *gpt.Layout, id ImageIdentity) error
 }
 
 // WithIgnition renders the config written to ignition/config.ign in the
@@ -113,6 +114,15 @@ type options struct {
 // (and what the base has stays).
 func WithIgnition(render func(ImageIdentity) ([]byte, error)) Option {
 	return func(o *options) { o.ignition = render }
+}
+
+// WithESP runs write once the image partition's identity is known and the
+// new partition table and the Ignition config are written, before the seal
+// records every byte: write changes the disk's EFI system partition in
+// place (disk is the output file, l its layout), e.g. the signed unified
+// kernel images that carry the image partition's root hash.
+func WithESP(write func(ctx context.Context, disk string, l *gpt.Layout, id ImageIdentity) error) Option {
+	return func(o *options) { o.esp = write }
 }
 
 // WithPartition names the added partition in the GPT (default
@@ -175,6 +185,7 @@ func Assemble(ctx context.Context, out *os.File, d Disk, opts ...Option) (*gpt.L
 		a.hashAndCopy,
 		a.writeTable,
 		a.writeIgnition,
+		a.writeESP,
 		a.seal,
 		a.waitChecks,
 	} {
@@ -456,6 +467,14 @@ func (a *assembly) writeIgnition(context.Context) error {
 		return err
 	}
 	return bootconfig.Write(a.out.Name(), boot.Offset, config, a.d.SourceDateEpoch, a.o.tempDir)
+}
+
+// writeESP runs the caller's WithESP, if any.
+func (a *assembly) writeESP(ctx context.Context) error {
+	if a.o.esp == nil {
+		return nil
+	}
+	return a.o.esp(ctx, a.out.Name(), a.written, a.id)
 }
 
 // seal writes the seal, last: it records every byte written so far, and

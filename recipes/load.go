@@ -190,6 +190,13 @@ func (r *Recipe) validate(d *document) {
 	r.validateRelease(v)
 	r.validateUpgrade(v)
 	r.validateReflash(v)
+	if r.SecureBoot != nil || v.d.has("secureBoot") {
+		sb := r.SecureBoot
+		if sb == nil {
+			sb = &SecureBoot{}
+		}
+		v.required("secureBoot.keys", sb.Keys, "give the directory `kiln key secureboot DIR` wrote (its db.crt and .auth files), e.g. \"keys: secureboot\" under secureBoot:")
+	}
 }
 
 // minSector is the smallest sector a disk has: a disk size must be a
@@ -505,12 +512,19 @@ type File struct {
 	Dir   bool   // an OCI layout directory; else a regular file
 }
 
+// SecureBootFiles are the files of secureBoot.keys a build reads: the db
+// certificate the boot files are signed for and the signed lists
+// systemd-boot enrols, as `kiln key secureboot` names them; never a
+// private key.
+var SecureBootFiles = []string{"db.crt", "PK.auth", "KEK.auth", "db.auth"}
+
 // keyFile is what a trusted key is called in messages (File.What).
 const keyFile = "public key file"
 
 // Files lists the files the recipe names, in recipe order: the base image,
-// the Ignition fragments, the trusted keys, the release files and the
-// directories and archives of oci: and docker-archive: sources.
+// the Ignition fragments, the trusted keys, the release files, the Secure
+// Boot files and the directories and archives of oci: and docker-archive:
+// sources.
 func (r *Recipe) Files() []File {
 	var files []File
 	add := func(field, p, what string, dir bool) {
@@ -527,6 +541,11 @@ func (r *Recipe) Files() []File {
 	}
 	for i, f := range r.Release.Files {
 		add(fmt.Sprintf("release.files[%d].source", i), f.Source, "release file", false)
+	}
+	if sb := r.SecureBoot; sb != nil && sb.Keys != "" {
+		for _, name := range SecureBootFiles {
+			add("secureBoot.keys", filepath.Join(sb.Keys, name), "Secure Boot file", false)
+		}
 	}
 	for i, img := range r.Images {
 		src, err := ParseSource(img.EffectiveSource()) // Load has checked it

@@ -212,6 +212,10 @@ func TestLoadErrors(t *testing.T) {
 		{"reflash size not a size", head + oneImage + "reflash: {target: {minSize: lots}}\n", `r.yaml:7:29: reflash.target.minSize: size "lots" is not a size; write "auto" or a whole number with a unit such as "8GiB"`},
 		{"reflash size auto", head + oneImage + "reflash: {target: {maxSize: auto}}\n", `r.yaml:7:29: reflash.target.maxSize: a disk size bound cannot be auto; give a size such as 100GiB, or remove it`},
 		{"reflash max below min", head + oneImage + "reflash: {target: {minSize: 100GiB, maxSize: 10GiB}}\n", `r.yaml:7:46: reflash.target.maxSize: 10GiB is smaller than minSize 100GiB: no disk can match`},
+		{"secureBoot without keys", head + oneImage + "secureBoot: {}\n", `r.yaml:7:13: secureBoot.keys: required field is missing; give the directory ` + "`kiln key secureboot DIR`" + ` wrote (its db.crt and .auth files), e.g. "keys: secureboot" under secureBoot:`},
+		{"secureBoot empty", head + oneImage + "secureBoot:\n", `r.yaml:7:12: secureBoot.keys: required field is missing; give the directory ` + "`kiln key secureboot DIR`" + ` wrote (its db.crt and .auth files), e.g. "keys: secureboot" under secureBoot:`},
+		{"secureBoot unknown field", head + oneImage + "secureBoot: {db: db.crt}\n", "r.yaml:7:13: secureBoot.keys: required field is missing; give the directory `kiln key secureboot DIR` wrote (its db.crt and .auth files), e.g. \"keys: secureboot\" under secureBoot:\n" +
+			"r.yaml:7:14: secureBoot.db: unknown field; valid fields here are keys"},
 		{"reflash unattended not a bool", head + oneImage + "reflash: {unattended: sure}\n", `r.yaml:7:23: reflash.unattended: expected true or false, got "sure"`},
 		{"health unit", head + oneImage + "upgrade: {health: {units: [app]}}\n", `r.yaml:7:28: upgrade.health.units[0]: "app" is not a systemd unit name; write it with its type, e.g. app.service`},
 		{"health command relative", head + oneImage + "upgrade: {health: {command: [curl, -f]}}\n", `r.yaml:7:30: upgrade.health.command[0]: "curl": give the program's absolute path, e.g. /usr/bin/curl (the command runs without a shell)`},
@@ -282,6 +286,7 @@ func TestLoadAccepts(t *testing.T) {
 		"CRLF":             strings.ReplaceAll(head+oneImage, "\n", "\r\n"),
 		"version number":   head + oneImage + "version: 1.10\n",
 		"reboot window":    head + oneImage + "upgrade: {reboot: window, rebootWindow: 'Mon..Fri 02:30'}\n",
+		"secure boot":      head + oneImage + "secureBoot: {keys: secureboot}\n",
 	} {
 		r, err := Parse("r.yaml", []byte(y))
 		if err != nil {

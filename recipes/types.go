@@ -33,6 +33,10 @@ type Recipe struct {
 	Upgrade Upgrade     `yaml:"upgrade"`
 	Reflash Reflash     `yaml:"reflash"`
 
+	// SecureBoot, when set, makes the disk Secure Boot-ready: signed
+	// unified kernel images and systemd-boot, and the keys to enrol.
+	SecureBoot *SecureBoot `yaml:"secureBoot,omitempty"`
+
 	// Path is the file the recipe was read from; Dir is its directory,
 	// against which relative paths in the recipe are resolved. Not YAML.
 	Path string `yaml:"-"`
@@ -41,6 +45,15 @@ type Recipe struct {
 	// pos remembers where each field was written (by field path, e.g.
 	// "images[0].source"), so later checks such as CheckFiles can point at it.
 	pos map[string]position
+}
+
+// SecureBoot names the public half of a factory's Secure Boot keys, the
+// directory `kiln key secureboot DIR` wrote: its db certificate (db.crt)
+// and the signed lists systemd-boot enrols (PK.auth, KEK.auth, db.auth).
+// The db private key is never named here: `kiln build --secure-boot-key`
+// takes it, so a recipe can be shared without it.
+type SecureBoot struct {
+	Keys string `yaml:"keys"` // the directory, relative to the recipe
 }
 
 // Base is the CoreOS-like raw disk image the appliance is built on.

@@ -45,7 +45,8 @@ func newBuildCommand() *cobra.Command {
 		Use:   "build RECIPE -o DISK",
 		Short: "Build an appliance disk image from a recipe",
 		Example: `  kiln build appliance.yaml -o disk.raw
-  kiln build appliance.yaml -o disk.raw --refresh-lock   # re-resolve the tags first`,
+  kiln build appliance.yaml -o disk.raw --refresh-lock   # re-resolve the tags first
+  kiln build appliance.yaml -o disk.raw --secure-boot-key secureboot/db.key   # a recipe with secureBoot`,
 		Long: `Build resolves the recipe's images (using RECIPE's lock file when it is fresh, writing one when
 there is none), fetches and verifies them into the blob cache, stages the image partition and writes
 the disk image. The output appears only when the build succeeded; an existing file is replaced then,
@@ -73,6 +74,7 @@ and left untouched by a failed or interrupted build.`,
 	cmd.Flags().StringVar(&o.CacheDir, "cache", "", "blob cache directory (default $XDG_CACHE_HOME/kiln)")
 	cmd.Flags().BoolVar(&o.RefreshLock, "refresh-lock", false, "re-resolve the recipe's tags and rewrite its lock file")
 	cmd.Flags().StringVar(&o.Agent, "agent", "", "the node's kiln binary (kiln-agent, built with -tags nodeonly) for the recipe's arch (default: kiln-agent beside this binary, when the arches match)")
+	cmd.Flags().StringVar(&o.SecureBootKey, "secure-boot-key", "", "the Secure Boot db private key (db.key from kiln key secureboot) that signs the boot files, for a recipe with secureBoot")
 	cmd.MarkFlagRequired("output")
 	fetch.register(cmd)
 	return cmd

@@ -250,6 +250,7 @@ func printReport(w io.Writer, rep *builder.Report) {
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\n%s\n", osSlotsLine(rep))
+	fmt.Fprintln(w, builder.SecureBootLine(rep))
 	c := rep.Contents
 	if c == nil {
 		fmt.Fprintln(w, "\nNo kiln image partition.")

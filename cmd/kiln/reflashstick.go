@@ -42,8 +42,8 @@ any error. See docs/technician.md.`,
 			if o.Output == "" {
 				return usageError{fmt.Errorf("-o STICK is needed (usage: %s)", usageLine(cmd))}
 			}
-			if o.Disk != "" && (o.Build.CacheDir != "" || o.Build.RefreshLock || fetch.insecure) {
-				return usageError{fmt.Errorf("--cache, --refresh-lock and --insecure-registries apply only when reflash-stick builds the disk: drop them, or drop --disk DISK")}
+			if o.Disk != "" && (o.Build.CacheDir != "" || o.Build.RefreshLock || fetch.insecure || o.Build.SecureBootKey != "") {
+				return usageError{fmt.Errorf("--cache, --refresh-lock, --insecure-registries and --secure-boot-key apply only when reflash-stick builds the disk: drop them, or drop --disk DISK")}
 			}
 			if err := needTools(cmd, diskTools); err != nil {
 				return err
@@ -74,6 +74,7 @@ any error. See docs/technician.md.`,
 	cmd.Flags().StringVar(&o.Disk, "disk", "", "the appliance disk built from RECIPE (kiln build -o); default: build it now, as kiln build does")
 	cmd.Flags().StringVar(&o.Build.CacheDir, "cache", "", "blob cache directory, when building the disk (default $XDG_CACHE_HOME/kiln)")
 	cmd.Flags().BoolVar(&o.Build.RefreshLock, "refresh-lock", false, "re-resolve the recipe's tags and rewrite its lock file, when building the disk")
+	cmd.Flags().StringVar(&o.Build.SecureBootKey, "secure-boot-key", "", "the Secure Boot db private key, when building the disk of a recipe with secureBoot (as kiln build --secure-boot-key)")
 	cmd.Flags().BoolVar(&o.Unattended, "unattended", false, "write without asking on the console (default: the recipe's reflash.unattended)")
 	cmd.Flags().StringVar(&o.Agent, "agent", "", "the node's kiln binary (kiln-agent, built with -tags nodeonly) for the recipe's arch (default: kiln-agent beside this binary, when the arches match)")
 	fetch.register(cmd)

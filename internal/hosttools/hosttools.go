@@ -36,6 +36,9 @@ var Tools = []Tool{
 	{Name: "sbverify", Package: "sbsigntool", Use: "checks the signatures of unified kernel images and systemd-boot against a db certificate"},
 	{Name: "cert-to-efi-sig-list", Package: "efitools", Use: "turns the Secure Boot certificates into EFI signature lists (kiln key secureboot)"},
 	{Name: "sign-efi-sig-list", Package: "efitools", Use: "signs those lists into the .auth files systemd-boot enrols (kiln key secureboot)"},
+	{Name: "mmd", Package: "mtools", Use: "makes directories on a Secure Boot disk's ESP (EFI/Linux, loader/keys)"},
+	{Name: "mdir", Package: "mtools", Use: "lists the directories of a Secure Boot disk's ESP"},
+	{Name: "mdel", Package: "mtools", Use: "removes the boot loader entries the signed unified kernel images replace"},
 }
 
 // Lookup returns the row of the named tool.

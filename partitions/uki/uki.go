@@ -354,3 +354,25 @@ func (s Sections) Param(name string) (string, bool) {
 	}
 	return val, found
 }
+
+// LoaderInfo returns what a systemd EFI program says it is in its .sdmagic
+// section, e.g. "systemd-boot 252.39-1~deb12u2" or "systemd-stub 252…";
+// "" for a PE image without one (not systemd's).
+func LoaderInfo(file string) (string, error) {
+	f, err := pe.Open(file)
+	if err != nil {
+		return "", fmt.Errorf("%s is not an EFI program: %w", file, err)
+	}
+	defer f.Close()
+	sec := f.Section(".sdmagic")
+	if sec == nil {
+		return "", nil
+	}
+	b, err := sectionBytes(sec)
+	if err != nil {
+		return "", fmt.Errorf("%s: section .sdmagic: %w", file, err)
+	}
+	s := strings.TrimRight(string(b), "\x00")
+	s = strings.TrimSpace(strings.Trim(strings.TrimSpace(s), "#"))
+	return strings.TrimPrefix(s, "LoaderInfo: "), nil
+}

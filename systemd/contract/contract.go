@@ -75,6 +75,9 @@ type Contents struct {
 	// OSSlots is the OS's A/B slots, when the base has them (absent, not
 	// null, when it has none: such a disk's kiln.json is as before).
 	OSSlots *OSSlots `json:"osSlots,omitempty"`
+	// SecureBoot is what the build signed on the ESP, when the recipe
+	// made the disk Secure Boot-ready (absent otherwise).
+	SecureBoot *SecureBoot `json:"secureBoot,omitempty"`
 }
 
 // Image is one container image on the partition.

@@ -1,0 +1,451 @@
+package builder
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kiln-appliance/kiln/internal/filedigest"
+	"github.com/kiln-appliance/kiln/internal/hosttools"
+	"github.com/kiln-appliance/kiln/internal/secureboot"
+	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/base"
+	"github.com/kiln-appliance/kiln/partitions/esp"
+	"github.com/kiln-appliance/kiln/partitions/gpt"
+	"github.com/kiln-appliance/kiln/partitions/osslots"
+	"github.com/kiln-appliance/kiln/partitions/uki"
+	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
+)
+
+// SecureBootTools are the host tools a Secure Boot build runs, besides
+// the build's own.
+var SecureBootTools = append(append([]string{}, uki.Tools...), "mcopy", "mdir", "mmd", "mdel")
+
+// Where systemd-boot is on an ESP: its own place, and the removable-media
+// fallback the firmware boots when no boot entry names a loader.
+var systemdBootPaths = []string{"EFI/systemd/systemd-bootx64.efi", "EFI/BOOT/BOOTX64.EFI"}
+
+// Paths on the ESP a Secure Boot build writes.
+const (
+	ukiDir     = "EFI/Linux" // type #2 entries: systemd-boot lists every .efi here
+	keysDir    = "loader/keys"
+	loaderConf = "loader/loader.conf"
+)
+
+// firstBootParam marks the one-shot first-boot entry: Ignition runs when
+// the kernel command line has it.
+const firstBootParam = "ignition.firstboot"
+
+// enrollSetting makes systemd-boot enrol loader/keys/NAME on a machine in
+// setup mode without asking. systemd-boot 252 (Debian 12) reads off,
+// manual and force; if-safe came in 253.
+const enrollSetting = "secure-boot-enroll force"
+
+// enrollSince is the first systemd-boot with secure-boot-enroll.
+const enrollSince = 252
+
+// secureBoot is a Secure Boot build: what prepareSecureBoot read, checked
+// and signed before the long steps, for writeSecureBoot to put on the ESP
+// once the image partition's root hash is known.
+type secureBoot struct {
+	dir        string // temporary: the base's kernels, the signed loaders, the .auth copies, the UKIs
+	cert, key  string // the db certificate and private key
+	entries    []ukiEntry
+	loaders    []signedLoader
+	auths      map[string]string // name (PK, KEK, db) → local copy
+	loaderConf []byte            // loader.conf as it is to be
+	remove     []string          // ESP files the UKIs replace: their entries, kernels and initramfs images
+	record     *contract.SecureBoot
+}
+
+// ukiEntry is a boot loader entry of the base and the UKI that replaces it.
+type ukiEntry struct {
+	entry   *bootentry.Entry
+	kernel  string   // local copy
+	initrds []string // local copies
+	uki     contract.UKI
+}
+
+type signedLoader struct{ path, signed string }
+
+// prepareSecureBoot checks what a Secure Boot build needs before any long
+// work (the tools, the key against the recipe's db certificate, a base
+// with OS slots and systemd-boot) and signs systemd-boot; the UKIs wait
+// for the image partition's root hash (writeSecureBoot).
+func (b *build) prepareSecureBoot(ctx context.Context) error {
+	r := b.Recipe
+	if r.SecureBoot == nil {
+		if b.o.SecureBootKey != "" {
+			return fmt.Errorf("--secure-boot-key %s: recipe %s has no secureBoot section, so nothing is signed: add one naming the keys' directory, or drop --secure-boot-key", b.o.SecureBootKey, r.Path)
+		}
+		return nil
+	}
+	keys := r.Resolve(r.SecureBoot.Keys)
+	if b.o.SecureBootKey == "" {
+		return r.Errorf("secureBoot.keys", "the recipe makes a Secure Boot disk: give the db private key with --secure-boot-key %s (the recipe names only the public files)", secureboot.Key(keys, secureboot.DB))
+	}
+	if err := hosttools.Check(SecureBootTools...); err != nil {
+		return err
+	}
+	// systemd-stub is a file, not a program: checked now too, not once
+	// the images are fetched.
+	if info, err := uki.LoaderInfo(uki.Stub); err != nil || !strings.HasPrefix(info, "systemd-stub ") {
+		return fmt.Errorf("systemd-stub %s, which every unified kernel image starts with, is missing or not systemd-stub: install it as root with: apt-get install systemd-boot-efi", uki.Stub)
+	}
+	if !r.ImagePartition.VerityOn() {
+		return r.Errorf("secureBoot", "a Secure Boot disk needs imagePartition.verity: the signed kernel command line carries the image partition's dm-verity root hash")
+	}
+	cert := secureboot.Cert(keys, secureboot.DB)
+	if err := checkDBKey(cert, b.o.SecureBootKey, time.Now()); err != nil {
+		return r.Errorf("secureBoot.keys", "%v", err)
+	}
+	basePath := r.Resolve(r.Base.Path)
+	if b.osSlots == nil {
+		return r.Errorf("secureBoot", "base image %s has no A/B OS slots (usr and usr-verity partitions): a Secure Boot disk boots signed unified kernel images of a release in a slot; build from a base with slots, or remove secureBoot", basePath)
+	}
+	dir, err := os.MkdirTemp("", "kiln-secureboot-")
+	if err != nil {
+		return err
+	}
+	sb := &secureBoot{dir: dir, cert: cert, key: b.o.SecureBootKey, auths: map[string]string{}}
+	b.secureBoot = sb
+	d, err := base.OpenDisk(basePath, dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	fs, err := espOf(d)
+	if err != nil {
+		return r.Errorf("secureBoot", "base image %s: %v", basePath, err)
+	}
+	refuse := func(err error) error { return r.Errorf("secureBoot", "base image %s: %v", basePath, err) }
+	if err := sb.readEntries(fs, b.osSlots); err != nil {
+		return refuse(err)
+	}
+	if err := sb.signLoaders(ctx, fs); err != nil {
+		return refuse(err)
+	}
+	conf, err := fs.Read(loaderConf, dir)
+	if err != nil && !errors.Is(err, esp.ErrNotExist) {
+		return refuse(err)
+	}
+	var ids []string
+	for _, e := range sb.entries {
+		ids = append(ids, e.entry.ID)
+	}
+	sb.loaderConf = secureBootLoaderConf(conf, ids)
+	for _, name := range secureboot.Names {
+		local := filepath.Join(dir, name+".auth")
+		if err := copyFile(secureboot.Auth(keys, name), local); err != nil {
+			return r.Errorf("secureBoot.keys", "%v: kiln key secureboot writes %s.auth beside db.crt", err, name)
+		}
+		sb.auths[name] = local
+	}
+	pemBytes, err := os.ReadFile(cert)
+	if err != nil {
+		return err
+	}
+	sb.record = &contract.SecureBoot{DB: string(pemBytes), Keys: path.Join(keysDir, r.Name)}
+	for _, e := range sb.entries {
+		sb.record.UKIs = append(sb.record.UKIs, e.uki)
+	}
+	for _, l := range sb.loaders {
+		dg, _, err := filedigest.Of(l.signed)
+		if err != nil {
+			return err
+		}
+		sb.record.Loaders = append(sb.record.Loaders, contract.BootFile{Path: l.path, Digest: dg})
+	}
+	return nil
+}
+
+// espOf is the base's EFI system partition, read in place or from its copy.
+func espOf(d *base.Disk) (esp.FS, error) {
+	p, err := findESP(d.Layout)
+	if err != nil {
+		return esp.FS{}, err
+	}
+	file, off, err := d.PartitionFile(p)
+	if err != nil {
+		return esp.FS{}, fmt.Errorf("read its ESP: %w", err)
+	}
+	return esp.FS{Disk: file, Offset: off}, nil
+}
+
+func findESP(l *gpt.Layout) (gpt.Partition, error) {
+	var found []gpt.Partition
+	for _, p := range l.Partitions {
+		if p.Type == osslots.ESPType {
+			found = append(found, p)
+		}
+	}
+	if len(found) != 1 {
+		return gpt.Partition{}, fmt.Errorf("%d EFI system partitions, where a Secure Boot disk's signed boot files go on one", len(found))
+	}
+	return found[0], nil
+}
+
+// readEntries reads the base's boot loader entries: each one mounts the
+// release's slot (osslots read them so) and becomes a UKI; its kernel and
+// initramfs images are copied out.
+func (sb *secureBoot) readEntries(fs esp.FS, slots *contract.OSSlots) error {
+	names, err := fs.List(bootentry.Dir)
+	if err != nil {
+		return err
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		data, err := fs.Read(path.Join(bootentry.Dir, name), sb.dir)
+		if err != nil {
+			return err
+		}
+		e, err := bootentry.Decode(name, bytes.NewReader(data))
+		if errors.Is(err, bootentry.ErrNotEntry) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if _, ok, err := bootentry.ParseUsrVerity(e.Options); err != nil || !ok {
+			return fmt.Errorf("boot loader entry %s mounts no OS slot: under Secure Boot every entry becomes a signed unified kernel image of the release, and an unsigned one would stay; remove it from the base", name)
+		}
+		if e.Linux == "" {
+			return fmt.Errorf("boot loader entry %s has no linux line: a unified kernel image needs its kernel", name)
+		}
+		local := filepath.Join(sb.dir, "entry-"+e.ID)
+		if err := os.Mkdir(local, 0o755); err != nil {
+			return err
+		}
+		ue := ukiEntry{entry: e, uki: contract.UKI{Path: path.Join(ukiDir, e.ID+".efi"), Entry: e.ID, FirstBoot: slices.Contains(e.Options, firstBootParam)}}
+		for i, p := range append([]string{e.Linux}, e.Initrd...) {
+			dst := filepath.Join(local, strconv.Itoa(i))
+			if err := fs.CopyOut(strings.TrimPrefix(p, "/"), dst); err != nil {
+				return fmt.Errorf("boot loader entry %s names %s: %w", name, p, err)
+			}
+			if i == 0 {
+				ue.kernel = dst
+			} else {
+				ue.initrds = append(ue.initrds, dst)
+			}
+			if rel := strings.TrimPrefix(p, "/"); !slices.Contains(sb.remove, rel) {
+				sb.remove = append(sb.remove, rel)
+			}
+		}
+		sb.remove = append(sb.remove, path.Join(bootentry.Dir, name))
+		sb.entries = append(sb.entries, ue)
+	}
+	if len(sb.entries) == 0 {
+		return fmt.Errorf("no boot loader entry in %s on its ESP boots the release", bootentry.Dir)
+	}
+	return nil
+}
+
+// signLoaders signs systemd-boot where the base has it. A fallback loader
+// that is not systemd-boot (shim, GRUB) is refused: it would stay unsigned.
+func (sb *secureBoot) signLoaders(ctx context.Context, fs esp.FS) error {
+	for i, p := range systemdBootPaths {
+		ok, err := fs.Exists(p)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			continue
+		}
+		local := filepath.Join(sb.dir, "loader-"+strconv.Itoa(i)+".efi")
+		if err := fs.CopyOut(p, local); err != nil {
+			return err
+		}
+		info, err := uki.LoaderInfo(local)
+		if err != nil {
+			return fmt.Errorf("%s on its ESP: %w", p, err)
+		}
+		v, isBoot := strings.CutPrefix(info, "systemd-boot ")
+		if !isBoot {
+			return fmt.Errorf("%s on its ESP is not systemd-boot (it says %q): a Secure Boot disk boots systemd-boot signed with db", p, info)
+		}
+		if major, _, _ := strings.Cut(v, "."); atoiOr0(major) < enrollSince {
+			return fmt.Errorf("%s on its ESP is systemd-boot %s, older than %d, the first that enrols Secure Boot keys (secure-boot-enroll)", p, v, enrollSince)
+		}
+		if err := uki.Sign(ctx, local, local, sb.key, sb.cert); err != nil {
+			return err
+		}
+		sb.loaders = append(sb.loaders, signedLoader{path: p, signed: local})
+	}
+	if len(sb.loaders) == 0 {
+		return fmt.Errorf("no systemd-boot on its ESP (%s): a Secure Boot disk boots signed unified kernel images from systemd-boot", strings.Join(systemdBootPaths, ", "))
+	}
+	return nil
+}
+
+func atoiOr0(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
+}
+
+// writeSecureBoot writes the signed boot files on the new disk's ESP, once
+// the image partition's root hash is known (partitions.WithESP): a signed
+// UKI for each entry it replaces (removed, with its kernel and initramfs,
+// so no unsigned path stays), systemd-boot signed, the keys to enrol and
+// loader.conf.
+func (b *build) writeSecureBoot(ctx context.Context, disk string, l *gpt.Layout, id partitions.ImageIdentity) error {
+	sb := b.secureBoot
+	if id.Verity == nil {
+		return errors.New("secure boot: the image partition has no dm-verity root hash to sign")
+	}
+	p, err := findESP(l)
+	if err != nil {
+		return err
+	}
+	fs := esp.FS{Disk: disk, Offset: p.Offset, Epoch: b.Epoch}
+	for _, f := range sb.remove {
+		if err := fs.Remove(f); err != nil {
+			return err
+		}
+	}
+	for _, e := range sb.entries {
+		local := filepath.Join(sb.dir, e.entry.ID+".efi")
+		err := uki.Build(ctx, local, uki.Inputs{
+			Kernel:    e.kernel,
+			Initrds:   e.initrds,
+			Cmdline:   strings.Join(append(slices.Clone(e.entry.Options), contract.ImagesRootHashParam+"="+id.Verity.RootHash), " "),
+			OSRelease: osRelease(e.entry),
+		})
+		if err != nil {
+			return fmt.Errorf("unified kernel image for entry %s: %w", e.entry.ID, err)
+		}
+		if err := uki.Sign(ctx, local, local, sb.key, sb.cert); err != nil {
+			return err
+		}
+		if err := fs.CopyIn(local, e.uki.Path); err != nil {
+			return err
+		}
+	}
+	for _, ld := range sb.loaders {
+		if err := fs.CopyIn(ld.signed, ld.path); err != nil {
+			return err
+		}
+	}
+	for _, name := range secureboot.Names {
+		if err := fs.CopyIn(sb.auths[name], path.Join(sb.record.Keys, name+".auth")); err != nil {
+			return err
+		}
+	}
+	return fs.Write(loaderConf, sb.loaderConf, sb.dir)
+}
+
+// osRelease is the os-release a UKI carries, from its entry: systemd-boot
+// lists the UKI by its PRETTY_NAME and orders by VERSION_ID.
+func osRelease(e *bootentry.Entry) []byte {
+	title := e.Title
+	if title == "" {
+		title = e.ID
+	}
+	var w bytes.Buffer
+	fmt.Fprintf(&w, "NAME=%s\nPRETTY_NAME=%s\nID=kiln\n", osReleaseQuote(title), osReleaseQuote(title))
+	if e.Version != "" {
+		fmt.Fprintf(&w, "VERSION_ID=%s\n", osReleaseQuote(e.Version))
+	}
+	return w.Bytes()
+}
+
+// osReleaseQuote quotes a value as os-release(5) reads it: shell-like
+// double quotes, with ", \, $ and ` escaped.
+func osReleaseQuote(s string) string {
+	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`, `$`, `\$`, "`", "\\`")
+	return `"` + r.Replace(s) + `"`
+}
+
+// secureBootLoaderConf is loader.conf with enrolment on and a default that
+// named a replaced entry (ID.conf) naming its UKI (ID.efi).
+func secureBootLoaderConf(conf []byte, ids []string) []byte {
+	var out bytes.Buffer
+	for _, line := range strings.SplitAfter(string(conf), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 && f[0] == "secure-boot-enroll" {
+			continue
+		}
+		if len(f) == 2 && f[0] == "default" {
+			if id, ok := strings.CutSuffix(f[1], bootentry.Suffix); ok && slices.Contains(ids, id) {
+				line = "default " + id + ".efi\n"
+			}
+		}
+		out.WriteString(line)
+	}
+	if out.Len() > 0 && !bytes.HasSuffix(out.Bytes(), []byte("\n")) {
+		out.WriteByte('\n')
+	}
+	out.WriteString(enrollSetting + "\n")
+	return out.Bytes()
+}
+
+// checkDBKey checks that key is the private key of the db certificate
+// cert, and that cert is valid at now.
+func checkDBKey(cert, key string, now time.Time) error {
+	c, err := readCert(cert)
+	if err != nil {
+		return err
+	}
+	if now.After(c.NotAfter) {
+		return fmt.Errorf("db certificate %s expired on %s: make new keys (kiln key secureboot) and enrol them", cert, c.NotAfter.Format(time.DateOnly))
+	}
+	data, err := os.ReadFile(key)
+	if err != nil {
+		return fmt.Errorf("--secure-boot-key: %w", err)
+	}
+	blk, _ := pem.Decode(data)
+	if blk == nil {
+		return fmt.Errorf("--secure-boot-key %s is not a PEM private key: give the db.key kiln key secureboot wrote", key)
+	}
+	var priv any
+	if priv, err = x509.ParsePKCS8PrivateKey(blk.Bytes); err != nil {
+		if priv, err = x509.ParsePKCS1PrivateKey(blk.Bytes); err != nil {
+			return fmt.Errorf("--secure-boot-key %s is not a private key (%s block): give the db.key kiln key secureboot wrote", key, blk.Type)
+		}
+	}
+	var pub interface{ Equal(crypto.PublicKey) bool }
+	if signer, ok := priv.(crypto.Signer); ok {
+		pub, _ = signer.Public().(interface{ Equal(crypto.PublicKey) bool })
+	}
+	if pub == nil || !pub.Equal(c.PublicKey) {
+		return fmt.Errorf("--secure-boot-key %s does not match the recipe's db certificate %s (%s): give the db.key kiln key secureboot wrote beside it", key, cert, c.Subject.CommonName)
+	}
+	return nil
+}
+
+// readCert reads a PEM certificate.
+func readCert(file string) (*x509.Certificate, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("db certificate: %w", err)
+	}
+	blk, _ := pem.Decode(data)
+	if blk == nil || blk.Type != "CERTIFICATE" {
+		return nil, fmt.Errorf("db certificate %s is not a PEM certificate: give the db.crt kiln key secureboot wrote", file)
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("db certificate %s: %w", file, err)
+	}
+	return c, nil
+}
+
+// copyFile copies src to dst (a new file).
+func copyFile(src, dst string) error {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, data, 0o644)
+}
