@@ -610,8 +610,11 @@ func TestInterruptLeavesNothing(t *testing.T) {
 		if code != 130 {
 			t.Errorf("SIGINT when %q started: exit %d, want 130\n%s", step, code, log)
 		}
-		// The user reads what happened in their words, the task too.
-		if strings.Contains(log, "context canceled") || !strings.Contains(log, step+": interrupted after ") ||
+		// The user reads what happened in their words, the task too. A
+		// short step may end before the signal lands (on a loaded machine
+		// "check blobs read in place" takes 27 ms): then the last line says it.
+		cut := strings.Contains(log, step+": interrupted after ") || strings.Contains(log, step+": done")
+		if strings.Contains(log, "context canceled") || !cut ||
 			!strings.Contains(log, "\nkiln: ") || !strings.Contains(log[strings.LastIndex(log, "\nkiln: "):], "interrupted") {
 			t.Errorf("SIGINT when %q started: the messages do not say interrupted:\n%s", step, log)
 		}
