@@ -39,8 +39,11 @@ var systemdBootPaths = []string{"EFI/systemd/systemd-bootx64.efi", "EFI/BOOT/BOO
 
 // Paths on the ESP a Secure Boot build writes.
 const (
-	ukiDir     = "EFI/Linux" // type #2 entries: systemd-boot lists every .efi here
-	keysDir    = "loader/keys"
+	ukiDir = "EFI/Linux" // type #2 entries: systemd-boot lists every .efi here
+	// keysDir is where systemd-boot enrols from without asking: with
+	// secure-boot-enroll force it enrols only a directory named "auto"
+	// (boot.c, 252 and later); any other one it offers as a menu entry.
+	keysDir    = "loader/keys/auto"
 	loaderConf = "loader/loader.conf"
 )
 
@@ -48,7 +51,7 @@ const (
 // the kernel command line has it.
 const firstBootParam = "ignition.firstboot"
 
-// enrollSetting makes systemd-boot enrol loader/keys/NAME on a machine in
+// enrollSetting makes systemd-boot enrol loader/keys/auto on a machine in
 // setup mode without asking. systemd-boot 252 (Debian 12) reads off,
 // manual and force; if-safe came in 253.
 const enrollSetting = "secure-boot-enroll force"
@@ -157,7 +160,7 @@ func (b *build) prepareSecureBoot(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	sb.record = &contract.SecureBoot{DB: string(pemBytes), Keys: path.Join(keysDir, r.Name)}
+	sb.record = &contract.SecureBoot{DB: string(pemBytes), Keys: keysDir}
 	for _, e := range sb.entries {
 		sb.record.UKIs = append(sb.record.UKIs, e.uki)
 	}

@@ -191,17 +191,17 @@ func TestBuildSecureBoot(t *testing.T) {
 			t.Errorf("loader.conf:\n%s\nwant:\n%s", conf, want)
 		}
 		for _, name := range []string{"PK", "KEK", "db"} {
-			got, err := fs.Read("loader/keys/acme/"+name+".auth", tmp)
+			got, err := fs.Read("loader/keys/auto/"+name+".auth", tmp)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if want, _ := os.ReadFile(filepath.Join(keys, name+".auth")); !bytes.Equal(got, want) {
-				t.Errorf("loader/keys/acme/%s.auth differs from %s's", name, keys)
+				t.Errorf("loader/keys/auto/%s.auth differs from %s's", name, keys)
 			}
 		}
-		names, _ := fs.List("loader/keys/acme")
+		names, _ := fs.List("loader/keys/auto")
 		if strings.Join(names, " ") != "PK.auth KEK.auth db.auth" && len(names) != 3 {
-			t.Errorf("loader/keys/acme holds %v, want the three .auth files only", names)
+			t.Errorf("loader/keys/auto holds %v, want the three .auth files only", names)
 		}
 	})
 
