@@ -30,10 +30,14 @@ import (
 	"github.com/kiln-appliance/kiln/test/e2e/repo"
 )
 
-// Firmware files from Debian's ovmf package.
+// Firmware files from Debian's ovmf package. The Secure Boot build of the
+// code needs SMM (its variable store is only writable from SMM); its
+// variables start empty: no PK, the machine in setup mode, as a factory
+// machine whose keys the boot loader enrols.
 const (
-	ovmfCode = "/usr/share/OVMF/OVMF_CODE_4M.fd"
-	ovmfVars = "/usr/share/OVMF/OVMF_VARS_4M.fd"
+	ovmfCode           = "/usr/share/OVMF/OVMF_CODE_4M.fd"
+	ovmfSecureBootCode = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd"
+	ovmfVars           = "/usr/share/OVMF/OVMF_VARS_4M.fd"
 )
 
 // CheckPrefix starts every machine-readable result line a guest prints.
@@ -57,8 +61,10 @@ type config struct {
 	extra   []string
 	monitor bool // a QMP socket and hot-plug ports (WithMonitor, OnConsole)
 	reboots bool
-	hooks   []hook
-	prompts []hook // OnPrompt: matched on the unended console line
+	// secureBoot: OVMF's Secure Boot firmware, in setup mode at the start
+	secureBoot bool
+	hooks      []hook
+	prompts    []hook // OnPrompt: matched on the unended console line
 
 	shutdownBound time.Duration // WithShutdownBound
 }
@@ -115,6 +121,11 @@ func WithShutdownBound(d time.Duration) Option { return func(c *config) { c.shut
 // log holds every boot and Boot returns at the guest's final power-off.
 // Implies WithMonitor.
 func WithReboots() Option { return func(c *config) { c.reboots, c.monitor = true, true } }
+
+// WithSecureBoot boots with OVMF's Secure Boot firmware (q35 with SMM),
+// its variables in setup mode at the start of the run and kept across its
+// resets: what the boot loader enrols stays enrolled.
+func WithSecureBoot() Option { return func(c *config) { c.secureBoot = true } }
 
 // WithMonitor gives the machine a QMP socket and PCIe root ports for
 // hot-plugged disks (see OnConsole).
@@ -333,15 +344,24 @@ func run(t testing.TB, disk string, c config) (*Result, error) {
 	if err := copyFile(vars, ovmfVars); err != nil {
 		return nil, fmt.Errorf("copy OVMF variables (is the ovmf package installed?): %w", err)
 	}
+	machine, code := "q35", ovmfCode
+	if c.secureBoot {
+		machine, code = "q35,smm=on", ovmfSecureBootCode
+	}
 	args := []string{
-		"-accel", "tcg", "-machine", "q35",
+		"-accel", "tcg", "-machine", machine,
 		"-m", fmt.Sprint(c.memMiB), "-smp", fmt.Sprint(c.cpus),
 		// No default devices (CD-ROM, NIC, VGA): the firmware then tries
 		// only our disk, and the guest sees only what a test adds.
 		"-nodefaults", "-nographic", "-monitor", "none", "-serial", "stdio",
 		"-nic", "none",
-		"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=" + ovmfCode,
+		"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=" + code,
 		"-drive", "if=pflash,format=raw,unit=1,file=" + vars,
+	}
+	if c.secureBoot {
+		// Only code running in SMM may write the flash: the OS cannot
+		// change the variables behind the firmware's back.
+		args = append(args, "-global", "driver=cfi.pflash01,property=secure,value=on")
 	}
 	if c.monitor {
 		// The disk boots first, named by bootindex: OVMF appends the boot
