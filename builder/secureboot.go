@@ -176,7 +176,7 @@ func (b *build) prepareSecureBoot(ctx context.Context) error {
 
 // espOf is the base's EFI system partition, read in place or from its copy.
 func espOf(d *base.Disk) (esp.FS, error) {
-	p, err := findESP(d.Layout)
+	p, err := osslots.FindESP(d.Layout)
 	if err != nil {
 		return esp.FS{}, err
 	}
@@ -185,19 +185,6 @@ func espOf(d *base.Disk) (esp.FS, error) {
 		return esp.FS{}, fmt.Errorf("read its ESP: %w", err)
 	}
 	return esp.FS{Disk: file, Offset: off}, nil
-}
-
-func findESP(l *gpt.Layout) (gpt.Partition, error) {
-	var found []gpt.Partition
-	for _, p := range l.Partitions {
-		if p.Type == osslots.ESPType {
-			found = append(found, p)
-		}
-	}
-	if len(found) != 1 {
-		return gpt.Partition{}, fmt.Errorf("%d EFI system partitions, where a Secure Boot disk's signed boot files go on one", len(found))
-	}
-	return found[0], nil
 }
 
 // readEntries reads the base's boot loader entries: each one mounts the
@@ -307,7 +294,7 @@ func (b *build) writeSecureBoot(ctx context.Context, disk string, l *gpt.Layout,
 	if id.Verity == nil {
 		return errors.New("secure boot: the image partition has no dm-verity root hash to sign")
 	}
-	p, err := findESP(l)
+	p, err := osslots.FindESP(l)
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/filedigest"
 	"github.com/kiln-appliance/kiln/partitions/esp"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
+	"github.com/kiln-appliance/kiln/partitions/osslots"
 	"github.com/kiln-appliance/kiln/partitions/uki"
 	"github.com/kiln-appliance/kiln/partitions/verity"
 	"github.com/kiln-appliance/kiln/systemd/contract"
@@ -64,7 +65,7 @@ func CheckSecureBoot(ctx context.Context, disk string, l *gpt.Layout, c *contrac
 	if err != nil {
 		return nil, nil, err
 	}
-	espPart, err := findESP(l)
+	espPart, err := osslots.FindESP(l)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -74,7 +74,7 @@ func CheckBooted(ctx context.Context, path string, l *gpt.Layout, slots *contrac
 	if len(changed) == 0 {
 		return nil, nil, nil
 	}
-	esp, err := findESP(l)
+	esp, err := FindESP(l)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -342,7 +342,7 @@ func espDigests(d *base.Disk, paths []string) ([]string, error) {
 // boot loader entry's bytes by ID, and every kernel and initramfs the
 // entries name, by sha256 (kiln.json's OSSlots.Boot).
 func RecordBoot(d *base.Disk) (*contract.BootRecord, error) {
-	esp, err := findESP(d.Layout)
+	esp, err := FindESP(d.Layout)
 	if err != nil {
 		return nil, err
 	}

@@ -42,7 +42,7 @@ func ReadBoot(d *base.Disk) (*contract.OSSlots, *bootentry.Entry, error) {
 	if s == nil || err != nil {
 		return nil, nil, err
 	}
-	esp, err := findESP(d.Layout)
+	esp, err := FindESP(d.Layout)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -139,7 +139,9 @@ func names(ps []gpt.Partition) string {
 	return strings.Join(s, ", ")
 }
 
-func findESP(l *gpt.Layout) (gpt.Partition, error) {
+// FindESP returns the layout's one EFI system partition, where the boot
+// loader entries that name the slots are.
+func FindESP(l *gpt.Layout) (gpt.Partition, error) {
 	var esps []gpt.Partition
 	for _, p := range l.Partitions {
 		if p.Type == ESPType {
@@ -264,7 +266,7 @@ func readEntries(d *base.Disk, esp gpt.Partition) (map[string][]byte, error) {
 // its base name, with mtools as readEntries reads; it returns the copies'
 // paths in the order of paths. The base names must differ.
 func CopyFromESP(d *base.Disk, dst string, paths []string) ([]string, error) {
-	esp, err := findESP(d.Layout)
+	esp, err := FindESP(d.Layout)
 	if err != nil {
 		return nil, err
 	}

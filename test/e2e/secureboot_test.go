@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kiln-appliance/kiln/partitions/esp"
 	"github.com/kiln-appliance/kiln/partitions/uki"
 	"github.com/kiln-appliance/kiln/test/e2e/vm"
 )
@@ -30,9 +31,9 @@ func TestSecureBoot(t *testing.T) {
 	if out, err := exec.Command(a.kiln, "verify", a.disk).CombinedOutput(); err != nil {
 		t.Fatalf("kiln verify of the built disk: %v\n%s", err, out)
 	}
-	esp := mustFind(t, a.disk, "EFI-SYSTEM")
+	espPart := mustFind(t, a.disk, "EFI-SYSTEM")
 	firstBoot := filepath.Join(t.TempDir(), "ignition-firstboot.efi")
-	if err := esp.FATCopyOut("EFI/Linux/ignition-firstboot.efi", firstBoot); err != nil {
+	if err := (esp.FS{Disk: a.disk, Offset: espPart.Offset}).CopyOut("EFI/Linux/ignition-firstboot.efi", firstBoot); err != nil {
 		t.Fatal(err)
 	}
 	sec, err := uki.Read(firstBoot)

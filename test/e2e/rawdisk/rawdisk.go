@@ -191,16 +191,6 @@ func (p Partition) FATRename(from, to string) error {
 	return nil
 }
 
-// FATCopyOut copies file from a FAT partition (the ESP) to dst.
-func (p Partition) FATCopyOut(file, dst string) error {
-	cmd := exec.Command("mcopy", "-n", "-i", fmt.Sprintf("%s@@%d", p.Disk, p.Offset), "::"+file, dst)
-	cmd.Env = append(os.Environ(), "MTOOLS_SKIP_CHECK=1")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("mcopy %s from partition %q of %s: %v: %s", file, p.Name, p.Disk, err, out)
-	}
-	return nil
-}
-
 // Copy copies the disk image src to dst, keeping holes, so every boot can
 // start from a pristine copy of a cached base image.
 func Copy(dst, src string) error {
