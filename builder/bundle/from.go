@@ -51,6 +51,9 @@ type priorRelease struct {
 	fsOffset int64
 	lockBase string
 	os       *priorOS
+	// imagesRootHash is a Secure Boot disk's image partition's root hash
+	// (its signed images carry it): the bundle's images must name it.
+	imagesRootHash string
 }
 
 // loadPrior reads a --from argument: a kiln disk, its kiln.json, a bundle
@@ -111,6 +114,11 @@ func priorFromDisk(p string, l *gpt.Layout) (*priorRelease, error) {
 	}
 	b := priorOfContents(c)
 	b.disk = p
+	if c.SecureBoot != nil {
+		if b.imagesRootHash, err = secureBootDisk(p, l, c); err != nil {
+			return nil, err
+		}
+	}
 	b.trust, err = diskTrust(p)
 	return b, err
 }
@@ -300,6 +308,12 @@ func (b *bundler) loadOS(ctx context.Context, rel *priorRelease) (*priorOS, erro
 		return b.readPriorOS(ctx, rel.lockBase, "")
 	case rel.slots == nil:
 		return &priorOS{none: true}, nil
+	case rel.disk != "" && rel.imagesRootHash != "":
+		// A Secure Boot disk's entries are signed images, not text entries
+		// with their kernel beside them: known by kiln.json's root hash, as
+		// from a kiln.json (the pack carries the whole slot, the stick the
+		// kernel and initramfs).
+		return &priorOS{rootHash: rel.slots.RootHash}, nil
 	case rel.disk != "":
 		return b.readPriorOS(ctx, rel.disk, rel.slots.RootHash)
 	default: // a kiln.json

@@ -5,12 +5,14 @@ package main
 import (
 	"crypto/ed25519"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/bundle"
 	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
@@ -53,6 +55,9 @@ a full bundle that applies to any earlier release. See docs/bundles.md.`,
 			o.Log = cmd.ErrOrStderr()
 			o.Progress = newProgress()
 			res, err := bundle.Write(cmd.Context(), args[0], o)
+			if errors.Is(err, builder.ErrNoSecureBootKey) {
+				return usageError{err}
+			}
 			if err != nil {
 				return err
 			}
@@ -70,6 +75,7 @@ a full bundle that applies to any earlier release. See docs/bundles.md.`,
 	cmd.Flags().StringVar(&o.Format, "format", bundle.FormatImage, "image (a USB stick image) or file (a single file)")
 	cmd.Flags().StringArrayVar(&o.From, "from", nil, "a release the appliances run: lock, disk, kiln.json or bundle (repeatable); none: a full bundle")
 	cmd.Flags().StringVar(&o.Key, "key", "", "private key to sign with (NAME.key from kiln key generate; required)")
+	cmd.Flags().StringVar(&o.SecureBootKey, "secure-boot-key", "", "the Secure Boot db private key (db.key from kiln key secureboot) that signs the release's unified kernel images, for a recipe with secureBoot")
 	cmd.Flags().StringVar(&o.CacheDir, "cache", "", "blob cache directory (default $XDG_CACHE_HOME/kiln)")
 	cmd.Flags().StringVar(&o.Agent, "agent", "", "the node's kiln binary (kiln-agent, built with -tags nodeonly) for the recipe's arch (default: kiln-agent beside this binary, when the arches match)")
 	fetch.register(cmd)
