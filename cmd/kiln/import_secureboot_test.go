@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/uki"
 	"github.com/kiln-appliance/kiln/systemd/agent/bootloader"
 	"github.com/kiln-appliance/kiln/systemd/agent/osinstall"
@@ -302,6 +303,42 @@ func TestImportOSSecureBoot(t *testing.T) {
 			t.Errorf("entries %q: want 1.0's (and the first-boot image, slot a's too) removed", got)
 		}
 		n.checkBootable(t)
+	})
+
+	t.Run("verify --booted holds the node's image to its signature and root hashes", func(t *testing.T) {
+		// The factory disk as the node's import leaves it: slot b, and the
+		// image in EFI/Linux.
+		upgraded := func(t *testing.T, edit func(b []byte)) *upgradedDisk {
+			d := &upgradedDisk{path: filepath.Join(t.TempDir(), "booted.raw")}
+			copyFile(t, disk10, d.path)
+			var err error
+			if d.layout, err = gpt.Inspect(d.path); err != nil {
+				t.Fatal(err)
+			}
+			for _, sp := range []contract.SlotPartition{slotB.Usr, slotB.UsrVerity} {
+				p, _ := d.layout.Find(sp.Name)
+				copyInto(t, staged.dev(sp), 0, d.path, p.Offset, p.Size)
+			}
+			b, err := os.ReadFile(filepath.Join(staged.esp(), "EFI/Linux/kiln-1.1.0+3.efi"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			edit(b)
+			d.espPut(t, "/EFI/Linux/kiln-1.1.0+3.efi", b)
+			return d
+		}
+		d := upgraded(t, func([]byte) {})
+		out := rs.mustKiln(t, "verify", "--booted", d.path)
+		for _, w := range []string{"3 unified kernel images and 2 systemd-boot binaries signed for db", "OK"} {
+			if !strings.Contains(out, w) {
+				t.Errorf("verify --booted lacks %q:\n%s", w, out)
+			}
+		}
+		d = upgraded(t, func(b []byte) { b[len(b)/2] ^= 1 })
+		out, code := rs.kiln(t, "verify", "--booted", d.path)
+		if code != 1 || !strings.Contains(out, "EFI/Linux/kiln-1.1.0+3.efi") {
+			t.Errorf("a changed byte in the node's image: exit %d:\n%s", code, out)
+		}
 	})
 
 	t.Run("killed at every step and run again", func(t *testing.T) {
