@@ -94,6 +94,10 @@ func TestImportOSSecureBoot(t *testing.T) {
 		if code != 2 || !strings.Contains(out, "--secure-boot-key "+dbKey) {
 			t.Errorf("exit %d:\n%s", code, out)
 		}
+		out, code = rs.kiln(t, "bundle", r11, "-o", filepath.Join(rs.dir, "nokey.kiln"), "--key", rs.key, "--from", disk10, "--format", "file", "--secure-boot-key", filepath.Join(other, "db.key"))
+		if code != 1 || !strings.Contains(out, "does not match the recipe's db certificate") {
+			t.Errorf("another factory's db key: exit %d:\n%s", code, out)
+		}
 		if _, err := os.Stat(filepath.Join(rs.dir, "nokey.kiln")); err == nil {
 			t.Error("a bundle was written")
 		}
@@ -123,6 +127,7 @@ func TestImportOSSecureBoot(t *testing.T) {
 		if len(m.OS.UKIs) != 2 {
 			t.Fatalf("ukis %+v: want one for each slot", m.OS.UKIs)
 		}
+		rs.mustKiln(t, "verify", b11, "--key", rs.pub) // every file, the images included, against the manifest
 		_, f, fsStart := openBundle(t, rs, b11)
 		defer f.Close()
 		for _, sl := range []contract.OSSlot{slotA, slotB} {
