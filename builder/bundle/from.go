@@ -18,6 +18,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/internal/version"
+	pbase "github.com/kiln-appliance/kiln/partitions/base"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/squashfs"
 	"github.com/kiln-appliance/kiln/recipes"
@@ -309,16 +310,34 @@ func (b *bundler) loadOS(ctx context.Context, rel *priorRelease) (*priorOS, erro
 	case rel.slots == nil:
 		return &priorOS{none: true}, nil
 	case rel.disk != "" && rel.imagesRootHash != "":
-		// A Secure Boot disk's entries are signed images, not text entries
-		// with their kernel beside them: known by kiln.json's root hash, as
-		// from a kiln.json (the pack carries the whole slot, the stick the
-		// kernel and initramfs).
-		return &priorOS{rootHash: rel.slots.RootHash}, nil
+		return b.readSecureBootPriorOS(ctx, rel.disk, rel.slots)
 	case rel.disk != "":
 		return b.readPriorOS(ctx, rel.disk, rel.slots.RootHash)
 	default: // a kiln.json
 		return &priorOS{rootHash: rel.slots.RootHash}, nil
 	}
+}
+
+// readSecureBootPriorOS reads the OS of a prior release's Secure Boot
+// disk: its entries are signed images, not text entries with their kernel
+// beside them, so its active slot is the one kiln.json's slots say (proven
+// against their root hash) and its nodes hold no kernel or initramfs file
+// (the stick carries them).
+func (b *bundler) readSecureBootPriorOS(ctx context.Context, disk string, slots *contract.OSSlots) (*priorOS, error) {
+	dir, err := b.workDir("base-os")
+	if err != nil {
+		return nil, err
+	}
+	d, err := pbase.OpenDisk(disk, dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	rel := &osRelease{slots: slots}
+	if err := rel.readActiveSlot(ctx, d); err != nil {
+		return nil, err
+	}
+	return osOfRelease(rel), nil
 }
 
 // readPriorOS reads the OS of a prior release's disk (its kiln.json saying rootHash,

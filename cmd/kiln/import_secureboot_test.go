@@ -124,6 +124,11 @@ func TestImportOSSecureBoot(t *testing.T) {
 	}
 
 	t.Run("the bundle carries a signed image for each slot", func(t *testing.T) {
+		// A delta from the Secure Boot disk: its active slot read for what
+		// its nodes hold, so the pack carries only the chunks 1.0 lacks.
+		if m.Kind != bundlefmt.KindDelta || len(m.OS.Usr.Bases) != 1 || m.OS.Usr.Bases[0].Index == "" || m.OS.Usr.Pack == nil || m.OS.Usr.Pack.Size >= u.Size/2 {
+			t.Errorf("kind %s, bases %+v, pack %+v of a %d-byte slot: want a delta against slot a of the disk", m.Kind, m.OS.Usr.Bases, m.OS.Usr.Pack, u.Size)
+		}
 		if len(m.OS.UKIs) != 2 {
 			t.Fatalf("ukis %+v: want one for each slot", m.OS.UKIs)
 		}
