@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -66,7 +67,7 @@ a full bundle that applies to any earlier release. See docs/bundles.md.`,
 				res.Output, m.Recipe, m.Version, m.Kind, human.Bytes(res.Size), human.Bytes(m.Space.CopyBytes), res.KeyID,
 				agentLine(res.Agent, m.Agent, m.AgentOnStick))
 			if m.OS != nil {
-				fmt.Fprintf(cmd.ErrOrStderr(), "%s\n%s\n", osLine(m), bootLine(m.OS.Entry))
+				fmt.Fprintf(cmd.ErrOrStderr(), "%s\n%s\n", osLine(m), bootLine(m.OS))
 			}
 			return nil
 		},
@@ -126,7 +127,7 @@ func printBundle(w io.Writer, rep *bundle.Report, format string) error {
 	}
 	fmt.Fprintf(w, "Agent: %s\n", agentLine(m.AgentVersion, m.Agent, m.AgentOnStick))
 	if m.OS != nil {
-		fmt.Fprintf(w, "%s\n%s\n", osLine(m), bootLine(m.OS.Entry))
+		fmt.Fprintf(w, "%s\n%s\n", osLine(m), bootLine(m.OS))
 	}
 	fmt.Fprintf(w, "Space on the node: %s of blobs to copy, %s unpacked\n\n", human.Bytes(m.Space.CopyBytes), human.Bytes(m.Space.UnpackedBytes))
 	onStick := map[string]bool{}
@@ -210,7 +211,8 @@ func osLine(m *bundlefmt.Manifest) string {
 
 // bootLine says which boot entry the release installs and whether its
 // kernel and initramfs are on the stick.
-func bootLine(e bundlefmt.BootEntry) string {
+func bootLine(o *bundlefmt.OS) string {
+	e := o.Entry
 	file := func(what string, f bundlefmt.BootFile) string {
 		where := "on the stick"
 		if !f.OnStick {
@@ -221,6 +223,19 @@ func bootLine(e bundlefmt.BootEntry) string {
 	s := fmt.Sprintf("Boot entry: version %s, %s", human.Quote(e.Version), file("kernel", e.Kernel))
 	for _, f := range e.Initrd {
 		s += ", " + file("initramfs", f)
+	}
+	if len(o.UKIs) > 0 {
+		// A Secure Boot release: "Signed images: slot a, slot b for image
+		// partition 5d1f…; ..." (the stick's strings quoted).
+		var parts []string
+		for _, u := range o.UKIs {
+			h := u.ImagesRootHash
+			if len(h) > 12 {
+				h = h[:12] + "…"
+			}
+			parts = append(parts, fmt.Sprintf("slot %s %s for image partition %s", human.Quote(u.Slot), human.Bytes(u.Size), human.Quote(h)))
+		}
+		s += "\nSigned images (Secure Boot): " + strings.Join(parts, ", ")
 	}
 	return s
 }

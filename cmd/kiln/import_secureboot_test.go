@@ -133,6 +133,9 @@ func TestImportOSSecureBoot(t *testing.T) {
 			t.Fatalf("ukis %+v: want one for each slot", m.OS.UKIs)
 		}
 		rs.mustKiln(t, "verify", b11, "--key", rs.pub) // every file, the images included, against the manifest
+		if out := rs.mustKiln(t, "inspect", b11); !strings.Contains(out, "Signed images (Secure Boot): slot a ") || !strings.Contains(out, ", slot b ") {
+			t.Errorf("inspect does not list the signed images:\n%s", out)
+		}
 		_, f, fsStart := openBundle(t, rs, b11)
 		defer f.Close()
 		for _, sl := range []contract.OSSlot{slotA, slotB} {
