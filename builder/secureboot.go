@@ -25,6 +25,7 @@ import (
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/osslots"
 	"github.com/kiln-appliance/kiln/partitions/uki"
+	"github.com/kiln-appliance/kiln/recipes"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
 )
@@ -96,23 +97,12 @@ func (b *build) prepareSecureBoot(ctx context.Context) error {
 		return nil
 	}
 	keys := r.Resolve(r.SecureBoot.Keys)
-	if b.o.SecureBootKey == "" {
-		return r.Errorf("secureBoot.keys", "the recipe makes a Secure Boot disk: give the db private key with --secure-boot-key %s (the recipe names only the public files)", secureboot.Key(keys, secureboot.DB))
-	}
-	if err := hosttools.Check(SecureBootTools...); err != nil {
+	cert, err := CheckSecureBootKey(r, b.o.SecureBootKey, "disk")
+	if err != nil {
 		return err
-	}
-	// systemd-stub is a file, not a program: checked now too, not once
-	// the images are fetched.
-	if info, err := uki.LoaderInfo(uki.Stub); err != nil || !strings.HasPrefix(info, "systemd-stub ") {
-		return fmt.Errorf("systemd-stub %s, which every unified kernel image starts with, is missing or not systemd-stub: install it as root with: apt-get install systemd-boot-efi", uki.Stub)
 	}
 	if !r.ImagePartition.VerityOn() {
 		return r.Errorf("secureBoot", "a Secure Boot disk needs imagePartition.verity: the signed kernel command line carries the image partition's dm-verity root hash")
-	}
-	cert := secureboot.Cert(keys, secureboot.DB)
-	if err := checkDBKey(cert, b.o.SecureBootKey, time.Now()); err != nil {
-		return r.Errorf("secureBoot.keys", "%v", err)
 	}
 	basePath := r.Resolve(r.Base.Path)
 	if b.osSlots == nil {
@@ -172,6 +162,55 @@ func (b *build) prepareSecureBoot(ctx context.Context) error {
 		sb.record.Loaders = append(sb.record.Loaders, contract.BootFile{Path: l.path, Digest: dg})
 	}
 	return nil
+}
+
+// ErrNoSecureBootKey: a recipe with secureBoot and no --secure-boot-key.
+var ErrNoSecureBootKey = errors.New("no --secure-boot-key")
+
+type noKeyError struct{ error }
+
+func (e noKeyError) Unwrap() []error { return []error{e.error, ErrNoSecureBootKey} }
+
+// CheckSecureBootKey checks what signing for recipe r's secureBoot needs
+// before any long work: the host tools, systemd-stub, and key (the
+// --secure-boot-key given; "" wraps ErrNoSecureBootKey) against the
+// recipe's db certificate, which it returns. what names the output
+// ("disk", "bundle").
+func CheckSecureBootKey(r *recipes.Recipe, key, what string) (cert string, err error) {
+	keys := r.Resolve(r.SecureBoot.Keys)
+	if key == "" {
+		return "", noKeyError{r.Errorf("secureBoot.keys", "the recipe makes a Secure Boot %s: give the db private key with --secure-boot-key %s (the recipe names only the public files)", what, secureboot.Key(keys, secureboot.DB))}
+	}
+	if err := hosttools.Check(SecureBootTools...); err != nil {
+		return "", err
+	}
+	// systemd-stub is a file, not a program: checked now too, not once
+	// the images are fetched.
+	if info, err := uki.LoaderInfo(uki.Stub); err != nil || !strings.HasPrefix(info, "systemd-stub ") {
+		return "", fmt.Errorf("systemd-stub %s, which every unified kernel image starts with, is missing or not systemd-stub: install it as root with: apt-get install systemd-boot-efi", uki.Stub)
+	}
+	cert = secureboot.Cert(keys, secureboot.DB)
+	if err := checkDBKey(cert, key, time.Now()); err != nil {
+		return "", r.Errorf("secureBoot.keys", "%v", err)
+	}
+	return cert, nil
+}
+
+// SignedUKI writes out, the db-signed unified kernel image of entry e
+// (its kernel and initramfs images local copies): its command line is the
+// entry's options and the image partition's root hash, its os-release
+// from the entry. The factory build and kiln bundle both make them so.
+func SignedUKI(ctx context.Context, out string, e *bootentry.Entry, kernel string, initrds []string, imagesRootHash, key, cert string) error {
+	err := uki.Build(ctx, out, uki.Inputs{
+		Kernel:    kernel,
+		Initrds:   initrds,
+		Cmdline:   strings.Join(append(slices.Clone(e.Options), contract.ImagesRootHashParam+"="+imagesRootHash), " "),
+		OSRelease: osRelease(e),
+	})
+	if err != nil {
+		return fmt.Errorf("unified kernel image for entry %s: %w", e.ID, err)
+	}
+	return uki.Sign(ctx, out, out, key, cert)
 }
 
 // espOf is the base's EFI system partition, read in place or from its copy.
@@ -306,16 +345,7 @@ func (b *build) writeSecureBoot(ctx context.Context, disk string, l *gpt.Layout,
 	}
 	for _, e := range sb.entries {
 		local := filepath.Join(sb.dir, e.entry.ID+".efi")
-		err := uki.Build(ctx, local, uki.Inputs{
-			Kernel:    e.kernel,
-			Initrds:   e.initrds,
-			Cmdline:   strings.Join(append(slices.Clone(e.entry.Options), contract.ImagesRootHashParam+"="+id.Verity.RootHash), " "),
-			OSRelease: osRelease(e.entry),
-		})
-		if err != nil {
-			return fmt.Errorf("unified kernel image for entry %s: %w", e.entry.ID, err)
-		}
-		if err := uki.Sign(ctx, local, local, sb.key, sb.cert); err != nil {
+		if err := SignedUKI(ctx, local, e.entry, e.kernel, e.initrds, id.Verity.RootHash, sb.key, sb.cert); err != nil {
 			return err
 		}
 		if err := fs.CopyIn(local, e.uki.Path); err != nil {

@@ -10,10 +10,12 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/kiln-appliance/kiln/internal/filedigest"
+	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/partitions/esp"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/osslots"
@@ -124,6 +126,10 @@ func CheckSecureBoot(ctx context.Context, disk string, l *gpt.Layout, c *contrac
 			unchecked = append(unchecked, part+": "+u.Path+": the first-boot image, removed by the node once Ignition ran")
 			continue
 		}
+		if booted && errors.As(err, &sbe) {
+			unchecked = append(unchecked, part+": "+u.Path+": the factory's image, removed by the node when an upgrade wrote the slot it booted")
+			continue
+		}
 		if err != nil {
 			return nil, nil, err
 		}
@@ -138,6 +144,39 @@ func CheckSecureBoot(ctx context.Context, disk string, l *gpt.Layout, c *contrac
 			return nil, nil, &SecureBootError{u.Path, err}
 		}
 		n++
+	}
+	if booted {
+		// The images the node wrote (a field upgrade's, bootentry's type
+		// #2 names): held to the same signature and root hashes.
+		names, err := fs.List(bootentry.UKIDir)
+		if err != nil && !errors.Is(err, esp.ErrNotExist) {
+			return nil, nil, err
+		}
+		for i, name := range names {
+			p := path.Join(bootentry.UKIDir, name)
+			if slices.ContainsFunc(sb.UKIs, func(u contract.UKI) bool { return u.Path == p }) {
+				continue
+			}
+			if en, err := bootentry.ParseFileName(name); err != nil || !en.UKI {
+				unchecked = append(unchecked, part+": "+human.Quote(p)+": not a unified kernel image's name (no "+bootentry.UKISuffix+"): the boot loader skips it")
+				continue
+			}
+			local, err := copyOut(p, len(sb.Loaders)+len(sb.UKIs)+i)
+			if err != nil {
+				return nil, nil, err
+			}
+			if err := verify(p, local); err != nil {
+				return nil, nil, err
+			}
+			secs, err := uki.Read(local)
+			if err != nil {
+				return nil, nil, &SecureBootError{p, errors.New(strings.ReplaceAll(err.Error(), local, p))}
+			}
+			if err := checkUKIRootHashes(ctx, disk, l, secs, imageRootHash, slotsChecked); err != nil {
+				return nil, nil, &SecureBootError{p, err}
+			}
+			n++
+		}
 	}
 	what := fmt.Sprintf("%s: %d unified kernel images and %d systemd-boot binaries signed for db %q", part, n, len(sb.Loaders), dbCert.Subject.CommonName)
 	if n > 0 {

@@ -18,6 +18,7 @@ import (
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
 	"github.com/kiln-appliance/kiln/internal/version"
+	pbase "github.com/kiln-appliance/kiln/partitions/base"
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/squashfs"
 	"github.com/kiln-appliance/kiln/recipes"
@@ -51,6 +52,9 @@ type priorRelease struct {
 	fsOffset int64
 	lockBase string
 	os       *priorOS
+	// imagesRootHash is a Secure Boot disk's image partition's root hash
+	// (its signed images carry it): the bundle's images must name it.
+	imagesRootHash string
 }
 
 // loadPrior reads a --from argument: a kiln disk, its kiln.json, a bundle
@@ -111,6 +115,11 @@ func priorFromDisk(p string, l *gpt.Layout) (*priorRelease, error) {
 	}
 	b := priorOfContents(c)
 	b.disk = p
+	if c.SecureBoot != nil {
+		if b.imagesRootHash, err = secureBootDisk(p, l, c); err != nil {
+			return nil, err
+		}
+	}
 	b.trust, err = diskTrust(p)
 	return b, err
 }
@@ -300,11 +309,35 @@ func (b *bundler) loadOS(ctx context.Context, rel *priorRelease) (*priorOS, erro
 		return b.readPriorOS(ctx, rel.lockBase, "")
 	case rel.slots == nil:
 		return &priorOS{none: true}, nil
+	case rel.disk != "" && rel.imagesRootHash != "":
+		return b.readSecureBootPriorOS(ctx, rel.disk, rel.slots)
 	case rel.disk != "":
 		return b.readPriorOS(ctx, rel.disk, rel.slots.RootHash)
 	default: // a kiln.json
 		return &priorOS{rootHash: rel.slots.RootHash}, nil
 	}
+}
+
+// readSecureBootPriorOS reads the OS of a prior release's Secure Boot
+// disk: its entries are signed images, not text entries with their kernel
+// beside them, so its active slot is the one kiln.json's slots say (proven
+// against their root hash) and its nodes hold no kernel or initramfs file
+// (the stick carries them).
+func (b *bundler) readSecureBootPriorOS(ctx context.Context, disk string, slots *contract.OSSlots) (*priorOS, error) {
+	dir, err := b.workDir("base-os")
+	if err != nil {
+		return nil, err
+	}
+	d, err := pbase.OpenDisk(disk, dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	rel := &osRelease{slots: slots}
+	if err := rel.readActiveSlot(ctx, d); err != nil {
+		return nil, err
+	}
+	return osOfRelease(rel), nil
 }
 
 // readPriorOS reads the OS of a prior release's disk (its kiln.json saying rootHash,

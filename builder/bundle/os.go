@@ -65,34 +65,15 @@ func readOSRelease(ctx context.Context, path, dir string, p progress.Reporter) (
 	if slots == nil || err != nil {
 		return nil, err
 	}
-	l := d.Layout
 	task := p.Task("read the base's OS slot", 0)
 	defer func() { task.Done(err) }()
 	usr, _, err := bootentry.ParseUsrVerity(entry.Options) // osslots found it mounts the slot
 	if err != nil {
 		return nil, fmt.Errorf("boot loader entry %s: %w", entry.ID, err)
 	}
-	active := slots.ActiveSlot()
-	data, hash := partition(l, active.Usr.PartUUID), partition(l, active.UsrVerity.PartUUID)
-	// The ESP is read already; the slot's partitions come next on the disk,
-	// so a compressed one is still decompressed once.
-	rs, err := d.Partitions(data, hash)
-	if err != nil {
-		return nil, err
-	}
-	dataR, hashR := rs[0], rs[1]
 	rel = &osRelease{slots: slots, entry: entry, fsType: usr.FSType, closer: func() { d.Close() }}
-	v, err := verity.ReadSlot(ctx, dataR, hashR, slots.RootHash)
-	if err != nil {
-		return nil, fmt.Errorf("slot %s (%q, with %q): %w", active.Name, active.Usr.Name, active.UsrVerity.Name, err)
-	}
-	if v.DataBlocks*verity.Block > data.Size {
-		return nil, fmt.Errorf("the dm-verity superblock of %q says %d data blocks, more than %q holds (%d bytes)", active.UsrVerity.Name, v.DataBlocks, active.Usr.Name, data.Size)
-	}
-	rel.verity = slot.Verity{RootHash: v.RootHash, Salt: v.Salt, UUID: v.UUID, DataBlocks: v.DataBlocks}
-	rel.image = io.NewSectionReader(dataR, 0, v.DataBlocks*verity.Block)
-	if rel.index, err = slotcut.Cut(io.NewSectionReader(rel.image, 0, v.DataBlocks*verity.Block)); err != nil {
-		return nil, fmt.Errorf("cut slot %s: %w", active.Name, err)
+	if err := rel.readActiveSlot(ctx, d); err != nil {
+		return nil, err
 	}
 	bootDir := filepath.Join(dir, "boot")
 	if err := os.MkdirAll(bootDir, 0o755); err != nil {
@@ -110,6 +91,33 @@ func readOSRelease(ctx context.Context, path, dir string, p progress.Reporter) (
 		rel.boot = append(rel.boot, bootFile{local: c, digest: digest, size: n})
 	}
 	return rel, nil
+}
+
+// readActiveSlot reads r.slots' active usr slot of disk d: proven against
+// its root hash (every block), and cut into chunks.
+func (r *osRelease) readActiveSlot(ctx context.Context, d *pbase.Disk) error {
+	active := r.slots.ActiveSlot()
+	data, hash := partition(d.Layout, active.Usr.PartUUID), partition(d.Layout, active.UsrVerity.PartUUID)
+	// The ESP is read already; the slot's partitions come next on the disk,
+	// so a compressed one is still decompressed once.
+	rs, err := d.Partitions(data, hash)
+	if err != nil {
+		return err
+	}
+	dataR, hashR := rs[0], rs[1]
+	v, err := verity.ReadSlot(ctx, dataR, hashR, r.slots.RootHash)
+	if err != nil {
+		return fmt.Errorf("slot %s (%q, with %q): %w", active.Name, active.Usr.Name, active.UsrVerity.Name, err)
+	}
+	if v.DataBlocks*verity.Block > data.Size {
+		return fmt.Errorf("the dm-verity superblock of %q says %d data blocks, more than %q holds (%d bytes)", active.UsrVerity.Name, v.DataBlocks, active.Usr.Name, data.Size)
+	}
+	r.verity = slot.Verity{RootHash: v.RootHash, Salt: v.Salt, UUID: v.UUID, DataBlocks: v.DataBlocks}
+	r.image = io.NewSectionReader(dataR, 0, v.DataBlocks*verity.Block)
+	if r.index, err = slotcut.Cut(io.NewSectionReader(r.image, 0, v.DataBlocks*verity.Block)); err != nil {
+		return fmt.Errorf("cut slot %s: %w", active.Name, err)
+	}
+	return nil
 }
 
 // bootDigests is the set of the release's kernel and initramfs digests.

@@ -59,6 +59,9 @@ type Options struct {
 	Progress        progress.Reporter
 	Log             io.Writer
 	Fetch           []fetch.Option
+	// SecureBootKey is the db private key (db.key) that signs the
+	// release's unified kernel images, for a recipe with secureBoot.
+	SecureBootKey string
 }
 
 // Result is what Write wrote.
@@ -83,6 +86,7 @@ func Write(ctx context.Context, recipePath string, o Options) (*Result, error) {
 	}
 	defer b.cleanup()
 	for _, step := range []func(context.Context) error{
+		b.checkSecureBoot,
 		b.makeWorkDir,
 		b.readOS,
 		b.loadPriors,
@@ -93,6 +97,7 @@ func Write(ctx context.Context, recipePath string, o Options) (*Result, error) {
 		b.describeAgent,
 		b.stageImages,
 		b.stageOS,
+		b.signUKIs,
 		b.stageFiles,
 		b.writeBundle,
 		b.commit,
@@ -130,6 +135,7 @@ type bundler struct {
 	osIndexes  map[string]*slot.Index // the slot indexes the stick carries, by digest
 	packPriors []*slot.Index          // what each prior release's active slot holds (nil: not known)
 	closers    []func()
+	dbCert     string // the recipe's db certificate, when it has secureBoot
 }
 
 // newBundler reads and checks everything that needs no long work: the

@@ -5,12 +5,15 @@ package main
 import (
 	"crypto/ed25519"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/bundle"
 	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/inputfile"
@@ -53,6 +56,9 @@ a full bundle that applies to any earlier release. See docs/bundles.md.`,
 			o.Log = cmd.ErrOrStderr()
 			o.Progress = newProgress()
 			res, err := bundle.Write(cmd.Context(), args[0], o)
+			if errors.Is(err, builder.ErrNoSecureBootKey) {
+				return usageError{err}
+			}
 			if err != nil {
 				return err
 			}
@@ -61,7 +67,7 @@ a full bundle that applies to any earlier release. See docs/bundles.md.`,
 				res.Output, m.Recipe, m.Version, m.Kind, human.Bytes(res.Size), human.Bytes(m.Space.CopyBytes), res.KeyID,
 				agentLine(res.Agent, m.Agent, m.AgentOnStick))
 			if m.OS != nil {
-				fmt.Fprintf(cmd.ErrOrStderr(), "%s\n%s\n", osLine(m), bootLine(m.OS.Entry))
+				fmt.Fprintf(cmd.ErrOrStderr(), "%s\n%s\n", osLine(m), bootLine(m.OS))
 			}
 			return nil
 		},
@@ -70,6 +76,7 @@ a full bundle that applies to any earlier release. See docs/bundles.md.`,
 	cmd.Flags().StringVar(&o.Format, "format", bundle.FormatImage, "image (a USB stick image) or file (a single file)")
 	cmd.Flags().StringArrayVar(&o.From, "from", nil, "a release the appliances run: lock, disk, kiln.json or bundle (repeatable); none: a full bundle")
 	cmd.Flags().StringVar(&o.Key, "key", "", "private key to sign with (NAME.key from kiln key generate; required)")
+	cmd.Flags().StringVar(&o.SecureBootKey, "secure-boot-key", "", "the Secure Boot db private key (db.key from kiln key secureboot) that signs the release's unified kernel images, for a recipe with secureBoot")
 	cmd.Flags().StringVar(&o.CacheDir, "cache", "", "blob cache directory (default $XDG_CACHE_HOME/kiln)")
 	cmd.Flags().StringVar(&o.Agent, "agent", "", "the node's kiln binary (kiln-agent, built with -tags nodeonly) for the recipe's arch (default: kiln-agent beside this binary, when the arches match)")
 	fetch.register(cmd)
@@ -120,7 +127,7 @@ func printBundle(w io.Writer, rep *bundle.Report, format string) error {
 	}
 	fmt.Fprintf(w, "Agent: %s\n", agentLine(m.AgentVersion, m.Agent, m.AgentOnStick))
 	if m.OS != nil {
-		fmt.Fprintf(w, "%s\n%s\n", osLine(m), bootLine(m.OS.Entry))
+		fmt.Fprintf(w, "%s\n%s\n", osLine(m), bootLine(m.OS))
 	}
 	fmt.Fprintf(w, "Space on the node: %s of blobs to copy, %s unpacked\n\n", human.Bytes(m.Space.CopyBytes), human.Bytes(m.Space.UnpackedBytes))
 	onStick := map[string]bool{}
@@ -204,7 +211,8 @@ func osLine(m *bundlefmt.Manifest) string {
 
 // bootLine says which boot entry the release installs and whether its
 // kernel and initramfs are on the stick.
-func bootLine(e bundlefmt.BootEntry) string {
+func bootLine(o *bundlefmt.OS) string {
+	e := o.Entry
 	file := func(what string, f bundlefmt.BootFile) string {
 		where := "on the stick"
 		if !f.OnStick {
@@ -215,6 +223,19 @@ func bootLine(e bundlefmt.BootEntry) string {
 	s := fmt.Sprintf("Boot entry: version %s, %s", human.Quote(e.Version), file("kernel", e.Kernel))
 	for _, f := range e.Initrd {
 		s += ", " + file("initramfs", f)
+	}
+	if len(o.UKIs) > 0 {
+		// A Secure Boot release: "Signed images: slot a, slot b for image
+		// partition 5d1f…; ..." (the stick's strings quoted).
+		var parts []string
+		for _, u := range o.UKIs {
+			h := u.ImagesRootHash
+			if len(h) > 12 {
+				h = h[:12] + "…"
+			}
+			parts = append(parts, fmt.Sprintf("slot %s %s for image partition %s", human.Quote(u.Slot), human.Bytes(u.Size), human.Quote(h)))
+		}
+		s += "\nSigned images (Secure Boot): " + strings.Join(parts, ", ")
 	}
 	return s
 }

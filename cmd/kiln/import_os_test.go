@@ -73,12 +73,16 @@ func newOSNode(t *testing.T, rs *releases, disk string) *osNode {
 	}
 	esp := filepath.Join(n.root, bootloader.ESP)
 	os.MkdirAll(esp, 0o755)
-	cmd := exec.Command("mcopy", "-s", "-n", "-i", part("EFI-SYSTEM"), "::/loader", "::/kiln", esp)
+	dirs, entry := []string{"::/loader", "::/kiln"}, n.slots.Entry+bootentry.Suffix
+	if c.SecureBoot != nil { // signed images in EFI/Linux, no kernel files
+		dirs, entry = []string{"::/loader", "::/EFI"}, n.slots.Entry+bootentry.UKISuffix
+	}
+	cmd := exec.Command("mcopy", append(append([]string{"-s", "-n", "-i", part("EFI-SYSTEM")}, dirs...), esp)...)
 	cmd.Env = append(os.Environ(), "MTOOLS_SKIP_CHECK=1")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v\n%s", cmd, err, out)
 	}
-	n.bootEntry(t, n.slots.Entry+".conf")
+	n.bootEntry(t, entry)
 	n.setupTrust(t, rs.pub)
 	return n
 }
@@ -422,37 +426,46 @@ func TestImportOS(t *testing.T) {
 	})
 
 	t.Run("killed at every step and run again", func(t *testing.T) {
-		want := staged.snapshotOS(t)
-		var steps []string
-		n := base.copyOS(t)
-		n.runImportChild(t, b11, "", &steps)
-		if d := diffSnapshot(want, n.snapshotOS(t)); d != "" {
-			t.Fatalf("the helper's import differs from kiln's:\n%s", d)
-		}
-		if len(steps) < 8 {
-			t.Fatalf("steps %q", steps)
-		}
-		t.Logf("%d steps: %q", len(steps), steps)
-		for _, step := range steps {
-			killed := base.copyOS(t)
-			if !killed.runImportChild(t, b11, step, nil) {
-				t.Errorf("the import did not reach %q", step)
-				continue
-			}
-			killed.checkBootable(t)
-			if s := killed.stateOrNil(t); s != nil && s.Staged != nil {
-				if got := killed.entries(t); got != "kiln-1.0.conf" && got != "kiln-1.0.conf kiln-1.1.0+3.conf" {
-					t.Errorf("killed at %q: entries %q", step, got)
-				}
-			} else if got := killed.entries(t); got != "kiln-1.0.conf" {
-				t.Errorf("killed at %q, nothing staged: entries %q", step, got)
-			}
-			killed.mustKiln(t, rs, "agent", "import", b11)
-			if d := diffSnapshot(want, killed.snapshotOS(t)); d != "" {
-				t.Errorf("killed at %q, then run again: the node differs from an uninterrupted import:\n%s", step, d)
-			}
-		}
+		killEverywhere(t, rs, base, staged, b11, "kiln-1.0.conf", "kiln-1.0.conf kiln-1.1.0+3.conf")
 	})
+}
+
+// killEverywhere imports b on copies of base, killed at each step the
+// import reaches: at every instant each entry boots a whole slot, the
+// entries are before (nothing staged) or before or after (staged), and the
+// import run again leaves the node as an uninterrupted one did (staged).
+func killEverywhere(t *testing.T, rs *releases, base, staged *osNode, b, before, after string) {
+	t.Helper()
+	want := staged.snapshotOS(t)
+	var steps []string
+	n := base.copyOS(t)
+	n.runImportChild(t, b, "", &steps)
+	if d := diffSnapshot(want, n.snapshotOS(t)); d != "" {
+		t.Fatalf("the helper's import differs from kiln's:\n%s", d)
+	}
+	if len(steps) < 8 {
+		t.Fatalf("steps %q", steps)
+	}
+	t.Logf("%d steps: %q", len(steps), steps)
+	for _, step := range steps {
+		killed := base.copyOS(t)
+		if !killed.runImportChild(t, b, step, nil) {
+			t.Errorf("the import did not reach %q", step)
+			continue
+		}
+		killed.checkBootable(t)
+		if s := killed.stateOrNil(t); s != nil && s.Staged != nil {
+			if got := killed.entries(t); got != before && got != after {
+				t.Errorf("killed at %q: entries %q", step, got)
+			}
+		} else if got := killed.entries(t); got != before {
+			t.Errorf("killed at %q, nothing staged: entries %q", step, got)
+		}
+		killed.mustKiln(t, rs, "agent", "import", b)
+		if d := diffSnapshot(want, killed.snapshotOS(t)); d != "" {
+			t.Errorf("killed at %q, then run again: the node differs from an uninterrupted import:\n%s", step, d)
+		}
+	}
 }
 
 // snapshotOS is snapshot without what differs between two runs of the same

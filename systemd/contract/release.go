@@ -152,6 +152,12 @@ type ReleaseOS struct {
 	Linux   string   `json:"linux,omitempty"`
 	Initrd  []string `json:"initrd,omitempty"`
 	Options []string `json:"options,omitempty"`
+	// UKI is, on a Secure Boot node, the sha256 of the release's signed
+	// unified kernel image: its entry is that file (a type #2 entry,
+	// EFI/Linux/ENTRY+3.efi), which the import puts on the ESP by digest
+	// (bootentry.FilePath) for the state machine to rename into place.
+	// Options is then its signed command line; Linux and Initrd are empty.
+	UKI string `json:"uki,omitempty"`
 }
 
 // BootEntry is the entry the node writes for the release; false for an

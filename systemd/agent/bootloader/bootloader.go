@@ -22,6 +22,7 @@ import (
 	"unicode/utf16"
 
 	"github.com/kiln-appliance/kiln/internal/filedigest"
+	"github.com/kiln-appliance/kiln/partitions/uki"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
@@ -40,23 +41,40 @@ const loaderVendor = "4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
 
 func entriesDir(esp string) string { return filepath.Join(esp, bootentry.Dir) }
 
-// Entries lists the entries on the ESP, by file name; other files are left
-// out.
+func ukiDir(esp string) string { return filepath.Join(esp, filepath.FromSlash(bootentry.UKIDir)) }
+
+// Entries lists the entries on the ESP, by file name: the type #1 entries
+// of loader/entries and the type #2 ones (signed unified kernel images) of
+// EFI/Linux; other files are left out. A Secure Boot disk may have no
+// loader/entries at all.
 func Entries(esp string) ([]bootentry.Name, error) {
-	des, err := os.ReadDir(entriesDir(esp))
-	if err != nil {
-		return nil, fmt.Errorf("boot loader entries: %w", err)
-	}
 	var out []bootentry.Name
-	for _, de := range des {
-		if !de.Type().IsRegular() || strings.HasPrefix(de.Name(), ".") {
+	found := false
+	for _, d := range []struct {
+		dir string
+		uki bool
+	}{{entriesDir(esp), false}, {ukiDir(esp), true}} {
+		des, err := os.ReadDir(d.dir)
+		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
-		if n, err := bootentry.ParseFileName(de.Name()); err == nil {
-			out = append(out, n)
+		if err != nil {
+			return nil, fmt.Errorf("boot loader entries: %w", err)
+		}
+		found = true
+		for _, de := range des {
+			if !de.Type().IsRegular() || strings.HasPrefix(de.Name(), ".") {
+				continue
+			}
+			if n, err := bootentry.ParseFileName(de.Name()); err == nil && n.UKI == d.uki {
+				out = append(out, n)
+			}
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	if !found {
+		return nil, fmt.Errorf("boot loader entries: neither %s nor %s is on the ESP: %w", bootentry.Dir, bootentry.UKIDir, os.ErrNotExist)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path() < out[j].Path() })
 	return out, nil
 }
 
@@ -76,6 +94,28 @@ func Install(esp string, e bootentry.Entry, tries int, opts ...atomicfile.Option
 		return fmt.Errorf("boot entry %s: %w", name, err)
 	}
 	return remove(esp, e.ID, name)
+}
+
+// InstallUKI makes the signed unified kernel image at src (a file on the
+// ESP, written and checked by the import) the type #2 entry id with tries
+// left: renamed into EFI/Linux in one step, so systemd-boot sees no entry
+// or a whole one and the ESP never holds the image twice; then every other
+// file of id is removed.
+func InstallUKI(esp, id, src string, tries int) error {
+	name := bootentry.UKIFileName(id, tries)
+	dir := ukiDir(esp)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("boot entry %s: %w", name, err)
+	}
+	if err := os.Rename(src, filepath.Join(dir, name)); err != nil {
+		return fmt.Errorf("boot entry %s: %w", name, err)
+	}
+	for _, d := range []string{dir, filepath.Dir(src)} {
+		if err := syncDir(d); err != nil {
+			return fmt.Errorf("boot entry %s: %w", name, err)
+		}
+	}
+	return remove(esp, id, name)
 }
 
 // Remove deletes every file of the entry id.
@@ -133,7 +173,9 @@ func bootedFiles(esp string) (map[string]bool, error) {
 			return nil, err
 		}
 		for _, p := range append([]string{e.Linux}, e.Initrd...) {
-			used[strings.ToLower(espPath(esp, p))] = true
+			if p != "" { // a UKI's kernel is inside it
+				used[strings.ToLower(espPath(esp, p))] = true
+			}
 		}
 	}
 	return used, nil
@@ -144,20 +186,23 @@ func remove(esp, id, keep string) error {
 	if err != nil {
 		return err
 	}
-	removed := false
+	removed := map[string]bool{}
 	for _, n := range names {
 		if n.ID != id || n.String() == keep {
 			continue
 		}
-		if err := os.Remove(filepath.Join(entriesDir(esp), n.String())); err != nil && !errors.Is(err, os.ErrNotExist) {
+		p := espPath(esp, n.Path())
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("boot entry %s: %w", n, err)
 		}
-		removed = true
+		removed[filepath.Dir(p)] = true
 	}
-	if !removed {
-		return nil
+	for d := range removed {
+		if err := syncDir(d); err != nil {
+			return err
+		}
 	}
-	return syncDir(entriesDir(esp))
+	return nil
 }
 
 func syncDir(dir string) error {
@@ -170,8 +215,9 @@ func syncDir(dir string) error {
 }
 
 // Booted is the ID of the entry the boot loader booted this time (its
-// LoaderEntrySelected variable, without the ".conf" and without a counter),
-// or "" when the boot loader did not say (not systemd-boot, not UEFI).
+// LoaderEntrySelected variable, without the ".conf" or ".efi" and without a
+// counter), or "" when the boot loader did not say (not systemd-boot, not
+// UEFI). For a type #2 entry systemd-boot says its file name, lower case.
 func Booted(efivars string) (string, error) {
 	b, err := os.ReadFile(filepath.Join(efivars, "LoaderEntrySelected-"+loaderVendor))
 	if errors.Is(err, os.ErrNotExist) {
@@ -184,7 +230,7 @@ func Booted(efivars string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("the booted entry (LoaderEntrySelected): %w", err)
 	}
-	if !strings.HasSuffix(s, bootentry.Suffix) {
+	if !strings.HasSuffix(s, bootentry.Suffix) && !strings.HasSuffix(s, bootentry.UKISuffix) {
 		s += bootentry.Suffix // an ID without its file's suffix
 	}
 	n, err := bootentry.ParseFileName(s)
@@ -226,8 +272,17 @@ func Find(esp, id string) (bootentry.Name, bool, error) {
 	return bootentry.Name{}, false, nil
 }
 
-// Read decodes the entry in file n.
+// Read decodes the entry in file n. A type #2 entry's is its signed
+// command line (the kernel and initramfs are inside it: no paths); its
+// signature is not checked here (uki.CheckSignature).
 func Read(esp string, n bootentry.Name) (*bootentry.Entry, error) {
+	if n.UKI {
+		s, err := uki.Read(espPath(esp, n.Path()))
+		if err != nil {
+			return nil, fmt.Errorf("boot entry %s: %w", n, err)
+		}
+		return &bootentry.Entry{ID: n.ID, Options: strings.Fields(s.Cmdline)}, nil
+	}
 	f, err := os.Open(filepath.Join(entriesDir(esp), n.String()))
 	if err != nil {
 		return nil, fmt.Errorf("boot entry: %w", err)

@@ -151,6 +151,8 @@ func TestBooted(t *testing.T) {
 		{"kiln-1.1.0.conf", "kiln-1.1.0"},
 		{"kiln-1.1.0+2-1.conf", "kiln-1.1.0"},
 		{"kiln-1.1.0", "kiln-1.1.0"},
+		{"kiln-1.1.0+3.efi", "kiln-1.1.0"}, // a type #2 entry: its file name
+		{"kiln-1.0.efi", "kiln-1.0"},
 	} {
 		d := t.TempDir()
 		efivar(t, d, "LoaderEntrySelected", tc.value)
@@ -246,5 +248,43 @@ func TestRemoveWithFiles(t *testing.T) {
 		if _, err := os.Stat(f); (err == nil) != want {
 			t.Errorf("%s: exists %v, want %v", f, err == nil, want)
 		}
+	}
+}
+
+// A type #2 entry: the checked image renamed into EFI/Linux with tries
+// left, the entry's older files of both kinds removed, listed beside the
+// type #1 entries and removed by its ID like them.
+func TestInstallUKI(t *testing.T) {
+	d := esp(t, "kiln-1.0.conf")
+	linux := filepath.Join(d, filepath.FromSlash(bootentry.UKIDir))
+	os.MkdirAll(linux, 0o755)
+	os.WriteFile(filepath.Join(linux, "kiln-1.1.0+0-3.efi"), []byte("an older try"), 0o644)
+	os.WriteFile(filepath.Join(linux, "notes.txt"), []byte("not an entry"), 0o644)
+	src := filepath.Join(d, filepath.FromSlash(bootentry.FilePath("sha256:"+strings.Repeat("ab", 32))))
+	os.MkdirAll(filepath.Dir(src), 0o755)
+	os.WriteFile(src, []byte("a signed image"), 0o644)
+	if err := InstallUKI(d, "kiln-1.1.0", src, 3); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(t, d); got != "kiln-1.1.0+3.efi kiln-1.0.conf" {
+		t.Errorf("entries %q", got)
+	}
+	if b, _ := os.ReadFile(filepath.Join(linux, "kiln-1.1.0+3.efi")); string(b) != "a signed image" {
+		t.Errorf("the entry holds %q", b)
+	}
+	if _, err := os.Stat(src); !os.IsNotExist(err) {
+		t.Errorf("the image is still at %s: %v", src, err)
+	}
+	if n, ok, err := Find(d, "kiln-1.1.0"); !ok || err != nil || !n.UKI || n.Left != 3 {
+		t.Errorf("Find: %+v %v %v", n, ok, err)
+	}
+	if err := Remove(d, "kiln-1.1.0"); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(t, d); got != "kiln-1.0.conf" {
+		t.Errorf("after Remove: %q", got)
+	}
+	if err := InstallUKI(d, "kiln-1.1.0", src, 3); err == nil {
+		t.Error("an image that is not there was installed")
 	}
 }

@@ -154,6 +154,7 @@ func Import(ctx context.Context, source string, opts ...Option) (*state.State, e
 		if osPlan, err = osinstall.Prepare(self.osNode(i.root), m, f, h.Size); err != nil {
 			return nil, refused(source, err)
 		}
+		defer osPlan.Close()
 	}
 
 	incoming := filepath.Join(i.path(contract.ReleaseStore), incomingDir)
@@ -284,7 +285,7 @@ func (s self) partitionAgent() string {
 
 // osNode is the node as the OS install sees it.
 func (s self) osNode(root string) osinstall.Node {
-	n := osinstall.Node{Root: root, ESP: bootloader.ESP, Slots: s.contents.OSSlots, Base: s.node.Current, PartitionAgent: s.partitionAgent()}
+	n := osinstall.Node{Root: root, ESP: bootloader.ESP, Slots: s.contents.OSSlots, Base: s.node.Current, PartitionAgent: s.partitionAgent(), SecureBoot: s.contents.SecureBoot}
 	if s.current.OS != nil {
 		n.Entry = s.current.OS.Entry
 	}

@@ -68,6 +68,9 @@ type Node struct {
 	// a release whose agent is another one names its own on its entry
 	// (handoff.Param).
 	PartitionAgent string
+	// SecureBoot is kiln.json's record of a Secure Boot-ready node (its db
+	// certificate); nil on a node without: entries are then type #1.
+	SecureBoot *contract.SecureBoot
 }
 
 func (n Node) path(p string) string { return filepath.Join(n.Root, p) }
@@ -129,6 +132,7 @@ type Plan struct {
 	bases          []*slot.Index
 	base           *slot.Index
 	boot           []bootFile
+	uki            *ukiPlan // a Secure Boot node's entry, checked
 }
 
 // bootFile is a kernel or initramfs the entry boots, and where it comes from.
@@ -178,6 +182,9 @@ func Prepare(n Node, m *bundlefmt.Manifest, r io.ReaderAt, fsStart int64) (*Plan
 	if err != nil {
 		return nil, err
 	}
+	if n.SecureBoot != nil {
+		return p.prepareSecureBoot(entry)
+	}
 	if !p.WritesSlot {
 		if p.Unchanged, err = p.sameAsRunning(entry); err != nil || p.Unchanged {
 			return p, err
@@ -190,6 +197,35 @@ func Prepare(n Node, m *bundlefmt.Manifest, r io.ReaderAt, fsStart int64) (*Plan
 		Title: entry.Title, Version: entry.Version, Linux: entry.Linux, Initrd: entry.Initrd, Options: entry.Options}
 	if err := p.OS.Check(); err != nil {
 		return nil, fmt.Errorf("the bundle's boot entry: %w", err)
+	}
+	return p, nil
+}
+
+// prepareSecureBoot is the rest of Prepare on a Secure Boot node: the
+// signed image instead of the kernel and initramfs files.
+func (p *Plan) prepareSecureBoot(entry bootentry.Entry) (*Plan, error) {
+	if err := p.checkUKI(entry); err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*Plan, error) {
+		p.Close()
+		return nil, err
+	}
+	if !p.WritesSlot {
+		same, err := p.sameUKIAsRunning()
+		if err != nil {
+			return fail(err)
+		}
+		if p.Unchanged = same; same {
+			p.Close()
+			return p, nil
+		}
+	}
+	if err := p.ukiFits(); err != nil {
+		return fail(err)
+	}
+	if err := p.OS.Check(); err != nil {
+		return fail(fmt.Errorf("the bundle's boot entry: %w", err))
 	}
 	return p, nil
 }
@@ -322,22 +358,25 @@ func (p *Plan) findBootFiles() error {
 		}
 		p.boot = append(p.boot, bf)
 	}
-	free, err := freespace.Available(esp)
+	free, err := freeOnESP(p)
 	if err != nil {
 		return err
-	}
-	if p.WritesSlot {
-		// What the entries of the slot written take with them.
-		freed, err := p.freedOnESP()
-		if err != nil {
-			return err
-		}
-		free += freed
 	}
 	if need > free {
 		return fmt.Errorf("the release's kernel and initramfs need %s on the ESP (%s), which has %s free: it must have %d bytes more free", human.Bytes(need), p.node.ESP, human.Bytes(free), need-free)
 	}
 	return nil
+}
+
+// freeOnESP is the ESP's free space once the entries of the slot written
+// are removed with what they take with them.
+func freeOnESP(p *Plan) (int64, error) {
+	free, err := freespace.Available(p.node.esp())
+	if err != nil || !p.WritesSlot {
+		return free, err
+	}
+	freed, err := p.freedOnESP()
+	return free + freed, err
 }
 
 // Option changes how Write works.
@@ -374,6 +413,9 @@ func (p *Plan) Write(ctx context.Context, opts ...Option) error {
 		if err := p.writeSlot(ctx, o); err != nil {
 			return err
 		}
+	}
+	if p.uki != nil {
+		return p.writeUKI(o)
 	}
 	for _, f := range p.boot {
 		if f.there {

@@ -3,6 +3,7 @@ package release
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 
 	"github.com/kiln-appliance/kiln/systemd/agent/bootloader"
 	"github.com/kiln-appliance/kiln/systemd/agent/state"
@@ -120,6 +121,14 @@ func (m *Machine) syncEntries(s *state.State) error {
 		e, ok := s.Staged.OS.BootEntry()
 		if _, found, err := bootloader.Find(esp, s.Staged.OS.Entry); err != nil {
 			return err
+		} else if d := s.Staged.OS.UKI; d != "" && !found {
+			// A Secure Boot node's: the import put the signed image on
+			// the ESP by digest, checked; it becomes the entry.
+			m.step("install entry " + s.Staged.OS.Entry)
+			if err := bootloader.InstallUKI(esp, s.Staged.OS.Entry, filepath.Join(esp, filepath.FromSlash(bootentry.FilePath(d))), bootentry.DefaultTries); err != nil {
+				return err
+			}
+			fmt.Fprintf(m.log, "boot loader: entry %s of release %s written, %d tries\n", bootentry.UKIFileName(s.Staged.OS.Entry, bootentry.DefaultTries), s.Staged.Version, bootentry.DefaultTries)
 		} else if ok && !found {
 			m.step("install entry " + e.ID)
 			if err := bootloader.Install(esp, e, bootentry.DefaultTries); err != nil {

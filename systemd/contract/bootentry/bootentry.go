@@ -37,8 +37,18 @@ const FileDir = "kiln/sha256"
 // digest d ("sha256:HEX").
 func FilePath(d string) string { return "/" + FileDir + "/" + strings.TrimPrefix(d, "sha256:") }
 
-// Suffix ends every entry's file name.
+// Suffix ends every type #1 entry's file name.
 const Suffix = ".conf"
+
+// UKIDir holds the type #2 entries, relative to the ESP's root: signed
+// unified kernel images (a Secure Boot node's), one file each, counted in
+// their names as type #1 entries are (kiln-1.1.0+3.efi): systemd-boot
+// parses the counter of both alike, and its LoaderEntrySelected is the
+// file name.
+const UKIDir = "EFI/Linux"
+
+// UKISuffix ends every type #2 entry's file name.
+const UKISuffix = ".efi"
 
 // DefaultTries is how many boots a new release gets before systemd-boot
 // falls back: one for a power cut during the first, one for a second look.
@@ -127,6 +137,9 @@ func Decode(name string, r io.Reader) (*Entry, error) {
 	if err != nil {
 		return nil, err
 	}
+	if n.UKI {
+		return nil, fmt.Errorf("%q is a unified kernel image, not a text entry: %w", name, ErrNotEntry)
+	}
 	b, err := io.ReadAll(io.LimitReader(r, MaxSize+1))
 	if err != nil {
 		return nil, fmt.Errorf("boot entry %s: %w", name, err)
@@ -165,6 +178,7 @@ type Name struct {
 	ID         string
 	Counting   bool // the name carries a counter
 	Left, Done int
+	UKI        bool // a type #2 entry (UKIDir, UKISuffix)
 }
 
 // FileName is the name of an entry with tries left (0: blessed, no counter).
@@ -172,16 +186,33 @@ func FileName(id string, triesLeft int) string {
 	return Name{ID: id, Counting: triesLeft > 0, Left: max(triesLeft, 0)}.String()
 }
 
+// UKIFileName is FileName for a type #2 entry.
+func UKIFileName(id string, triesLeft int) string {
+	return Name{ID: id, Counting: triesLeft > 0, Left: max(triesLeft, 0), UKI: true}.String()
+}
+
 // String is the file name.
 func (n Name) String() string {
+	suffix := Suffix
+	if n.UKI {
+		suffix = UKISuffix
+	}
 	if !n.Counting {
-		return n.ID + Suffix
+		return n.ID + suffix
 	}
 	s := n.ID + "+" + strconv.Itoa(n.Left)
 	if n.Done > 0 {
 		s += "-" + strconv.Itoa(n.Done)
 	}
-	return s + Suffix
+	return s + suffix
+}
+
+// Path is the entry file's path relative to the ESP's root.
+func (n Name) Path() string {
+	if n.UKI {
+		return UKIDir + "/" + n.String()
+	}
+	return Dir + "/" + n.String()
 }
 
 // Bad says systemd-boot will not boot it by default any more.
@@ -191,18 +222,22 @@ func (n Name) Bad() bool { return n.Counting && n.Left == 0 }
 var ErrNotEntry = errors.New("not a boot loader entry")
 
 // ParseFileName takes an entry's file name apart as systemd-boot does: the
-// counter is the last '+' and what follows it up to Suffix, LEFT or
-// LEFT-DONE in decimal.
+// counter is the last '+' and what follows it up to Suffix (type #1) or
+// UKISuffix (type #2), LEFT or LEFT-DONE in decimal.
 func ParseFileName(name string) (Name, error) {
 	base, ok := strings.CutSuffix(name, Suffix)
-	if !ok || base == "" {
+	uki := false
+	if !ok {
+		base, uki = strings.CutSuffix(name, UKISuffix)
+	}
+	if !ok && !uki || base == "" {
 		return Name{}, fmt.Errorf("%q: %w", name, ErrNotEntry)
 	}
 	i := strings.LastIndexByte(base, '+')
 	if i < 0 {
-		return Name{ID: base}, nil
+		return Name{ID: base, UKI: uki}, nil
 	}
-	n := Name{ID: base[:i], Counting: true}
+	n := Name{ID: base[:i], Counting: true, UKI: uki}
 	left, done, hasDone := strings.Cut(base[i+1:], "-")
 	var err error
 	if n.Left, err = counter(left); err != nil {

@@ -84,6 +84,9 @@ func TestFileNames(t *testing.T) {
 		{"kiln-1.1.0+3.conf", Name{ID: "kiln-1.1.0", Counting: true, Left: 3}, false},
 		{"kiln-1.1.0+2-1.conf", Name{ID: "kiln-1.1.0", Counting: true, Left: 2, Done: 1}, false},
 		{"kiln-1.1.0+0-3.conf", Name{ID: "kiln-1.1.0", Counting: true, Done: 3}, true},
+		{"kiln-1.0.efi", Name{ID: "kiln-1.0", UKI: true}, false},
+		{"kiln-1.1.0+3.efi", Name{ID: "kiln-1.1.0", Counting: true, Left: 3, UKI: true}, false},
+		{"kiln-1.1.0+0-3.efi", Name{ID: "kiln-1.1.0", Counting: true, Done: 3, UKI: true}, true},
 	} {
 		got, err := ParseFileName(tc.file)
 		if err != nil || got != tc.want {
@@ -97,7 +100,13 @@ func TestFileNames(t *testing.T) {
 	if FileName("kiln-1.1.0", 3) != "kiln-1.1.0+3.conf" || FileName("kiln-1.1.0", 0) != "kiln-1.1.0.conf" {
 		t.Error("FileName")
 	}
-	for _, bad := range []string{"kiln.txt", ".conf", "+3.conf", "kiln+x.conf", "kiln+3-.conf", "kiln+-1.conf", "kiln+99999.conf"} {
+	if UKIFileName("kiln-1.1.0", 3) != "kiln-1.1.0+3.efi" || (Name{ID: "kiln-1.0", UKI: true}).Path() != "EFI/Linux/kiln-1.0.efi" || (Name{ID: "kiln-1.0"}).Path() != "loader/entries/kiln-1.0.conf" {
+		t.Error("UKIFileName, Path")
+	}
+	if _, err := Decode("kiln-1.0.efi", strings.NewReader("linux /vmlinuz\n")); !errors.Is(err, ErrNotEntry) {
+		t.Errorf("Decode of a unified kernel image's name: %v, want ErrNotEntry", err)
+	}
+	for _, bad := range []string{"kiln.txt", ".conf", ".efi", "kiln.EFI", "+3.conf", "kiln+x.conf", "kiln+3-.conf", "kiln+-1.conf", "kiln+99999.conf"} {
 		if _, err := ParseFileName(bad); err == nil {
 			t.Errorf("ParseFileName(%q) accepted it", bad)
 		} else if bad == "kiln.txt" && !errors.Is(err, ErrNotEntry) {

@@ -28,6 +28,35 @@ func OSFile(d string) string { return OSBlobDir + "/" + strings.TrimPrefix(d, "s
 type OS struct {
 	Usr   UsrSlot   `json:"usr"`
 	Entry BootEntry `json:"entry"`
+	// UKIs are, for a recipe with secureBoot, the release's entry as
+	// signed unified kernel images (files of the bundle, OSFile): the
+	// signed command line names the slot's partitions and the image
+	// partition's root hash, so there is one for each slot and each
+	// image partition the bundle applies to. A Secure Boot node takes the
+	// one for its inactive slot and its image partition, and refuses a
+	// bundle without one.
+	UKIs []UKIFile `json:"ukis,omitempty"`
+}
+
+// UKIFile is a signed unified kernel image of the release's entry.
+type UKIFile struct {
+	Slot string `json:"slot"` // the slot it mounts /usr from (contract.SlotA, SlotB)
+	// ImagesRootHash is the image partition's dm-verity root hash its
+	// command line carries (contract.ImagesRootHashParam).
+	ImagesRootHash string `json:"imagesRootHash"`
+	Digest         string `json:"digest"`
+	Size           int64  `json:"size"`
+}
+
+// UKI is the unified kernel image for slot and the image partition with
+// root hash images; false when the bundle has none.
+func (o *OS) UKI(slot, images string) (UKIFile, bool) {
+	for _, u := range o.UKIs {
+		if u.Slot == slot && u.ImagesRootHash == images {
+			return u, true
+		}
+	}
+	return UKIFile{}, false
 }
 
 // UsrSlot is the release's /usr slot image: its chunks, its dm-verity
@@ -154,6 +183,12 @@ func (m *Manifest) validateOS(bad func(string, ...any)) {
 	if !slices.Equal(bases, m.AppliesTo) {
 		bad("os: the usr slot's bases %v are not the releases the bundle applies to %v", bases, m.AppliesTo)
 	}
+	for _, k := range o.UKIs {
+		file("unified kernel image for slot "+k.Slot, k.Digest, k.Size)
+		if k.Slot != contract.SlotA && k.Slot != contract.SlotB || !isHex64(k.ImagesRootHash) {
+			bad("os: unified kernel image %s: slot %q, image partition root hash %q", k.Digest, k.Slot, k.ImagesRootHash)
+		}
+	}
 	e := o.Entry
 	if e.Version == "" {
 		bad("os: the boot entry has no version")
@@ -252,3 +287,6 @@ func (m *Manifest) CheckOS(r io.ReaderAt, fsOffset int64) (*slot.Index, []*slot.
 	}
 	return x, bases, nil
 }
+
+// isHex64 says s is a sha256 in lower-case hex (a dm-verity root hash).
+func isHex64(s string) bool { return isSHA256("sha256:"+s) && strings.ToLower(s) == s }

@@ -144,6 +144,12 @@ func TestValidateOSRefuses(t *testing.T) {
 		want  string
 	}{
 		{"schema 2", func(m *Manifest) { m.SchemaVersion = 2 }, "schema 2 has no os section"},
+		{"uki not a file", func(m *Manifest) {
+			m.OS.UKIs = []UKIFile{{Slot: "b", ImagesRootHash: strings.Repeat("a", 64), Digest: "sha256:" + strings.Repeat("2", 64), Size: 9}}
+		}, "unified kernel image for slot b sha256:2222"},
+		{"uki slot", func(m *Manifest) {
+			m.OS.UKIs = []UKIFile{{Slot: "c", ImagesRootHash: strings.Repeat("a", 64), Digest: m.OS.Usr.Index}}
+		}, `slot "c"`},
 		{"index not a file", func(m *Manifest) { m.OS.Usr.Index = "sha256:" + strings.Repeat("0", 64) }, "is not a file of the bundle"},
 		{"index not a digest", func(m *Manifest) { m.OS.Usr.Index = "usr.index" }, "is not a sha256 digest"},
 		{"pack size", func(m *Manifest) { m.OS.Usr.Pack.Size-- }, "usr slot pack"},
