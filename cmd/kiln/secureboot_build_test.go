@@ -26,7 +26,7 @@ import (
 )
 
 // espOfDisk is the ESP of the disk file p.
-func espOfDisk(t *testing.T, p string) (esp.FS, gpt.Partition) {
+func espOfDisk(t testing.TB, p string) (esp.FS, gpt.Partition) {
 	t.Helper()
 	l, err := gpt.Inspect(p)
 	if err != nil {
@@ -41,10 +41,15 @@ func espOfDisk(t *testing.T, p string) (esp.FS, gpt.Partition) {
 
 // sbBase writes the A/B base of OS 1.0 with what a Debian 12 base's ESP
 // has besides: systemd-boot in its place and as the fallback loader, the
-// one-shot first-boot entry and a loader.conf that boots it first.
-func sbBase(t *testing.T, p string) {
+// one-shot first-boot entry and a loader.conf that boots it first. opts
+// replace the base's layout and OS (the benchmark's real-sized ones); none
+// is basedisk.WithABSlotsOS of 8 MiB slots and osOf("1.0").
+func sbBase(t testing.TB, p string, opts ...basedisk.Option) {
 	t.Helper()
-	if err := basedisk.Write(p, basedisk.WithABSlotsOS(8<<20, 8<<20, osOf("1.0"))); err != nil {
+	if len(opts) == 0 {
+		opts = []basedisk.Option{basedisk.WithABSlotsOS(8<<20, 8<<20, osOf("1.0"))}
+	}
+	if err := basedisk.Write(p, opts...); err != nil {
 		t.Fatal(err)
 	}
 	fs, _ := espOfDisk(t, p)
@@ -81,7 +86,7 @@ func sbBase(t *testing.T, p string) {
 
 // copyOf copies a file into the test's temporary directory (esp.FS sets
 // the times of what it copies in).
-func copyOf(t *testing.T, src string) string {
+func copyOf(t testing.TB, src string) string {
 	t.Helper()
 	b, err := os.ReadFile(src)
 	if err != nil {
