@@ -19,6 +19,7 @@ import (
 	"github.com/kiln-appliance/kiln/partitions/seal"
 	"github.com/kiln-appliance/kiln/partitions/squashfs"
 	"github.com/kiln-appliance/kiln/systemd/contract"
+	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
 	"github.com/opencontainers/go-digest"
 )
 
@@ -122,7 +123,13 @@ func Verify(ctx context.Context, disk string, o VerifyOptions, p progress.Report
 		return nil, err
 	}
 	// What upgrades rewrote, by what the node wrote (seal.Verify leaves it).
-	checked, unchecked, err := osslots.CheckBooted(ctx, disk, rep.Layout, rep.OSSlots, sealed.Rewritten)
+	var ukis []*bootentry.Entry
+	if o.Booted && rep.Contents != nil && rep.Contents.SecureBoot != nil && len(sealed.Rewritten) > 0 {
+		if ukis, err = ukiEntries(disk, rep.Layout); err != nil {
+			return nil, err
+		}
+	}
+	checked, unchecked, err := osslots.CheckBooted(ctx, disk, rep.Layout, rep.OSSlots, sealed.Rewritten, ukis)
 	var booted *osslots.BootedError
 	if errors.As(err, &booted) {
 		return nil, fmt.Errorf("%s failed verification; the disk is damaged or was modified: rebuild or reflash it:\n  %w", disk, err)

@@ -188,6 +188,57 @@ func CheckSecureBoot(ctx context.Context, disk string, l *gpt.Layout, c *contrac
 	return append(checked, what), unchecked, nil
 }
 
+// ukiEntries reads the unified kernel images in the ESP's EFI/Linux as the
+// entries their signed command lines make (ID without the boot counter,
+// VERSION_ID of their os-release), for osslots.CheckBooted to check the
+// slots they boot; CheckSecureBoot holds them to their signatures.
+func ukiEntries(disk string, l *gpt.Layout) ([]*bootentry.Entry, error) {
+	espPart, err := osslots.FindESP(l)
+	if err != nil {
+		return nil, err
+	}
+	fs := esp.FS{Disk: disk, Offset: espPart.Offset}
+	names, err := fs.List(bootentry.UKIDir)
+	if errors.Is(err, esp.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "kiln-verify-ukis-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	var entries []*bootentry.Entry
+	for i, name := range names {
+		n, err := bootentry.ParseFileName(name)
+		if err != nil || !n.UKI {
+			continue // CheckSecureBoot reports it
+		}
+		local := filepath.Join(dir, strconv.Itoa(i)+".efi")
+		if err := fs.CopyOut(path.Join(bootentry.UKIDir, name), local); err != nil {
+			return nil, err
+		}
+		secs, err := uki.Read(local)
+		if err != nil {
+			return nil, &SecureBootError{path.Join(bootentry.UKIDir, name), errors.New(strings.ReplaceAll(err.Error(), local, name))}
+		}
+		entries = append(entries, &bootentry.Entry{ID: n.ID, Version: osReleaseValue(secs.OSRelease, "VERSION_ID"), Options: strings.Fields(secs.Cmdline)})
+	}
+	return entries, nil
+}
+
+// osReleaseValue is key's value in os-release text, unquoted; "" if none.
+func osReleaseValue(osrel []byte, key string) string {
+	for _, l := range strings.Split(string(osrel), "\n") {
+		if v, ok := strings.CutPrefix(l, key+"="); ok {
+			return strings.Trim(v, `"'`)
+		}
+	}
+	return ""
+}
+
 // checkUKIRootHashes checks a UKI's signed command line against the disk:
 // the slot its usrhash= mounts through dm-verity (each slot and hash once,
 // in done), and kiln.images.roothash= against imageRootHash.

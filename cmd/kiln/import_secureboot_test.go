@@ -342,10 +342,15 @@ func TestImportOSSecureBoot(t *testing.T) {
 		}
 		d := upgraded(t, func([]byte) {})
 		out := rs.mustKiln(t, "verify", "--booted", d.path)
-		for _, w := range []string{"3 unified kernel images and 2 systemd-boot binaries signed for db", "OK"} {
+		for _, w := range []string{"3 unified kernel images and 2 systemd-boot binaries signed for db", "OK",
+			// the slot the node's image boots, proved as an entry's would be
+			"(usr-b-verity): every block through dm-verity (root hash ", ", as entry kiln-1.1.0 (version 1.1) boots it)"} {
 			if !strings.Contains(out, w) {
 				t.Errorf("verify --booted lacks %q:\n%s", w, out)
 			}
+		}
+		if strings.Contains(out, "no boot loader entry boots this slot") {
+			t.Errorf("verify --booted does not see the slot the node's image boots:\n%s", out)
 		}
 		d = upgraded(t, func(b []byte) { b[len(b)/2] ^= 1 })
 		out, code := rs.kiln(t, "verify", "--booted", d.path)

@@ -70,7 +70,12 @@ func (e *BootedError) Unwrap() error { return e.Err }
 // its entries reported as not checked.
 //
 // It returns what it checked and what it could not, in seal.Report's words.
-func CheckBooted(ctx context.Context, path string, l *gpt.Layout, slots *contract.OSSlots, changed []gpt.Partition) (checked, unchecked []string, err error) {
+//
+// ukis are the unified kernel images on a Secure Boot disk's ESP, as
+// entries of their signed command lines (their signatures are checked
+// elsewhere): a slot one of them boots is checked against its root hash as
+// a type #1 entry's is.
+func CheckBooted(ctx context.Context, path string, l *gpt.Layout, slots *contract.OSSlots, changed []gpt.Partition, ukis []*bootentry.Entry) (checked, unchecked []string, err error) {
 	if len(changed) == 0 {
 		return nil, nil, nil
 	}
@@ -122,7 +127,7 @@ func CheckBooted(ctx context.Context, path string, l *gpt.Layout, slots *contrac
 			if !isChanged(*usr) && !isChanged(*hash) {
 				continue
 			}
-			c, u, err := checkSlot(ctx, path, *usr, *hash, isChanged, entries)
+			c, u, err := checkSlot(ctx, path, *usr, *hash, isChanged, append(slices.Clone(entries), ukis...))
 			if err != nil {
 				return nil, nil, err
 			}

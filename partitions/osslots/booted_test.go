@@ -80,7 +80,7 @@ func (d *bootedDisk) check(slots *contract.OSSlots, changed ...string) (checked,
 		p, _ := d.layout.Find(n)
 		parts = append(parts, *p)
 	}
-	return CheckBooted(context.Background(), d.path, d.layout, slots, parts)
+	return CheckBooted(context.Background(), d.path, d.layout, slots, parts, nil)
 }
 
 const factoryEntry = "/" + bootentry.Dir + "/" + basedisk.ABEntry + ".conf"
