@@ -11,11 +11,14 @@ import (
 	_ "embed"
 	"encoding/json"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kiln-appliance/kiln/partitions/esp"
+	"github.com/kiln-appliance/kiln/partitions/uki"
 	"github.com/kiln-appliance/kiln/test/e2e/fixture"
 	"github.com/kiln-appliance/kiln/test/e2e/vm"
 )
@@ -162,14 +165,21 @@ const (
 	resetAfter      = 4 * time.Second
 )
 
-// TestABUpgradeReset: factory 1.0 boots and reboots plainly, then takes
-// the 1.1 stick, and the machine is hard reset (QEMU system_reset) 4 s
-// into the import's write of slot b. The next boot runs 1.0 from its own entry;
-// the stick, still in, is imported again and keeps what the first import
-// wrote; the reboot after it runs 1.1 from slot b. It also times the
-// upgrade reboot (the reboot into 1.1 → 1.1's workload running) against
-// the plain reboot of 1.0 in the same run, and logs the ratio
-// (docs/BENCHMARKS.md). Four boots of one QEMU process.
+// TestABUpgradeReset: under Secure Boot (OVMF's Secure Boot firmware, its
+// variables in setup mode as a new machine's), systemd-boot enrols the
+// factory's keys from loader/keys/auto and resets the machine; factory 1.0
+// then boots as the signed first-boot UKI, Secure Boot on, and reboots
+// plainly, then takes the 1.1 stick (its signed UKI for slot b checked by
+// the node before it writes anything), and the machine is hard reset (QEMU
+// system_reset) 4 s into the import's write of slot b. The next boot runs
+// 1.0 from its own signed image; the stick, still in, is imported again and
+// keeps what the first import wrote; the reboot after it runs 1.1 from slot b
+// through the UKI the node wrote, with the root hashes its signed command
+// line names. It also times the upgrade reboot (the reboot into 1.1 → 1.1's
+// workload running) against the plain reboot of 1.0 in the same run, and
+// logs the ratio (docs/BENCHMARKS.md). Four boots of one QEMU process (and
+// the enrolment's few seconds before them); kiln verify --booted then holds
+// the images the node wrote to the db signature and the slots' root hashes.
 func TestABUpgradeReset(t *testing.T) {
 	vm.Schedule(t, 12*time.Minute)
 	ab := fixture.ABBase(t)
@@ -178,12 +188,17 @@ func TestABUpgradeReset(t *testing.T) {
 		{"1.1.0", []string{pauseRef, appRepo + ":1.1"}, appRepo + ":1.1", []string{"factory"}, "factory"},
 	}
 	set := newUpgradeSet(t, abUpgradeReset, upgradeOptions{releases: rels,
-		bases:  map[string]string{"1.0.0": ab.Path, "1.1.0": fixture.ABBaseRelease(t, fixture.ABRelease11).Path},
-		script: map[string]string{"USR_A": fixture.UsrAPartUUID, "USR_B": fixture.UsrBPartUUID},
+		bases:      map[string]string{"1.0.0": ab.Path, "1.1.0": fixture.ABBaseRelease(t, fixture.ABRelease11).Path},
+		script:     map[string]string{"USR_A": fixture.UsrAPartUUID, "USR_B": fixture.UsrBPartUUID},
+		secureBoot: true,
 	})
+	if out, err := exec.Command(set.kiln, "verify", set.disk).CombinedOutput(); err != nil {
+		t.Fatalf("kiln verify of the built disk: %v\n%s", err, out)
+	}
+	images := firstBootImagesRootHash(t, set.disk)
 	tech := &technician{t: t, sticks: set.sticks}
 	resets := 0
-	res := vm.Boot(t, set.disk, append(tech.hands(), vm.WithName("ab-upgrade-reset"), vm.WithReboots(),
+	res := vm.Boot(t, set.disk, append(tech.hands(), vm.WithName("ab-upgrade-reset"), vm.WithReboots(), vm.WithSecureBoot(),
 		vm.WithTimeout(applianceTimeout(45*time.Minute)), // took 26 min on 2026-11-28, three machines at once
 		vm.OnConsole(slotWriteBegins, func(m *vm.Monitor, line string) error {
 			if resets > 0 {
@@ -199,8 +214,19 @@ func TestABUpgradeReset(t *testing.T) {
 	root := mustFind(t, set.disk, "root")
 	readJournal(t, root, strings.TrimSuffix(res.Console, ".txt")+"-journal.txt")
 
+	enrol, ok := res.When("Enrolling secure boot keys from directory: \\loader\\keys\\auto")
+	if !ok {
+		t.Errorf("systemd-boot did not enrol the keys from loader/keys/auto")
+	}
+	if boot, ok := res.When("KILN-E2E: b1-secure-boot "); !ok || boot < enrol {
+		t.Errorf("no Secure Boot check after the enrolment")
+	}
 	requireAllPass(t, res)
+	requireDetail(t, res, "b1-images-roothash", images)
 	for _, name := range []string{
+		"b1-secure-boot", "b1-kernel-secure-boot", "b1-lockdown", "b1-db-in-kernel", "b1-stub", "b1-ignition",
+		"b1-usr-roothash", "b1-images-roothash", "b1-mount-verity",
+		"b4-secure-boot", "b4-kernel-secure-boot", "b4-stub", "b4-usr-roothash", "b4-images-roothash", "b4-mount-verity", "b4-failed-units",
 		"b1-settled", "b1-booted-entry", "b1-usr-slot", "b1-cri-workload",
 		"b2-cri-workload", "b2-settled", "b2-booted-entry",
 		"b3-booted-entry", "b3-os-release", "b3-usr-slot", "b3-current", "b3-staged", "b3-stick-removed",
@@ -230,6 +256,42 @@ func TestABUpgradeReset(t *testing.T) {
 		t.Logf("reboot to the workload running: plain (1.0) %s, upgrade (into 1.1) %s: ratio %.2f",
 			plain.Round(time.Second), upgrade.Round(time.Second), upgrade.Seconds()/plain.Seconds())
 	}
+	out, err := exec.Command(set.kiln, "verify", "--booted", set.disk).CombinedOutput()
+	t.Logf("kiln verify --booted of the node's disk:\n%s", out)
+	if err != nil {
+		t.Errorf("kiln verify --booted: %v", err)
+	}
+	// Slot b, which the UKI the node wrote boots, proved through dm-verity.
+	if !anyLineIn(string(out), "(usr-b-verity): every block through dm-verity (root hash ", "as entry kiln-1.1.0 ") {
+		t.Errorf("kiln verify --booted did not prove slot b by the image that boots it")
+	}
+}
+
+// anyLineIn: one line of out holds every part.
+func anyLineIn(out string, parts ...string) bool {
+	return slices.ContainsFunc(strings.Split(out, "\n"), func(l string) bool {
+		return !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(l, p) })
+	})
+}
+
+// firstBootImagesRootHash is the image partition's root hash the signed
+// first-boot UKI of a Secure Boot disk names on its command line.
+func firstBootImagesRootHash(t *testing.T, disk string) string {
+	t.Helper()
+	espPart := mustFind(t, disk, "EFI-SYSTEM")
+	firstBoot := filepath.Join(t.TempDir(), "ignition-firstboot.efi")
+	if err := (esp.FS{Disk: disk, Offset: espPart.Offset}).CopyOut("EFI/Linux/ignition-firstboot.efi", firstBoot); err != nil {
+		t.Fatal(err)
+	}
+	sec, err := uki.Read(firstBoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	images, ok := sec.Param("kiln.images.roothash")
+	if !ok {
+		t.Fatalf("the first-boot UKI's command line names no image partition root hash: %s", sec.Cmdline)
+	}
+	return images
 }
 
 // between is the time from the first console line holding from to the

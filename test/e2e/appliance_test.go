@@ -439,13 +439,7 @@ func buildAppliance(t *testing.T, script string, opts ...applianceOption) *appli
 		layout:  filepath.Join(dir, "oci"),
 		digests: map[string]string{},
 	}
-	base, secureBoot, buildArgs := fixture.Base(t), "", []string(nil)
-	if o.secureBoot {
-		base = fixture.ABBase(t).Path
-		mustKilnCmd(t, a.kiln, "key", "secureboot", filepath.Join(dir, "sb"))
-		secureBoot = "secureBoot:\n  keys: sb\n"
-		buildArgs = []string{"--secure-boot-key", filepath.Join(dir, "sb", "db.key")}
-	}
+	base := fixture.Base(t)
 	for _, ref := range []string{helloRef, servedRef, preloadedRef} {
 		d, err := images.HelloImage(a.layout, ref, "amd64")
 		if err != nil {
@@ -529,23 +523,21 @@ preload:
 ignition:
   fragments:
     - check.ign
-%[6]s`, base, helloRef, servedRef, preloadedRef, o.preloadMode(), secureBoot)
+`, base, helloRef, servedRef, preloadedRef, o.preloadMode())
 	rp := filepath.Join(dir, "appliance.yaml")
 	if err := os.WriteFile(rp, []byte(recipe), 0o644); err != nil {
 		t.Fatal(err)
 	}
 
 	start := time.Now()
-	cmd := exec.Command(a.kiln, append([]string{"build", rp, "-o", a.disk, "--cache", filepath.Join(dir, "cache")}, buildArgs...)...)
+	cmd := exec.Command(a.kiln, "build", rp, "-o", a.disk, "--cache", filepath.Join(dir, "cache"))
 	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH=0")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("kiln build: %v\n%s", err, out)
 	}
 	t.Logf("kiln build took %s", time.Since(start).Round(time.Second))
-	if !o.secureBoot { // a signed disk differs by its signing times (docs/security.md)
-		a.rebuild(t, rp, filepath.Join(dir, "cache"))
-	}
+	a.rebuild(t, rp, filepath.Join(dir, "cache"))
 
 	out, err = exec.Command(a.kiln, "inspect", a.disk, "-o", "json").Output()
 	if err != nil {

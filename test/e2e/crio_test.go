@@ -127,7 +127,7 @@ func addWorkloadPod(cfg *types.Config, image string) {
 		FileEmbedded1: types.FileEmbedded1{Mode: &mode, Contents: types.Resource{Source: guest.DataURL(podManifest(workloadPod, image))}}})
 }
 
-type applianceOptions struct{ copyMode, powerCut, secureBoot bool }
+type applianceOptions struct{ copyMode, powerCut bool }
 
 type applianceOption func(*applianceOptions)
 
@@ -137,11 +137,6 @@ func withCopyMode() applianceOption { return func(o *applianceOptions) { o.copyM
 // withPowerCut has the first boot's check script end by asking for the
 // power cut (bootWithPowerCut presses reset) instead of powering off.
 func withPowerCut() applianceOption { return func(o *applianceOptions) { o.powerCut = true } }
-
-// withSecureBoot builds on the A/B base with the recipe's secureBoot and
-// keys of its own (kiln key secureboot): signed UKIs, signed systemd-boot,
-// the keys in loader/keys/auto.
-func withSecureBoot() applianceOption { return func(o *applianceOptions) { o.secureBoot = true } }
 
 func (o applianceOptions) powerCutWord() string {
 	if o.powerCut {

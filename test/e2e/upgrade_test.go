@@ -235,6 +235,11 @@ type upgradeOptions struct {
 	// agents gives a release a kiln-agent of its own, stamped with this
 	// version (default: the factory build's, beside kiln).
 	agents map[string]string
+	// secureBoot makes the set's Secure Boot keys (kiln key secureboot),
+	// names them in every recipe's secureBoot, and builds the factory disk
+	// and the sticks with --secure-boot-key: its releases boot as db-signed
+	// unified kernel images. The bases must be A/B bases.
+	secureBoot bool
 }
 
 func (o upgradeOptions) preloadMode() string {
@@ -278,6 +283,11 @@ func newUpgradeSet(t *testing.T, checkScript string, options ...upgradeOptions) 
 	if len(options) > 0 {
 		h = options[0]
 	}
+	var sbKey []string
+	if h.secureBoot {
+		mustKilnCmd(t, set.kiln, "key", "secureboot", filepath.Join(dir, "sb"))
+		sbKey = []string{"--secure-boot-key", filepath.Join(dir, "sb", "db.key")}
+	}
 	rels := upgradeReleases()
 	if h.releases != nil {
 		rels = h.releases
@@ -316,7 +326,7 @@ func newUpgradeSet(t *testing.T, checkScript string, options ...upgradeOptions) 
 		set.recipes[r.version] = writeUpgradeRecipe(t, dir, b, r, h)
 	}
 	start := time.Now()
-	cmd := exec.Command(set.kiln, "build", set.recipes["1.0.0"], "-o", set.disk, "--cache", filepath.Join(dir, "cache"))
+	cmd := exec.Command(set.kiln, append([]string{"build", set.recipes["1.0.0"], "-o", set.disk, "--cache", filepath.Join(dir, "cache")}, sbKey...)...)
 	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("kiln build 1.0.0: %v\n%s", err, out)
@@ -328,7 +338,7 @@ func newUpgradeSet(t *testing.T, checkScript string, options ...upgradeOptions) 
 		if v, ok := h.from[r.version]; ok {
 			from = set.sticks[v]
 		}
-		args := []string{"--key", filepath.Join(dir, r.key+".key"), "--from", from}
+		args := append([]string{"--key", filepath.Join(dir, r.key+".key"), "--from", from}, sbKey...)
 		if v, ok := h.agents[r.version]; ok {
 			args = append(args, "--agent", buildAgent(t, filepath.Join(dir, "kiln-agent-"+v), v))
 		}
@@ -518,6 +528,9 @@ ignition:
   fragments:
     - ../check.ign
 `, r.version, base, imgs.String(), h.preloadMode(), strings.Join(trust, ", "), workloadManifest, kubeletUnit, h.command, h.timeout)
+	if h.secureBoot {
+		recipe += "secureBoot:\n  keys: ../sb\n"
+	}
 	p := filepath.Join(rd, "appliance.yaml")
 	if err := os.WriteFile(p, []byte(recipe), 0o644); err != nil {
 		t.Fatal(err)
