@@ -126,7 +126,7 @@ func printReflashStick(w io.Writer, rep *reflashstick.Report, format string) err
 	if rep.SecureBoot != nil {
 		fmt.Fprintln(w, builder.SecureBootReadyLine(rep.SecureBoot))
 	} else {
-		fmt.Fprintln(w, "Secure Boot: not ready (made from a recipe without secureBoot, or by a kiln before it signed sticks: boot loader entries, unsigned)")
+		fmt.Fprintln(w, "Secure Boot: not ready (boot loader entries, unsigned: made from a recipe without secureBoot, or by an older kiln)")
 	}
 	if c := d.Contents; c != nil {
 		fmt.Fprintln(w)
