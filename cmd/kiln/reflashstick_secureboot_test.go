@@ -118,16 +118,27 @@ func TestReflashStickSecureBoot(t *testing.T) {
 
 	// Refusals, before any long work: nothing written, nothing left.
 	plain := rs.recipeOn(t, "ab-sb.raw", "plain", "1.0.0", "")
+	// The same appliance built without its secureBoot section.
+	unsigned := filepath.Join(rs.dir, "unsigned", filepath.Base(r))
+	os.MkdirAll(filepath.Dir(unsigned), 0o755)
+	y, _ := os.ReadFile(r)
+	os.WriteFile(unsigned, []byte(strings.Replace(string(y), "secureBoot:\n  keys: ../sb\n", "", 1)), 0o644)
+	unsignedDisk := filepath.Join(rs.dir, "unsigned.raw")
+	rs.mustKiln(t, "build", unsigned, "-o", unsignedDisk)
 	for _, c := range []struct {
 		name string
 		args []string
 		code int
 		want []string
+		// verified: refused once the disk is verified, as kiln verify
+		// does (its kiln.json says how it was built), not before.
+		verified bool
 	}{
-		{"no --secure-boot-key", []string{r}, 2, []string{"appliance.yaml:", "Secure Boot reflash stick", "--secure-boot-key", "sb/db.key"}},
-		{"no --secure-boot-key with --disk", []string{r, "--disk", filepath.Join(rs.dir, "disk.raw")}, 2, []string{"--secure-boot-key", "sb/db.key"}},
-		{"another factory's db key", []string{r, "--secure-boot-key", filepath.Join(other, "db.key")}, 1, []string{"appliance.yaml:", "does not match the recipe's db certificate", "sb/db.crt"}},
-		{"a key for a recipe without secureBoot", []string{plain, "--secure-boot-key", dbKey}, 1, []string{"has no secureBoot section", "drop --secure-boot-key"}},
+		{"no --secure-boot-key", []string{r}, 2, []string{"appliance.yaml:", "Secure Boot reflash stick", "--secure-boot-key", "sb/db.key"}, false},
+		{"no --secure-boot-key with --disk", []string{r, "--disk", filepath.Join(rs.dir, "disk.raw")}, 2, []string{"--secure-boot-key", "sb/db.key"}, false},
+		{"another factory's db key", []string{r, "--secure-boot-key", filepath.Join(other, "db.key")}, 1, []string{"appliance.yaml:", "does not match the recipe's db certificate", "sb/db.crt"}, false},
+		{"a key for a recipe without secureBoot", []string{plain, "--secure-boot-key", dbKey}, 1, []string{"has no secureBoot section", "drop --secure-boot-key"}, false},
+		{"a --disk built without Secure Boot", []string{r, "--disk", unsignedDisk, "--secure-boot-key", dbKey}, 1, []string{unsignedDisk + " was built without Secure Boot", "has secureBoot"}, true},
 	} {
 		t.Run("refused: "+c.name, func(t *testing.T) {
 			out := filepath.Join(rs.dir, "refused.raw")
@@ -140,8 +151,8 @@ func TestReflashStickSecureBoot(t *testing.T) {
 					t.Errorf("message lacks %q:\n%s", w, msg)
 				}
 			}
-			if strings.Contains(msg, "started") {
-				t.Errorf("refused only after long work began:\n%s", msg)
+			if begun := strings.Contains(msg, "started"); begun != c.verified {
+				t.Errorf("work begun before the refusal: %v, want %v:\n%s", begun, c.verified, msg)
 			}
 			if _, err := os.Stat(out); err == nil {
 				t.Errorf("%s was written", out)
