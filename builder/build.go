@@ -77,7 +77,7 @@ type build struct {
 	ignition []byte
 	layout   *gpt.Layout
 
-	secureBoot *secureBoot // what a Secure Boot build signs, nil without
+	secureBoot *SecureBootESP // what a Secure Boot build signs, nil without
 }
 
 // Build runs the whole pipeline for the recipe at recipePath. On any error,
@@ -241,9 +241,7 @@ func (b *build) cleanup() {
 	if b.work != "" {
 		os.RemoveAll(b.work)
 	}
-	if b.secureBoot != nil {
-		os.RemoveAll(b.secureBoot.dir)
-	}
+	b.secureBoot.Remove()
 	b.out.Discard()
 }
 

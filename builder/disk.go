@@ -89,7 +89,7 @@ func (b *build) assembleDisk(ctx context.Context) error {
 	defer kept.Discard() // unless committed below
 	opts := []partitions.Option{}
 	if b.secureBoot != nil {
-		opts = append(opts, partitions.WithESP(b.writeSecureBoot))
+		opts = append(opts, partitions.WithESP(b.secureBoot.Write))
 	}
 	b.layout, err = partitions.Assemble(ctx, b.out.File, d, append(opts,
 		partitions.WithIgnition(b.ignitionFor),

@@ -110,7 +110,7 @@ func (b *build) describe() (*contract.Contents, error) {
 		OSSlots: b.osSlots,
 	}
 	if b.secureBoot != nil {
-		c.SecureBoot = b.secureBoot.record
+		c.SecureBoot = b.secureBoot.Record()
 	}
 	hosts := map[string]bool{}
 	for _, fi := range b.images {

@@ -60,18 +60,33 @@ const enrollSetting = "secure-boot-enroll force"
 // enrollSince is the first systemd-boot with secure-boot-enroll.
 const enrollSince = 252
 
-// secureBoot is a Secure Boot build: what prepareSecureBoot read, checked
-// and signed before the long steps, for writeSecureBoot to put on the ESP
-// once the image partition's root hash is known.
-type secureBoot struct {
+// SecureBootESP makes the ESP of a disk assembled from a recipe's base
+// boot under Secure Boot: what PrepareSecureBootESP read, checked and
+// signed before the long steps, for Write to put on the new disk's ESP
+// once the image partition's identity is known. The factory build and
+// kiln reflash-stick both use it, so the stick boots where the disk does.
+type SecureBootESP struct {
+	o          SecureBootESPOptions
 	dir        string // temporary: the base's kernels, the signed loaders, the .auth copies, the UKIs
-	cert, key  string // the db certificate and private key
+	cert       string // the db certificate
 	entries    []ukiEntry
 	loaders    []signedLoader
 	auths      map[string]string // name (PK, KEK, db) → local copy
 	loaderConf []byte            // loader.conf as it is to be
 	remove     []string          // ESP files the UKIs replace: their entries, kernels and initramfs images
 	record     *contract.SecureBoot
+}
+
+// SecureBootESPOptions configure PrepareSecureBootESP.
+type SecureBootESPOptions struct {
+	Key   string // the db private key (--secure-boot-key)
+	What  string // the output, in messages: "disk", "reflash stick"
+	Epoch int64  // the time of the files written on the ESP
+	// NoImageVerity: the image partition has no dm-verity (a reflash
+	// stick's, whose record's digests check every byte), so the UKIs carry
+	// no image partition root hash. Without it Write refuses a partition
+	// without one: a factory disk's UKIs must sign it.
+	NoImageVerity bool
 }
 
 // ukiEntry is a boot loader entry of the base and the UKI that replaces it.
@@ -85,54 +100,75 @@ type ukiEntry struct {
 type signedLoader struct{ path, signed string }
 
 // prepareSecureBoot checks what a Secure Boot build needs before any long
-// work (the tools, the key against the recipe's db certificate, a base
-// with OS slots and systemd-boot) and signs systemd-boot; the UKIs wait
-// for the image partition's root hash (writeSecureBoot).
+// work (a recipe with image partition verity, a base with OS slots, and
+// what PrepareSecureBootESP checks) and signs systemd-boot; the UKIs wait
+// for the image partition's root hash (SecureBootESP.Write).
 func (b *build) prepareSecureBoot(ctx context.Context) error {
 	r := b.Recipe
-	if r.SecureBoot == nil {
-		if b.o.SecureBootKey != "" {
-			return fmt.Errorf("--secure-boot-key %s: recipe %s has no secureBoot section, so nothing is signed: add one naming the keys' directory, or drop --secure-boot-key", b.o.SecureBootKey, r.Path)
-		}
-		return nil
-	}
-	keys := r.Resolve(r.SecureBoot.Keys)
-	cert, err := CheckSecureBootKey(r, b.o.SecureBootKey, "disk")
-	if err != nil {
+	if err := CheckNoSecureBootKey(r, b.o.SecureBootKey); err != nil || r.SecureBoot == nil {
 		return err
 	}
 	if !r.ImagePartition.VerityOn() {
 		return r.Errorf("secureBoot", "a Secure Boot disk needs imagePartition.verity: the signed kernel command line carries the image partition's dm-verity root hash")
 	}
-	basePath := r.Resolve(r.Base.Path)
 	if b.osSlots == nil {
-		return r.Errorf("secureBoot", "base image %s has no A/B OS slots (usr and usr-verity partitions): a Secure Boot disk boots signed unified kernel images of a release in a slot; build from a base with slots, or remove secureBoot", basePath)
+		return r.Errorf("secureBoot", "base image %s has no A/B OS slots (usr and usr-verity partitions): a Secure Boot disk boots signed unified kernel images of a release in a slot; build from a base with slots, or remove secureBoot", r.Resolve(r.Base.Path))
 	}
+	var err error
+	b.secureBoot, err = PrepareSecureBootESP(ctx, r, SecureBootESPOptions{Key: b.o.SecureBootKey, What: "disk", Epoch: b.Epoch})
+	return err
+}
+
+// CheckNoSecureBootKey refuses a --secure-boot-key for a recipe without
+// secureBoot: nothing would be signed.
+func CheckNoSecureBootKey(r *recipes.Recipe, key string) error {
+	if r.SecureBoot == nil && key != "" {
+		return fmt.Errorf("--secure-boot-key %s: recipe %s has no secureBoot section, so nothing is signed: add one naming the keys' directory, or drop --secure-boot-key", key, r.Path)
+	}
+	return nil
+}
+
+// PrepareSecureBootESP checks what Secure Boot signing for recipe r
+// (which has secureBoot) needs before any long work (the tools, the key
+// against the recipe's db certificate, a base whose entries mount an OS
+// slot, systemd-boot), reads the base's entries and signs systemd-boot.
+// Remove removes its temporary files.
+func PrepareSecureBootESP(ctx context.Context, r *recipes.Recipe, o SecureBootESPOptions) (_ *SecureBootESP, err error) {
+	keys := r.Resolve(r.SecureBoot.Keys)
+	cert, err := CheckSecureBootKey(r, o.Key, o.What)
+	if err != nil {
+		return nil, err
+	}
+	basePath := r.Resolve(r.Base.Path)
 	dir, err := os.MkdirTemp("", "kiln-secureboot-")
 	if err != nil {
-		return err
+		return nil, err
 	}
-	sb := &secureBoot{dir: dir, cert: cert, key: b.o.SecureBootKey, auths: map[string]string{}}
-	b.secureBoot = sb
+	sb := &SecureBootESP{o: o, dir: dir, cert: cert, auths: map[string]string{}}
+	defer func() {
+		if err != nil {
+			sb.Remove()
+		}
+	}()
 	d, err := base.OpenDisk(basePath, dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer d.Close()
+	refuse := func(err error) error { return r.Errorf("secureBoot", "base image %s: %v", basePath, err) }
 	fs, err := espOf(d)
 	if err != nil {
-		return r.Errorf("secureBoot", "base image %s: %v", basePath, err)
+		return nil, refuse(err)
 	}
-	refuse := func(err error) error { return r.Errorf("secureBoot", "base image %s: %v", basePath, err) }
-	if err := sb.readEntries(fs, b.osSlots); err != nil {
-		return refuse(err)
+	if err := sb.readEntries(fs); err != nil {
+		return nil, refuse(err)
 	}
 	if err := sb.signLoaders(ctx, fs); err != nil {
-		return refuse(err)
+		return nil, refuse(err)
 	}
 	conf, err := fs.Read(loaderConf, dir)
 	if err != nil && !errors.Is(err, esp.ErrNotExist) {
-		return refuse(err)
+		return nil, refuse(err)
 	}
 	var ids []string
 	for _, e := range sb.entries {
@@ -142,13 +178,13 @@ func (b *build) prepareSecureBoot(ctx context.Context) error {
 	for _, name := range secureboot.Names {
 		local := filepath.Join(dir, name+".auth")
 		if err := copyFile(secureboot.Auth(keys, name), local); err != nil {
-			return r.Errorf("secureBoot.keys", "%v: kiln key secureboot writes %s.auth beside db.crt", err, name)
+			return nil, r.Errorf("secureBoot.keys", "%v: kiln key secureboot writes %s.auth beside db.crt", err, name)
 		}
 		sb.auths[name] = local
 	}
 	pemBytes, err := os.ReadFile(cert)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	sb.record = &contract.SecureBoot{DB: string(pemBytes), Keys: keysDir}
 	for _, e := range sb.entries {
@@ -157,11 +193,21 @@ func (b *build) prepareSecureBoot(ctx context.Context) error {
 	for _, l := range sb.loaders {
 		dg, _, err := filedigest.Of(l.signed)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		sb.record.Loaders = append(sb.record.Loaders, contract.BootFile{Path: l.path, Digest: dg})
 	}
-	return nil
+	return sb, nil
+}
+
+// Record is what kiln.json records of the signed boot files Write writes.
+func (sb *SecureBootESP) Record() *contract.SecureBoot { return sb.record }
+
+// Remove removes the temporary files.
+func (sb *SecureBootESP) Remove() {
+	if sb != nil {
+		os.RemoveAll(sb.dir)
+	}
 }
 
 // ErrNoSecureBootKey: a recipe with secureBoot and no --secure-boot-key.
@@ -199,12 +245,19 @@ func CheckSecureBootKey(r *recipes.Recipe, key, what string) (cert string, err e
 // SignedUKI writes out, the db-signed unified kernel image of entry e
 // (its kernel and initramfs images local copies): its command line is the
 // entry's options and the image partition's root hash, its os-release
-// from the entry. The factory build and kiln bundle both make them so.
+// from the entry. The factory build and kiln bundle both make them so. An
+// empty imagesRootHash leaves it out: a reflash stick's image partition
+// has none (SecureBootESPOptions.NoImageVerity); callers signing a disk's
+// or a bundle's UKIs check theirs is there.
 func SignedUKI(ctx context.Context, out string, e *bootentry.Entry, kernel string, initrds []string, imagesRootHash, key, cert string) error {
+	cmdline := slices.Clone(e.Options)
+	if imagesRootHash != "" {
+		cmdline = append(cmdline, contract.ImagesRootHashParam+"="+imagesRootHash)
+	}
 	err := uki.Build(ctx, out, uki.Inputs{
 		Kernel:    kernel,
 		Initrds:   initrds,
-		Cmdline:   strings.Join(append(slices.Clone(e.Options), contract.ImagesRootHashParam+"="+imagesRootHash), " "),
+		Cmdline:   strings.Join(cmdline, " "),
 		OSRelease: osRelease(e),
 	})
 	if err != nil {
@@ -229,7 +282,7 @@ func espOf(d *base.Disk) (esp.FS, error) {
 // readEntries reads the base's boot loader entries: each one mounts the
 // release's slot (osslots read them so) and becomes a UKI; its kernel and
 // initramfs images are copied out.
-func (sb *secureBoot) readEntries(fs esp.FS, slots *contract.OSSlots) error {
+func (sb *SecureBootESP) readEntries(fs esp.FS) error {
 	names, err := fs.List(bootentry.Dir)
 	if err != nil {
 		return err
@@ -283,7 +336,7 @@ func (sb *secureBoot) readEntries(fs esp.FS, slots *contract.OSSlots) error {
 
 // signLoaders signs systemd-boot where the base has it. A fallback loader
 // that is not systemd-boot (shim, GRUB) is refused: it would stay unsigned.
-func (sb *secureBoot) signLoaders(ctx context.Context, fs esp.FS) error {
+func (sb *SecureBootESP) signLoaders(ctx context.Context, fs esp.FS) error {
 	for i, p := range systemdBootPaths {
 		ok, err := fs.Exists(p)
 		if err != nil {
@@ -307,7 +360,7 @@ func (sb *secureBoot) signLoaders(ctx context.Context, fs esp.FS) error {
 		if major, _, _ := strings.Cut(v, "."); atoiOr0(major) < enrollSince {
 			return fmt.Errorf("%s on its ESP is systemd-boot %s, older than %d, the first that enrols Secure Boot keys (secure-boot-enroll)", p, v, enrollSince)
 		}
-		if err := uki.Sign(ctx, local, local, sb.key, sb.cert); err != nil {
+		if err := uki.Sign(ctx, local, local, sb.o.Key, sb.cert); err != nil {
 			return err
 		}
 		sb.loaders = append(sb.loaders, signedLoader{path: p, signed: local})
@@ -323,21 +376,24 @@ func atoiOr0(s string) int {
 	return n
 }
 
-// writeSecureBoot writes the signed boot files on the new disk's ESP, once
-// the image partition's root hash is known (partitions.WithESP): a signed
-// UKI for each entry it replaces (removed, with its kernel and initramfs,
-// so no unsigned path stays), systemd-boot signed, the keys to enrol and
+// Write writes the signed boot files on the new disk's ESP, once the
+// image partition's identity is known (partitions.WithESP): a signed UKI
+// for each entry it replaces (removed, with its kernel and initramfs, so
+// no unsigned path stays), systemd-boot signed, the keys to enrol and
 // loader.conf.
-func (b *build) writeSecureBoot(ctx context.Context, disk string, l *gpt.Layout, id partitions.ImageIdentity) error {
-	sb := b.secureBoot
-	if id.Verity == nil {
-		return errors.New("secure boot: the image partition has no dm-verity root hash to sign")
+func (sb *SecureBootESP) Write(ctx context.Context, disk string, l *gpt.Layout, id partitions.ImageIdentity) error {
+	var imagesRootHash string
+	if !sb.o.NoImageVerity {
+		if id.Verity == nil || id.Verity.RootHash == "" {
+			return errors.New("secure boot: the image partition has no dm-verity root hash to sign")
+		}
+		imagesRootHash = id.Verity.RootHash
 	}
 	p, err := osslots.FindESP(l)
 	if err != nil {
 		return err
 	}
-	fs := esp.FS{Disk: disk, Offset: p.Offset, Epoch: b.Epoch}
+	fs := esp.FS{Disk: disk, Offset: p.Offset, Epoch: sb.o.Epoch}
 	for _, f := range sb.remove {
 		if err := fs.Remove(f); err != nil {
 			return err
@@ -345,7 +401,7 @@ func (b *build) writeSecureBoot(ctx context.Context, disk string, l *gpt.Layout,
 	}
 	for _, e := range sb.entries {
 		local := filepath.Join(sb.dir, e.entry.ID+".efi")
-		if err := SignedUKI(ctx, local, e.entry, e.kernel, e.initrds, id.Verity.RootHash, sb.key, sb.cert); err != nil {
+		if err := SignedUKI(ctx, local, e.entry, e.kernel, e.initrds, imagesRootHash, sb.o.Key, sb.cert); err != nil {
 			return err
 		}
 		if err := fs.CopyIn(local, e.uki.Path); err != nil {

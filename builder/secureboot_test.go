@@ -1,8 +1,12 @@
 package builder
 
 import (
+	"context"
+	"strings"
 	"testing"
 
+	"github.com/kiln-appliance/kiln/partitions"
+	"github.com/kiln-appliance/kiln/partitions/verity"
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
 )
 
@@ -32,6 +36,19 @@ func TestOSRelease(t *testing.T) {
 	} {
 		if got := string(osRelease(&c.e)); got != c.want {
 			t.Errorf("%s: got %q, want %q", c.e.ID, got, c.want)
+		}
+	}
+}
+
+// A factory disk's UKIs sign the image partition's root hash: Write
+// refuses a partition without one before it touches the disk (only a
+// reflash stick's, NoImageVerity, goes without).
+func TestSecureBootESPWriteNeedsImageRootHash(t *testing.T) {
+	sb := &SecureBootESP{}
+	for _, id := range []partitions.ImageIdentity{{}, {Verity: &verity.Verity{}}} {
+		err := sb.Write(context.Background(), "no-such-disk", nil, id)
+		if err == nil || !strings.Contains(err.Error(), "no dm-verity root hash to sign") {
+			t.Errorf("Write of image %+v: %v, want a refusal", id, err)
 		}
 	}
 }

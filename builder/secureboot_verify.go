@@ -305,11 +305,17 @@ func SecureBootLine(rep *Report) string {
 	case c.SecureBoot == nil:
 		return "Secure Boot: not ready (built without secureBoot in its recipe: boot loader entries, unsigned)"
 	}
-	cn, err := DBName(c.SecureBoot)
+	return SecureBootReadyLine(c.SecureBoot)
+}
+
+// SecureBootReadyLine is SecureBootLine of a disk, or a reflash stick,
+// whose record (sb) says its boot files are signed.
+func SecureBootReadyLine(sb *contract.SecureBoot) string {
+	cn, err := DBName(sb)
 	if err != nil {
 		return "Secure Boot: not ready (" + err.Error() + ")"
 	}
-	return fmt.Sprintf("Secure Boot: ready (db %q, %d unified kernel images, keys to enrol in %s)", cn, len(c.SecureBoot.UKIs), path.Clean(c.SecureBoot.Keys))
+	return fmt.Sprintf("Secure Boot: ready (db %q, %d unified kernel images, keys to enrol in %s)", cn, len(sb.UKIs), path.Clean(sb.Keys))
 }
 
 // nameSecureBootFile is sealErr, the seal's verdict on a damaged disk,

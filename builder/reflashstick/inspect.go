@@ -32,6 +32,9 @@ type Report struct {
 	Agent      Agent           `json:"agent"`
 	// Kiln made the stick; nil on sticks made before it was recorded.
 	Kiln *version.Info `json:"kiln,omitempty"`
+	// SecureBoot: the stick's own signed boot files, when its recipe has
+	// secureBoot (about.json); nil: it boots unsigned entries.
+	SecureBoot *contract.SecureBoot `json:"secureBoot,omitempty"`
 }
 
 // Disk is the appliance disk a stick carries.
@@ -90,7 +93,7 @@ func Inspect(p string) (rep *Report, err error) {
 	})
 	switch {
 	case err == nil:
-		rep.Disk.Contents, rep.Agent.Version, rep.Kiln = &about.Disk, &about.Agent, &about.Kiln
+		rep.Disk.Contents, rep.Agent.Version, rep.Kiln, rep.SecureBoot = &about.Disk, &about.Agent, &about.Kiln, about.SecureBoot
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}

@@ -48,7 +48,11 @@ type Options struct {
 	Unattended bool
 	// Agent is the node edition of kiln the stick runs; empty: kiln-agent
 	// beside this executable (refused when there is none).
-	Agent           string
+	Agent string
+	// SecureBootKey is the db private key (kiln key secureboot's db.key)
+	// for a recipe with secureBoot: it signs the stick's own boot files, so
+	// the stick boots where the disk does, and the disk when Write builds it.
+	SecureBootKey   string
 	SourceDateEpoch int64 // 0: $SOURCE_DATE_EPOCH, else builder.DefaultSourceDateEpoch
 	Progress        progress.Reporter
 }
@@ -77,6 +81,7 @@ func Write(ctx context.Context, recipePath string, o Options) (*Result, error) {
 	}
 	defer s.cleanup()
 	for _, step := range []func(context.Context) error{
+		s.prepareSecureBoot, // first: a missing or wrong key fails before any long work
 		s.makeWorkDir,
 		s.buildDisk,
 		s.verifyDisk,
@@ -108,6 +113,8 @@ type stick struct {
 	about  *recovery.About
 	out    *output.File
 	layout *gpt.Layout
+
+	secureBoot *builder.SecureBootESP // the stick's signed boot files, nil without secureBoot
 }
 
 // newStick reads and checks everything that needs no long work: the
@@ -118,6 +125,9 @@ func newStick(ctx context.Context, recipePath string, o Options) (*stick, error)
 	}
 	run, err := builder.StartRun(ctx, recipePath, builder.RunOptions{Agent: o.Agent, SourceDateEpoch: o.SourceDateEpoch})
 	if err != nil {
+		return nil, err
+	}
+	if err := builder.CheckNoSecureBootKey(run.Recipe, o.SecureBootKey); err != nil {
 		return nil, err
 	}
 	s := &stick{Run: run, o: o, recipePath: recipePath, log: o.Build.Log}
@@ -151,9 +161,26 @@ func (s *stick) makeWorkDir(context.Context) error {
 	return nil
 }
 
+// prepareSecureBoot, for a recipe with secureBoot, checks the key and the
+// base and signs systemd-boot (builder.PrepareSecureBootESP): the stick's
+// ESP gets what the disk's gets, so it boots on a machine with Secure
+// Boot on, or in setup mode (a new one) enrols the keys as the disk would.
+func (s *stick) prepareSecureBoot(ctx context.Context) error {
+	if s.Recipe.SecureBoot == nil {
+		return nil
+	}
+	var err error
+	s.secureBoot, err = builder.PrepareSecureBootESP(ctx, s.Recipe, builder.SecureBootESPOptions{
+		Key: s.o.SecureBootKey, What: "reflash stick", Epoch: s.Epoch,
+		NoImageVerity: true, // the stick's image partition: the record's digests check every byte
+	})
+	return err
+}
+
 // cleanup removes the work directory and, unless commit ran, the
 // temporary output.
 func (s *stick) cleanup() {
+	s.secureBoot.Remove()
 	if s.work != "" {
 		os.RemoveAll(s.work)
 	}
@@ -171,6 +198,7 @@ func (s *stick) buildDisk(ctx context.Context) error {
 	s.built = true
 	bo := s.o.Build
 	bo.Output, bo.Agent, bo.SourceDateEpoch, bo.Progress = filepath.Join(s.work, recovery.DiskFile), s.o.Agent, s.Epoch, s.o.Progress
+	bo.SecureBootKey = s.o.SecureBootKey
 	res, err := builder.Build(ctx, s.recipePath, bo)
 	if err != nil {
 		return err
@@ -197,6 +225,9 @@ func (s *stick) verifyDisk(ctx context.Context) error {
 		return fmt.Errorf("%s is appliance %s %s, the recipe %s is %s %s: give the disk built from this recipe",
 			s.o.Disk, c.Recipe, c.Version, r.Path, r.Name, r.Version)
 	}
+	if r.SecureBoot != nil && rep.Contents.SecureBoot == nil {
+		return fmt.Errorf("%s was built without Secure Boot, the recipe %s has secureBoot: build the disk with kiln build --secure-boot-key, or let reflash-stick build it", s.o.Disk, r.Path)
+	}
 	s.disk = rep
 	return nil
 }
@@ -216,6 +247,9 @@ func (s *stick) stagePayload(ctx context.Context) error {
 		return err
 	}
 	s.about = &recovery.About{Disk: *s.disk.Contents, Agent: s.Agent.Version, Kiln: version.Current()}
+	if s.secureBoot != nil {
+		s.about.SecureBoot = s.secureBoot.Record()
+	}
 	return writeJSON(filepath.Join(s.tree, recovery.AboutFile), s.about)
 }
 
@@ -225,6 +259,10 @@ func (s *stick) assemble(ctx context.Context) error {
 	var err error
 	if s.out, err = output.Create(s.o.Output); err != nil {
 		return err
+	}
+	var opts []partitions.Option
+	if s.secureBoot != nil {
+		opts = append(opts, partitions.WithESP(s.secureBoot.Write))
 	}
 	r := s.Recipe
 	seed := sha256.Sum256([]byte("kiln reflash stick\x00" + s.rec.SHA256))
@@ -240,12 +278,12 @@ func (s *stick) assemble(ctx context.Context) error {
 		},
 		SourceDateEpoch: s.Epoch,
 		GUIDSeed:        seed[:],
-	},
+	}, append(opts,
 		partitions.WithPartition(recovery.PartitionName, recovery.PartitionType),
 		partitions.WithIgnition(s.ignition),
 		partitions.WithTempDir(s.work), // swept with it if this run is killed
 		// The disk's build showed the same steps: these are the stick's.
-		partitions.WithProgress(progress.Rename(s.o.Progress, func(name string) string { return name + " (stick)" })))
+		partitions.WithProgress(progress.Rename(s.o.Progress, func(name string) string { return name + " (stick)" })))...)
 	return err
 }
 

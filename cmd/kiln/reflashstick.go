@@ -4,12 +4,14 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	"github.com/kiln-appliance/kiln/builder"
 	"github.com/kiln-appliance/kiln/builder/reflashstick"
 	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/internal/version"
@@ -26,7 +28,8 @@ func newReflashStickCommand() *cobra.Command {
 		Use:   "reflash-stick RECIPE [--disk DISK] -o STICK",
 		Short: "Write a recovery stick image that reflashes a replaced disk",
 		Example: `  kiln reflash-stick appliance.yaml -o reflash.img
-  kiln reflash-stick appliance.yaml --disk disk.raw -o reflash.img   # a disk built before`,
+  kiln reflash-stick appliance.yaml --disk disk.raw -o reflash.img   # a disk built before
+  kiln reflash-stick appliance.yaml -o reflash.img --secure-boot-key secureboot/db.key   # a recipe with secureBoot`,
 		Long: `Reflash-stick builds the appliance disk from RECIPE and its lock exactly as kiln build does (the
 same bytes; the lock and the blob cache as kiln build uses them), or takes DISK, built before with
 kiln build. It checks the disk as kiln verify does (it must be the disk built from RECIPE), then
@@ -34,7 +37,9 @@ writes STICK: the recipe's base OS, whose first boot runs kiln agent reflash on 
 payload partition with DISK, its record (size, sha256, a sha256 per 4 MiB) and the node edition
 of kiln. Booted, the stick picks the replacement disk (the recipe's reflash.target), shows it,
 asks once (unless reflash.unattended or --unattended), checks its copy of DISK, writes it, reads
-every byte back and powers off. Put STICK on a stick with kiln write. STICK appears only when
+every byte back and powers off. For a recipe with secureBoot, the stick's boot files are signed
+as the disk's are (--secure-boot-key, also with --disk): it boots with Secure Boot on, and enrols
+the keys on a machine in setup mode. Put STICK on a stick with kiln write. STICK appears only when
 complete; the disk built on the way is a temporary file beside it, removed at the end and on
 any error. See docs/technician.md.`,
 		Args: exactArgs(1),
@@ -42,8 +47,8 @@ any error. See docs/technician.md.`,
 			if o.Output == "" {
 				return usageError{fmt.Errorf("-o STICK is needed (usage: %s)", usageLine(cmd))}
 			}
-			if o.Disk != "" && (o.Build.CacheDir != "" || o.Build.RefreshLock || fetch.insecure || o.Build.SecureBootKey != "") {
-				return usageError{fmt.Errorf("--cache, --refresh-lock, --insecure-registries and --secure-boot-key apply only when reflash-stick builds the disk: drop them, or drop --disk DISK")}
+			if o.Disk != "" && (o.Build.CacheDir != "" || o.Build.RefreshLock || fetch.insecure) {
+				return usageError{fmt.Errorf("--cache, --refresh-lock and --insecure-registries apply only when reflash-stick builds the disk: drop them, or drop --disk DISK")}
 			}
 			if err := needTools(cmd, diskTools); err != nil {
 				return err
@@ -52,6 +57,9 @@ any error. See docs/technician.md.`,
 			o.Build.Fetch = fetch.options()
 			o.Build.Log = cmd.ErrOrStderr()
 			res, err := reflashstick.Write(cmd.Context(), args[0], o)
+			if errors.Is(err, builder.ErrNoSecureBootKey) {
+				return usageError{err}
+			}
 			if err != nil {
 				return err
 			}
@@ -74,7 +82,7 @@ any error. See docs/technician.md.`,
 	cmd.Flags().StringVar(&o.Disk, "disk", "", "the appliance disk built from RECIPE (kiln build -o); default: build it now, as kiln build does")
 	cmd.Flags().StringVar(&o.Build.CacheDir, "cache", "", "blob cache directory, when building the disk (default $XDG_CACHE_HOME/kiln)")
 	cmd.Flags().BoolVar(&o.Build.RefreshLock, "refresh-lock", false, "re-resolve the recipe's tags and rewrite its lock file, when building the disk")
-	cmd.Flags().StringVar(&o.Build.SecureBootKey, "secure-boot-key", "", "the Secure Boot db private key, when building the disk of a recipe with secureBoot (as kiln build --secure-boot-key)")
+	cmd.Flags().StringVar(&o.SecureBootKey, "secure-boot-key", "", "the Secure Boot db private key (db.key from kiln key secureboot), for a recipe with secureBoot: it signs the stick's boot files, and the disk when reflash-stick builds it")
 	cmd.Flags().BoolVar(&o.Unattended, "unattended", false, "write without asking on the console (default: the recipe's reflash.unattended)")
 	cmd.Flags().StringVar(&o.Agent, "agent", "", "the node's kiln binary (kiln-agent, built with -tags nodeonly) for the recipe's arch (default: kiln-agent beside this binary, when the arches match)")
 	fetch.register(cmd)
@@ -115,6 +123,11 @@ func printReflashStick(w io.Writer, rep *reflashstick.Report, format string) err
 		disk = "the disk matching " + disk
 	}
 	fmt.Fprintf(w, "Writes: %s; %s\n", disk, ask)
+	if rep.SecureBoot != nil {
+		fmt.Fprintln(w, builder.SecureBootReadyLine(rep.SecureBoot))
+	} else {
+		fmt.Fprintln(w, "Secure Boot: not ready (boot loader entries, unsigned: made from a recipe without secureBoot, or by an older kiln)")
+	}
 	if c := d.Contents; c != nil {
 		fmt.Fprintln(w)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

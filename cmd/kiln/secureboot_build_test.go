@@ -84,6 +84,34 @@ func sbBase(t testing.TB, p string, opts ...basedisk.Option) {
 	}
 }
 
+// checkEnrolment checks that the ESP of sbBase's disk (or stick) enrols
+// the keys in keys: loader.conf says so, loader/keys/auto holds the three
+// .auth files only.
+func checkEnrolment(t *testing.T, fs esp.FS, keys string) {
+	t.Helper()
+	tmp := t.TempDir()
+	conf, err := fs.Read("loader/loader.conf", tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "timeout 0\ndefault ignition-firstboot.efi\neditor no\nsecure-boot-enroll force\n"; string(conf) != want {
+		t.Errorf("loader.conf:\n%s\nwant:\n%s", conf, want)
+	}
+	for _, name := range []string{"PK", "KEK", "db"} {
+		got, err := fs.Read("loader/keys/auto/"+name+".auth", tmp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want, _ := os.ReadFile(filepath.Join(keys, name+".auth")); !bytes.Equal(got, want) {
+			t.Errorf("loader/keys/auto/%s.auth differs from %s's", name, keys)
+		}
+	}
+	names, _ := fs.List("loader/keys/auto")
+	if strings.Join(names, " ") != "PK.auth KEK.auth db.auth" && len(names) != 3 {
+		t.Errorf("loader/keys/auto holds %v, want the three .auth files only", names)
+	}
+}
+
 // copyOf copies a file into the test's temporary directory (esp.FS sets
 // the times of what it copies in).
 func copyOf(t testing.TB, src string) string {
@@ -188,26 +216,7 @@ func TestBuildSecureBoot(t *testing.T) {
 			}
 			run(t, "sbverify", "--cert", dbCert, local)
 		}
-		conf, err := fs.Read("loader/loader.conf", tmp)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := "timeout 0\ndefault ignition-firstboot.efi\neditor no\nsecure-boot-enroll force\n"; string(conf) != want {
-			t.Errorf("loader.conf:\n%s\nwant:\n%s", conf, want)
-		}
-		for _, name := range []string{"PK", "KEK", "db"} {
-			got, err := fs.Read("loader/keys/auto/"+name+".auth", tmp)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if want, _ := os.ReadFile(filepath.Join(keys, name+".auth")); !bytes.Equal(got, want) {
-				t.Errorf("loader/keys/auto/%s.auth differs from %s's", name, keys)
-			}
-		}
-		names, _ := fs.List("loader/keys/auto")
-		if strings.Join(names, " ") != "PK.auth KEK.auth db.auth" && len(names) != 3 {
-			t.Errorf("loader/keys/auto holds %v, want the three .auth files only", names)
-		}
+		checkEnrolment(t, fs, keys)
 	})
 
 	t.Run("the ESP and the GPT are sound", func(t *testing.T) {

@@ -62,6 +62,10 @@ type About struct {
 	Disk  contract.Contents `json:"disk"`  // kiln.json of disk.raw's image partition
 	Agent version.Info      `json:"agent"` // which kiln bin/kiln is
 	Kiln  version.Info      `json:"kiln"`  // the kiln that made the stick
+	// SecureBoot records the stick's own signed boot files (as kiln.json
+	// does a disk's), when its recipe has secureBoot; nil: the stick boots
+	// the base's unsigned entries.
+	SecureBoot *contract.SecureBoot `json:"secureBoot,omitempty"`
 }
 
 // ChunkSize is the span of each digest in Record.Chunks: a damaged byte is
