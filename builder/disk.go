@@ -47,7 +47,7 @@ func (b *build) ignitionFor(id partitions.ImageIdentity) ([]byte, error) {
 		}
 		params.RebootDelay = d
 	}
-	params.Health = units.Health{Units: r.Upgrade.Health.Units, Command: r.Upgrade.Health.Command}
+	params.Health = units.Health{Units: r.Upgrade.Health.Units, Command: r.Upgrade.Health.Command, UnhealthyExitCode: r.Upgrade.Health.UnhealthyExitCode}
 	if r.Upgrade.Health.Timeout != "" {
 		d, err := time.ParseDuration(r.Upgrade.Health.Timeout) // validated with the recipe
 		if err != nil {

@@ -270,6 +270,14 @@ func (r *Recipe) validateUpgrade(v validator) {
 	if d, err := time.ParseDuration(h.Timeout); err != nil || d <= 0 || d > time.Hour {
 		v.errorf("upgrade.health.timeout", "%q is not a duration from 1s to 1h; write e.g. 5m", h.Timeout)
 	}
+	if v.d.has("upgrade.health.unhealthyExitCode") {
+		switch {
+		case len(h.Command) == 0:
+			v.errorf("upgrade.health.unhealthyExitCode", "only applies with a command (upgrade.health.command); add one or remove it")
+		case h.UnhealthyExitCode < 1 || h.UnhealthyExitCode > 255:
+			v.errorf("upgrade.health.unhealthyExitCode", "%d is not an exit status from 1 to 255 (0 means healthy)", h.UnhealthyExitCode)
+		}
+	}
 	v.oneOf("upgrade.reboot", u.Reboot, RebootPolicies, map[string]string{"timer": RebootCountdown, "manual": RebootCommand, "never": RebootCommand, "maintenance": RebootWindow})
 	if u.Reboot != RebootCountdown && v.d.has("upgrade.rebootDelay") {
 		v.errorf("upgrade.rebootDelay", "only applies with reboot: %s; remove it", RebootCountdown)

@@ -127,6 +127,18 @@ images:
 	}
 }
 
+// An unhealthy exit code with a command is taken as given (no default).
+func TestHealthUnhealthyExitCode(t *testing.T) {
+	t.Parallel()
+	r, err := Parse("r.yaml", []byte(head+oneImage+"upgrade: {health: {command: [/usr/libexec/app-health], unhealthyExitCode: 3}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Upgrade.Health.UnhealthyExitCode; got != 3 {
+		t.Errorf("unhealthyExitCode = %d, want 3", got)
+	}
+}
+
 // TestLoadErrors pins the exact message, with its position, for each class
 // of bad input.
 func TestLoadErrors(t *testing.T) {
@@ -221,6 +233,11 @@ func TestLoadErrors(t *testing.T) {
 		{"health command relative", head + oneImage + "upgrade: {health: {command: [curl, -f]}}\n", `r.yaml:7:30: upgrade.health.command[0]: "curl": give the program's absolute path, e.g. /usr/bin/curl (the command runs without a shell)`},
 		{"health command quote", head + oneImage + "upgrade: {health: {command: [/bin/sh, '$X']}}\n", `r.yaml:7:39: upgrade.health.command[1]: "$X": an argument may not be empty or hold quotes, %, $ or backslashes (the command runs without a shell; put anything more in a script)`},
 		{"health timeout", head + oneImage + "upgrade: {health: {timeout: 2h}}\n", `r.yaml:7:29: upgrade.health.timeout: "2h" is not a duration from 1s to 1h; write e.g. 5m`},
+		{"health unhealthyExitCode 0", head + oneImage + "upgrade: {health: {command: [/bin/true], unhealthyExitCode: 0}}\n", `r.yaml:7:61: upgrade.health.unhealthyExitCode: 0 is not an exit status from 1 to 255 (0 means healthy)`},
+		{"health unhealthyExitCode 256", head + oneImage + "upgrade: {health: {command: [/bin/true], unhealthyExitCode: 256}}\n", `r.yaml:7:61: upgrade.health.unhealthyExitCode: 256 is not an exit status from 1 to 255 (0 means healthy)`},
+		{"health unhealthyExitCode negative", head + oneImage + "upgrade: {health: {command: [/bin/true], unhealthyExitCode: -1}}\n", `r.yaml:7:61: upgrade.health.unhealthyExitCode: -1 is not an exit status from 1 to 255 (0 means healthy)`},
+		{"health unhealthyExitCode not a number", head + oneImage + "upgrade: {health: {command: [/bin/true], unhealthyExitCode: three}}\n", `r.yaml:7:61: upgrade.health.unhealthyExitCode: expected a whole number, got "three"`},
+		{"health unhealthyExitCode without command", head + oneImage + "upgrade: {health: {units: [app.service], unhealthyExitCode: 3}}\n", `r.yaml:7:61: upgrade.health.unhealthyExitCode: only applies with a command (upgrade.health.command); add one or remove it`},
 		{"listen host name", head + oneImage + "registry: {listen: 'localhost:5050'}\n", `r.yaml:7:20: registry.listen: "localhost:5050": the host must be a loopback IP such as 127.0.0.1 (the node's registry is never exposed to the network)`},
 		{"listen not loopback", head + oneImage + "registry: {listen: '10.0.0.1:5050'}\n", `r.yaml:7:20: registry.listen: "10.0.0.1:5050": the host must be a loopback IP such as 127.0.0.1 (the node's registry is never exposed to the network)`},
 		{"listen privileged port", head + oneImage + "registry: {listen: '127.0.0.1:80'}\n", `r.yaml:7:20: registry.listen: "127.0.0.1:80": the port must be 1024-65535 (the registry runs without privileges)`},

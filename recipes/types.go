@@ -168,6 +168,10 @@ type Health struct {
 	Command []string `yaml:"command,omitempty"`
 	// Timeout for units and command together; default 5m, at most 1h.
 	Timeout string `yaml:"timeout,omitempty"`
+	// UnhealthyExitCode, optional (1–255, only with Command), is the
+	// command's exit status for "broken for good": the release is rolled
+	// back at once instead of after Timeout. Any other failure is "not yet".
+	UnhealthyExitCode int `yaml:"unhealthyExitCode,omitempty"`
 }
 
 // Reflash configures the recovery stick (kiln reflash-stick): which disk

@@ -24,6 +24,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 
@@ -172,7 +173,7 @@ func sortedNames(m map[string]bool) []string {
 
 func TestImport(t *testing.T) {
 	rs := newReleases(t)
-	r10 := rs.recipe(t, "acme", "1.0.0", releaseFiles+"upgrade:\n  health: {units: [app.service], command: [/usr/bin/curl, -fsS, 'http://127.0.0.1:8080/healthz'], timeout: 90s}\n")
+	r10 := rs.recipe(t, "acme", "1.0.0", releaseFiles+"upgrade:\n  health: {units: [app.service], command: [/usr/bin/curl, -fsS, 'http://127.0.0.1:8080/healthz'], timeout: 90s, unhealthyExitCode: 3}\n")
 	r11 := preloadApp(t, rs.recipe(t, "acme", "1.1.0", releaseFiles))
 	r12 := preloadApp(t, rs.recipe(t, "acme", "1.2.0", releaseFiles))
 	other := rs.recipe(t, "other", "1.1.0", "")
@@ -196,7 +197,7 @@ func TestImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{contract.BundleUdevRule, `"name":"` + contract.ImportUnit + `"`, `"enabled":true,"name":"` + contract.ReleaseBeginUnit + `"`, "shutdown --reboot +1 ",
-		`agent release check --timeout 90s --unit \"app.service\" -- \"/usr/bin/curl\" \"-fsS\" \"http://127.0.0.1:8080/healthz\"`} {
+		`agent release check --timeout 90s --unit \"app.service\" --unhealthy-exit-code 3 -- \"/usr/bin/curl\" \"-fsS\" \"http://127.0.0.1:8080/healthz\"`} {
 		if !strings.Contains(string(ign), want) {
 			t.Errorf("the factory Ignition config lacks %s", want)
 		}
@@ -335,6 +336,33 @@ func TestImport(t *testing.T) {
 		}
 		if status := rs.mustKiln(t, "agent", "status", "--root", n.root); strings.Contains(status, "failed:") {
 			t.Errorf("status after the confirm still shows a failure:\n%s", status)
+		}
+	})
+
+	// The command's unhealthy exit code rolls back at once, not at the
+	// timeout, and the reason says the verdict was final.
+	t.Run("the unhealthy exit code rolls back at once", func(t *testing.T) {
+		n := newImportNode(t, disk10, rs.pub)
+		out, code := n.kiln(t, rs, "agent", "release", "check", "--timeout", "1m", "--unhealthy-exit-code", "3")
+		if code != 2 || !strings.Contains(out, "--unhealthy-exit-code 3: want an exit status from 1 to 255, with a COMMAND") {
+			t.Errorf("a code without a command: exit %d:\n%s", code, out)
+		}
+		n.mustKiln(t, rs, "agent", "import", b12)
+		n.mustRelease(t, rs, "begin")
+		start := time.Now()
+		out, code = n.kiln(t, rs, "agent", "release", "check", "--timeout", "1m", "--unhealthy-exit-code", "3", "--", "sh", "-c", "echo config invalid; exit 3")
+		if took := time.Since(start); took > 30*time.Second {
+			t.Errorf("the check took %s of its 1m timeout: it did not stop at the unhealthy code", took)
+		}
+		if !strings.Contains(out, `health check of release 1.2.0: "sh -c echo config invalid; exit 3" exits 0 (exit 3: unhealthy for good, roll back at once), within 1m0s`) {
+			t.Errorf("the check does not say what it waits for:\n%s", out)
+		}
+		const reason = "health check: command sh -c echo config invalid; exit 3 said unhealthy (exit status 3): config invalid"
+		if code != 1 || !strings.Contains(out, "release 1.2.0 failed its "+reason+"; rolled back to 1.0.0") {
+			t.Errorf("unhealthy check: exit %d:\n%s", code, out)
+		}
+		if s := n.state(t); s.Current.Version != "1.0.0" || s.Trying != nil || len(s.Failed) == 0 || !strings.Contains(rs.mustKiln(t, "agent", "status", "--root", n.root), reason) {
+			t.Errorf("after the unhealthy check: %+v", s)
 		}
 	})
 

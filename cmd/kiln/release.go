@@ -361,16 +361,21 @@ func newReleaseConfirmedCommand(flags *releaseFlags) *cobra.Command {
 func newReleaseCheckCommand(flags *releaseFlags) *cobra.Command {
 	var spec healthcheck.Spec
 	cmd := &cobra.Command{
-		Use:   "check [--unit UNIT]… [--timeout D] [-- COMMAND [ARG…]]",
+		Use:   "check [--unit UNIT]… [--timeout D] [--unhealthy-exit-code N] [-- COMMAND [ARG…]]",
 		Short: "Health-check the release being tried: confirm it, or roll it back and exit 1",
 		Example: `  kiln agent release check --timeout 5m
-  kiln agent release check --timeout 90s --unit crio.service -- /usr/bin/curl -fsS http://127.0.0.1:8080/healthz`,
+  kiln agent release check --timeout 90s --unit crio.service -- /usr/bin/curl -fsS http://127.0.0.1:8080/healthz
+  kiln agent release check --timeout 5m --unhealthy-exit-code 3 -- /etc/kiln/release/health`,
 		Long: "With a release being tried, waits until every --unit is active and COMMAND (if given) exits 0, then\n" +
 			"confirms the release; at --timeout it rolls the release back, says what failed and exits 1 (the unit\n" +
-			"then reboots into the previous release). With nothing being tried it does nothing.",
+			"then reboots into the previous release). A COMMAND that exits with --unhealthy-exit-code says the\n" +
+			"release is broken for good: it is rolled back at once. With nothing being tried it does nothing.",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if spec.Timeout <= 0 {
 				return usageError{fmt.Errorf("--timeout %s: want a positive duration, e.g. 5m", spec.Timeout)}
+			}
+			if c := spec.UnhealthyExitCode; c < 0 || c > 255 || (c > 0 && len(args) == 0) {
+				return usageError{fmt.Errorf("--unhealthy-exit-code %d: want an exit status from 1 to 255, with a COMMAND", c)}
 			}
 			spec.Command = args
 			m, err := flags.machine(cmd)
@@ -395,7 +400,11 @@ func newReleaseCheckCommand(flags *releaseFlags) *cobra.Command {
 				what = append(what, strings.Join(spec.Units, ", ")+" active")
 			}
 			if len(args) > 0 {
-				what = append(what, fmt.Sprintf("%q exits 0", strings.Join(args, " ")))
+				exits := fmt.Sprintf("%q exits 0", strings.Join(args, " "))
+				if c := spec.UnhealthyExitCode; c > 0 {
+					exits += fmt.Sprintf(" (exit %d: unhealthy for good, roll back at once)", c)
+				}
+				what = append(what, exits)
 			}
 			if len(what) == 0 {
 				what = []string{"nothing to wait for"}
@@ -416,5 +425,6 @@ func newReleaseCheckCommand(flags *releaseFlags) *cobra.Command {
 	}
 	cmd.Flags().StringArrayVar(&spec.Units, "unit", nil, "a unit that must be active (repeatable)")
 	cmd.Flags().DurationVar(&spec.Timeout, "timeout", 5*time.Minute, "how long the release has to become healthy")
+	cmd.Flags().IntVar(&spec.UnhealthyExitCode, "unhealthy-exit-code", 0, "COMMAND's exit status for \"broken for good\": roll back at once, not at --timeout (0: none)")
 	return cmd
 }

@@ -93,6 +93,9 @@ type Health struct {
 	Units   []string
 	Command []string
 	Timeout time.Duration // default 5m
+	// UnhealthyExitCode, 1–255 with a Command (0: none), is the command's
+	// exit status for "broken for good": roll back without waiting.
+	UnhealthyExitCode int
 }
 
 // Reboot policies (the recipe's upgrade.reboot).
@@ -244,6 +247,7 @@ type values struct {
 	RebootExec                       string
 	HealthUnits, HealthCommand       []string
 	HealthTimeout, HealthUnitTimeout string
+	HealthUnhealthyExitCode          int
 }
 
 func (p Params) values() (values, error) {
@@ -292,6 +296,10 @@ func (p Params) values() (values, error) {
 	v.HealthUnits, v.HealthCommand = p.Health.Units, p.Health.Command
 	v.HealthTimeout, v.HealthUnitTimeout = seconds(ht), seconds(ht+time.Minute)
 	v.RestoreBefore = restoreBefore(p.Health.Units)
+	if c := p.Health.UnhealthyExitCode; c < 0 || c > 255 || (c > 0 && len(p.Health.Command) == 0) {
+		return values{}, fmt.Errorf("render units: health check unhealthy exit code %d: want 1-255, with a command", c)
+	}
+	v.HealthUnhealthyExitCode = p.Health.UnhealthyExitCode
 	// Each word is written in double quotes: none may hold what systemd
 	// would still interpret there.
 	for _, a := range append(slices.Clone(p.Health.Units), p.Health.Command...) {

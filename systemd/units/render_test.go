@@ -41,7 +41,7 @@ func TestRenderGolden(t *testing.T) {
 		{"reboot-window", Params{PartitionGUID: testGUID, Images: testImages, Reboot: RebootWindow, Window: "Sun *-*-* 03:00:00"}},
 		{"reboot-command", Params{PartitionGUID: testGUID, Images: testImages, Reboot: RebootCommand}},
 		{"health", Params{PartitionGUID: testGUID, Images: testImages, Health: Health{Units: []string{"crio.service", "app.service"},
-			Command: []string{"/usr/bin/curl", "-fsS", "http://127.0.0.1:8080/healthz"}, Timeout: 90 * time.Second}}},
+			Command: []string{"/usr/bin/curl", "-fsS", "http://127.0.0.1:8080/healthz"}, Timeout: 90 * time.Second, UnhealthyExitCode: 3}}},
 		{"reboot-countdown", Params{PartitionGUID: testGUID, Images: testImages, Reboot: RebootCountdown, RebootDelay: 5 * time.Minute}},
 		{"verity", Params{PartitionGUID: testGUID, Images: testImages, RootHash: testRootHash, HashOffset: 7 << 20}},
 		{"os-slots", Params{PartitionGUID: testGUID, Images: testImages, OSSlots: true}},
@@ -149,6 +149,8 @@ func TestRenderErrors(t *testing.T) {
 		{"reboot policy", Params{PartitionGUID: testGUID, Reboot: "later"}, `reboot policy "later"`},
 		{"health quote", Params{PartitionGUID: testGUID, Health: Health{Command: []string{"/bin/sh", `"x"`}}}, "health check word"},
 		{"health percent", Params{PartitionGUID: testGUID, Health: Health{Units: []string{"a%i.service"}}}, "health check word"},
+		{"unhealthy code range", Params{PartitionGUID: testGUID, Health: Health{Command: []string{"/bin/true"}, UnhealthyExitCode: 256}}, "unhealthy exit code 256: want 1-255, with a command"},
+		{"unhealthy code without command", Params{PartitionGUID: testGUID, Health: Health{UnhealthyExitCode: 3}}, "unhealthy exit code 3: want 1-255, with a command"},
 	}
 	// A countdown of 0 (the recipe's "0m") reboots at once, not after the default.
 	units, _, err := Render(Params{PartitionGUID: testGUID, Reboot: RebootCountdown})

@@ -19,7 +19,15 @@ type Spec struct {
 	Command []string      // optional: a command that must exit 0 (argv, no shell)
 	Timeout time.Duration // for all of it
 	Every   time.Duration // how often to look again (default 2s)
+	// UnhealthyExitCode, optional (1–255; 0: none), is the command's exit
+	// status for "broken for good": Run stops at once instead of waiting
+	// out the timeout. Any other failure is "not yet".
+	UnhealthyExitCode int
 }
+
+// ErrUnhealthy is wrapped by Run's error when the command exited with the
+// spec's UnhealthyExitCode: the release is broken for good.
+var ErrUnhealthy = errors.New("unhealthy")
 
 // ActiveFunc reports whether a unit is active (default: systemctl is-active).
 type ActiveFunc func(ctx context.Context, unit string) (bool, error)
@@ -40,7 +48,9 @@ func SystemctlActive(ctx context.Context, unit string) (bool, error) {
 
 // Run waits until every unit is active and the command succeeds, looking
 // again every s.Every, and returns nil; or, at the timeout, an error that
-// says what was still failing (for the console and kiln agent status).
+// says what was still failing (for the console and kiln agent status); or,
+// at once, one wrapping ErrUnhealthy when the command exits with
+// s.UnhealthyExitCode.
 func Run(ctx context.Context, s Spec, active ActiveFunc) error {
 	if active == nil {
 		active = SystemctlActive
@@ -96,6 +106,13 @@ func look(ctx context.Context, s Spec, active ActiveFunc) (string, error) {
 		msg := strings.TrimSpace(string(out))
 		if i := strings.LastIndexByte(msg, '\n'); i >= 0 {
 			msg = msg[i+1:] // its last line says most
+		}
+		// A command the timeout killed has no exit status (ExitCode -1);
+		// the ctx check also keeps one that happened to exit with the code
+		// while being cut short from being read as a verdict.
+		var exit *exec.ExitError
+		if s.UnhealthyExitCode > 0 && errors.As(err, &exit) && exit.ExitCode() == s.UnhealthyExitCode && ctx.Err() == nil {
+			return "", fmt.Errorf("health check: command %s said %w (exit status %d): %s", strings.Join(s.Command, " "), ErrUnhealthy, s.UnhealthyExitCode, msg)
 		}
 		return fmt.Sprintf("command %s failed (%v): %s", strings.Join(s.Command, " "), err, msg), nil
 	}
