@@ -66,11 +66,26 @@ spec:
 }
 
 // podHealth is a release's health check of the workload pod (the recipe's
-// upgrade.health.command): ready, its container running; podHealthLine is
-// how the console spells it.
+// upgrade.health.command, podHealthPath): ready, its container running.
+// Once the scenario script has checked the release being tried (it creates
+// triedMark), a pod that can never start (an image of the release's pod
+// manifest neither in CRI-O's storage nor to be pulled) makes it exit
+// podUnavailableExit, which the upgrade scenarios' recipes make final
+// (upgrade.health.unhealthyExitCode): the release is rolled back at once,
+// after the checks, instead of at the timeout. podHealthLine is how the
+// console spells it.
 const (
-	podHealth     = "[" + criCheckPath + ", -timeout, 20s, ready, " + workloadPod + "]"
-	podHealthLine = criCheckPath + " -timeout 20s ready " + workloadPod
+	podHealthPath      = "/usr/local/bin/kiln-e2e-health"
+	triedMark          = "/run/kiln-e2e-tried"
+	podUnavailableExit = 3
+	podHealth          = "[" + podHealthPath + "]"
+	podHealthLine      = podHealthPath
+	podHealthScript    = `#!/bin/bash
+# The e2e workload's health check (upgrade.health.command).
+args=(-timeout 20s)
+if [ -e ` + triedMark + ` ]; then args+=(-manifest ` + workloadManifest + ` -unavailable-exit 3); fi
+exec ` + criCheckPath + ` "${args[@]}" ready ` + workloadPod + `
+`
 )
 
 // pauseDropIn: CRI-O creates every pod's sandbox from its pause image (it
@@ -113,6 +128,8 @@ func addCRIClient(t *testing.T, cfg *types.Config, criCheck, pause string) {
 	cfg.Storage.Files = append(cfg.Storage.Files,
 		types.File{Node: types.Node{Path: criCheckPath},
 			FileEmbedded1: types.FileEmbedded1{Mode: &exe, Contents: types.Resource{Source: &src, Compression: &gzName}}},
+		types.File{Node: types.Node{Path: podHealthPath},
+			FileEmbedded1: types.FileEmbedded1{Mode: &exe, Contents: types.Resource{Source: guest.DataURL(podHealthScript)}}},
 		types.File{Node: types.Node{Path: "/etc/crio/crio.conf.d/40-kiln-e2e-pause.conf"},
 			FileEmbedded1: types.FileEmbedded1{Mode: &conf, Contents: types.Resource{Source: guest.DataURL(strings.Replace(pauseDropIn, helloRef, pause, 1))}}},
 	)

@@ -39,7 +39,7 @@ const gcHealthTimeout = 4 * time.Minute
 // Four boots of one QEMU process.
 func TestImageGC(t *testing.T) {
 	vm.Schedule(t, 18*time.Minute)
-	set := newUpgradeSet(t, upgradeGC, upgradeOptions{timeout: gcHealthTimeout, copyMode: true})
+	set := newUpgradeSet(t, upgradeGC, upgradeOptions{timeout: gcHealthTimeout, copyMode: true, waitOutBroken: true})
 	// The broken release, as a delta from 1.1 (the node runs 1.1 when it
 	// is plugged), signed by the key 1.1 brought.
 	set.bundle(t, "1.3.0-on-1.1", "1.3.0", "--key", filepath.Join(set.dir, "rotated.key"), "--from", set.sticks["1.1.0"])

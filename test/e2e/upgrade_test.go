@@ -124,9 +124,12 @@ func TestFieldUpgrade(t *testing.T) {
 	for _, want := range []string{
 		"signed by SHA256:", "kiln: the new release is staged; reboot the appliance (systemctl reboot) to try it",
 		"refused: not signed by a trusted key", // the retired key, after 1.2's rotation
-		"health check of release 1.1.0: kubelet.service active and \"" + podHealthLine + "\" exits 0, within " + podHealthTimeout.String(),
+		"health check of release 1.1.0: kubelet.service active and \"" + podHealthLine + "\" exits 0 (exit 3: unhealthy for good, roll back at once), within " + podHealthTimeout.String(),
 		"release 1.1.0 passed its health check and is now current", "release 1.2.0 passed its health check and is now current",
-		"kiln: release 1.3.0 failed its health check: after " + podHealthTimeout.String() + " command " + podHealthLine + " failed", "; rolled back to 1.2.0",
+		// 1.3's pod can never start (its image is on no stick): once the
+		// script checked it, podHealth says so, and the node rolls back at
+		// once, not at the timeout.
+		"kiln: release 1.3.0 failed its health check: command " + podHealthLine + " said unhealthy (exit status 3): cri-check: pod " + workloadPod + " can never start: image " + appRepo + ":1.3 ", "; rolled back to 1.2.0",
 	} {
 		if _, ok := res.When(want); !ok {
 			t.Errorf("console lacks %q", want)
@@ -220,6 +223,10 @@ type upgradeOptions struct {
 	// and command, within timeout.
 	command string        // YAML flow list, e.g. [/usr/bin/test, -e, /run/x]; default podHealth
 	timeout time.Duration // default podHealthTimeout
+	// waitOutBroken leaves out upgrade.health.unhealthyExitCode: a release
+	// whose pod can never start is rolled back only at the timeout, not as
+	// soon as podHealth says so (TestImageGC keeps it running meanwhile).
+	waitOutBroken bool
 	// copyMode builds with preload.mode copy: the factory's images in
 	// CRI-O's writable store, where a collector could remove them.
 	copyMode bool
@@ -240,6 +247,15 @@ type upgradeOptions struct {
 	// and the sticks with --secure-boot-key: its releases boot as db-signed
 	// unified kernel images. The bases must be A/B bases.
 	secureBoot bool
+}
+
+// finalExit is the recipe's upgrade.health.unhealthyExitCode line: podHealth
+// says at once when a release's pod can never start.
+func (o upgradeOptions) finalExit() string {
+	if o.command != podHealth || o.waitOutBroken {
+		return ""
+	}
+	return fmt.Sprintf("    unhealthyExitCode: %d\n", podUnavailableExit)
 }
 
 func (o upgradeOptions) preloadMode() string {
@@ -524,10 +540,10 @@ upgrade:
     units: [%s]
     command: %s
     timeout: %s
-ignition:
+%signition:
   fragments:
     - ../check.ign
-`, r.version, base, imgs.String(), h.preloadMode(), strings.Join(trust, ", "), workloadManifest, kubeletUnit, h.command, h.timeout)
+`, r.version, base, imgs.String(), h.preloadMode(), strings.Join(trust, ", "), workloadManifest, kubeletUnit, h.command, h.timeout, h.finalExit())
 	if h.secureBoot {
 		recipe += "secureBoot:\n  keys: ../sb\n"
 	}

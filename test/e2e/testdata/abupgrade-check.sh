@@ -79,9 +79,11 @@ case $n in
     booted kiln-1.3.0+3.conf 12 "$USRA"
     agent_is 1.3.0-e2e
     if status_is trying 1\\.3\\.0; then pass trying "1.3.0"; else fail trying "$("$AGENT" agent status | oneline)"; fi
-    # Its workload names an image it does not carry: the health check fails,
-    # rolls 1.3 back, removes its entry, and its FailureAction reboots (this
-    # script is stopped then): boot 5 checks the result.
+    # Its workload names an image it does not carry: once checked here, the
+    # health check calls that final (kiln-e2e-health), rolls 1.3 back at once,
+    # removes its entry, and its FailureAction reboots (this script is
+    # stopped then): boot 5 checks the result.
+    touch /run/kiln-e2e-tried
     echo "kiln-e2e: waiting for the health check to roll 1.3.0 back and reboot"
     sleep 600
     fail rollback-reboot "no reboot 600 s after 1.3.0 was tried: $("$AGENT" agent status | oneline)"

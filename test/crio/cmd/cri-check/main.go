@@ -8,7 +8,10 @@
 //	cri-check workload POD IMAGE DIGEST LINE
 //	                                      the pod is ready, its container runs IMAGE by DIGEST and logged LINE
 //	cri-check ready POD                   exit 0 when the pod is ready and every container of it runs
-//	                                      (a release's health check); else one line saying why
+//	                                      (a release's health check); else one line saying why. With
+//	                                      -manifest FILE -unavailable-exit N: exit N when an image the
+//	                                      pod manifest FILE names is not in local storage and cannot be
+//	                                      pulled (the pod can never start: unhealthy for good)
 //	cri-check pull NAME DIGEST            PullImage by name, then ImageStatus: that digest
 //	cri-check pinned CHECK NAME DIGEST true|false
 //	                                      ImageStatus: the image (by that digest) is pinned, or not
@@ -27,6 +30,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -41,6 +45,8 @@ const podNamespace = "kiln-e2e"
 func main() {
 	socket := flag.String("socket", "/var/run/crio/crio.sock", "CRI-O's socket")
 	timeout := flag.Duration("timeout", 3*time.Minute, "bound for the whole command")
+	manifest := flag.String("manifest", "", "ready: the pod's manifest, whose images -unavailable-exit checks")
+	unavailable := flag.Int("unavailable-exit", 0, "ready: the exit status when an image of -manifest cannot be had")
 	flag.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: cri-check [-socket PATH] [-timeout D] images|workload|ready|pull|pinned|absent ARGS (see the source's doc comment)")
 	}
@@ -74,6 +80,12 @@ func main() {
 		ok = c.pinned(ctx, rest[0], rest[1], rest[2], rest[3] == "true")
 	case cmd == "ready" && len(rest) == 1:
 		if err := c.ready(ctx, rest[0]); err != nil {
+			if *manifest != "" && *unavailable > 0 {
+				if missing := c.unavailable(ctx, *manifest); missing != nil {
+					fmt.Fprintf(os.Stderr, "cri-check: pod %s can never start: %v\n", rest[0], missing)
+					os.Exit(*unavailable)
+				}
+			}
 			fatal(err)
 		}
 	case cmd == "absent" && len(rest) >= 2:
@@ -261,6 +273,35 @@ func (c client) ready(ctx context.Context, pod string) error {
 		return fmt.Errorf("pod %s: %d of %d containers running (the kubelet's journal says why)", pod, running, len(ctrs.Containers))
 	}
 	fmt.Printf("pod %s ready: %d containers running\n", pod, running)
+	return nil
+}
+
+// imageLine is an image: line of a pod manifest (YAML).
+var imageLine = regexp.MustCompile(`^\s*(?:-\s+)?image:\s*["']?([^"'\s]+)`)
+
+// unavailable says which image the pod manifest at path names that is not
+// in local storage and that CRI-O cannot pull either (through the node's
+// mirror, or from its registry); nil when every image is there or can be
+// had, or the manifest cannot be read (then nothing is known for good).
+func (c client) unavailable(ctx context.Context, path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		m := imageLine.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		spec := &cri.ImageSpec{Image: m[1]}
+		st, err := c.im.ImageStatus(ctx, &cri.ImageStatusRequest{Image: spec})
+		if err != nil || st.GetImage() != nil {
+			continue
+		}
+		if _, err := c.im.PullImage(ctx, &cri.PullImageRequest{Image: spec}); err != nil && ctx.Err() == nil {
+			return fmt.Errorf("image %s is not in local storage and cannot be pulled: %w", m[1], err)
+		}
+	}
 	return nil
 }
 
