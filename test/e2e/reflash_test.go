@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kiln-appliance/kiln/test/e2e/fixture"
 	"github.com/kiln-appliance/kiln/test/e2e/vm"
 )
 
@@ -27,7 +28,9 @@ const reflashFailed = "reflash FAILED"
 // and powers off; the target alone then boots as the appliance (first boot
 // offline, every appliance check), its bytes identical to the factory disk.
 // A target too small is refused with nothing written, and a stick whose
-// payload has one flipped byte fails its check and says so.
+// payload has one flipped byte fails its check and says so. The attended
+// stick and the one given a target too small carry a Secure Boot factory
+// disk and boot under Secure Boot.
 func TestReflash(t *testing.T) {
 	// A slot while the appliance and the stick are built; each boot below
 	// then asks for its own.
@@ -47,6 +50,18 @@ func TestReflash(t *testing.T) {
 		t.Fatal(err)
 	}
 	size := fi.Size()
+	// A Secure Boot factory disk (the A/B base with secureBoot), for the
+	// sticks that boot under Secure Boot: attended, target-too-small.
+	sb := newUpgradeSet(t, "#!/bin/bash\n#@LIB@\n#@UPGRADE_LIB@\nshutdown_now poweroff\n", upgradeOptions{
+		releases:   []upgradeRelease{{"1.0.0", []string{pauseRef, appRepo + ":1.0"}, appRepo + ":1.0", []string{"factory"}, ""}},
+		bases:      map[string]string{"1.0.0": fixture.ABBase(t).Path},
+		secureBoot: true,
+	})
+	sbKey := filepath.Join(sb.dir, "sb", "db.key")
+	sbInfo, err := os.Stat(sb.disk)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	built()
 
@@ -87,14 +102,14 @@ func TestReflash(t *testing.T) {
 	t.Run("attended", func(t *testing.T) {
 		vm.Schedule(t, 5*time.Minute)
 		asking := filepath.Join(t.TempDir(), "stick.raw")
-		if out, err := exec.Command(a.kiln, "reflash-stick", filepath.Join(dir, "appliance.yaml"), "--disk", a.disk,
-			"-o", asking).CombinedOutput(); err != nil {
+		if out, err := exec.Command(sb.kiln, "reflash-stick", sb.recipes["1.0.0"], "--disk", sb.disk,
+			"-o", asking, "--secure-boot-key", sbKey).CombinedOutput(); err != nil {
 			t.Fatalf("kiln reflash-stick (attended): %v\n%s", err, out)
 		}
-		target := blankDisk(t, size+64<<20)
+		target := blankDisk(t, sbInfo.Size()+64<<20)
 		const prompt = `type "yes"`
 		asked := false
-		res, err := vm.Run(t, asking, vm.WithName("reflash-attended"), vm.WithFailOn(reflashFailed),
+		res, err := vm.Run(t, asking, vm.WithName("reflash-attended"), vm.WithFailOn(reflashFailed), vm.WithSecureBoot(), vm.WithReboots(),
 			vm.WithQEMUArgs("-drive", "if=virtio,format=raw,file="+target), vm.WithTimeout(applianceTimeout(10*time.Minute)),
 			vm.OnPrompt(prompt, func(m *vm.Monitor, line string) error {
 				asked = true
@@ -122,19 +137,26 @@ func TestReflash(t *testing.T) {
 		if anyLineHas(res, "unattended stick: not asking") {
 			t.Errorf("the attended stick did not ask (%s)", res.Console)
 		}
-		if got, want := prefixDigest(t, target, size), prefixDigest(t, a.disk, size); got != want {
-			t.Fatalf("the target's first %d bytes differ from the factory disk", size)
+		requireEnrolledFirst(t, res, "kiln reflash: will overwrite")
+		if got, want := prefixDigest(t, target, sbInfo.Size()), prefixDigest(t, sb.disk, sbInfo.Size()); got != want {
+			t.Fatalf("the target's first %d bytes differ from the Secure Boot factory disk", sbInfo.Size())
 		}
 	})
 
+	// Under Secure Boot, as attended: the agent refuses a target too small.
 	t.Run("target-too-small", func(t *testing.T) {
-		vm.Schedule(t, 2*time.Minute)
+		vm.Schedule(t, 3*time.Minute)
 		own := filepath.Join(t.TempDir(), "stick.raw")
-		mustRunCmd(t, "cp", "--sparse=always", stick, own)
-		target := blankDisk(t, size-1<<20)
-		res, err := vm.Run(t, own, vm.WithName("reflash-small"), vm.WithFailOn(reflashFailed),
+		mustKilnCmd(t, sb.kiln, "reflash-stick", sb.recipes["1.0.0"], "--disk", sb.disk, "-o", own, "--unattended",
+			"--secure-boot-key", sbKey)
+		if out, err := exec.Command(sb.kiln, "inspect", own).CombinedOutput(); err != nil || !strings.Contains(string(out), "Secure Boot: ready") {
+			t.Fatalf("kiln inspect of the Secure Boot stick: %v\n%s", err, out)
+		}
+		target := blankDisk(t, sbInfo.Size()-1<<20)
+		res, err := vm.Run(t, own, vm.WithName("reflash-small"), vm.WithFailOn(reflashFailed), vm.WithSecureBoot(), vm.WithReboots(),
 			vm.WithQEMUArgs("-drive", "if=virtio,format=raw,file="+target), vm.WithTimeout(applianceTimeout(6*time.Minute)))
 		requireRefused(t, res, err, "is too small", "nothing was written")
+		requireEnrolledFirst(t, res, reflashFailed)
 		requireBlank(t, target)
 	})
 
@@ -149,6 +171,17 @@ func TestReflash(t *testing.T) {
 		requireRefused(t, res, err, "the stick is damaged", "(chunk 1 of", "use another stick")
 		requireBlank(t, target)
 	})
+}
+
+// requireEnrolledFirst: the stick's systemd-boot enrolled the factory's keys
+// before the console showed after. The firmware is then in user mode: what
+// boots after the reset is signed for db, or nothing boots.
+func requireEnrolledFirst(t *testing.T, res *vm.Result, after string) {
+	t.Helper()
+	enrol, ok := res.When(`Enrolling secure boot keys from directory: \loader\keys\auto`)
+	if later, ok2 := res.When(after); !ok || !ok2 || later < enrol {
+		t.Errorf("the stick's systemd-boot did not enrol the keys before %q", after)
+	}
 }
 
 // anyLineHas: one console line holds every part.
