@@ -14,7 +14,6 @@ import (
 	"github.com/kiln-appliance/kiln/partitions/gpt"
 	"github.com/kiln-appliance/kiln/partitions/osslots"
 	"github.com/kiln-appliance/kiln/partitions/uki"
-	"github.com/kiln-appliance/kiln/systemd/agent/handoff"
 	"github.com/kiln-appliance/kiln/systemd/contract"
 	"github.com/kiln-appliance/kiln/systemd/contract/bootentry"
 	"github.com/kiln-appliance/kiln/systemd/contract/bundlefmt"
@@ -129,7 +128,7 @@ func (b *bundler) signUKIs(ctx context.Context) error {
 			e := &bootentry.Entry{ID: contract.EntryID(b.m.Version), Title: o.Entry.Title, Version: o.Entry.Version,
 				Options: append(slices.Clone(o.Entry.Options), usr...)}
 			if b.m.Agent.Digest != t.agent {
-				e.Options = append(e.Options, handoff.Option(b.m.Agent.Digest))
+				e.Options = append(e.Options, contract.AgentOption(b.m.Agent.Digest))
 			}
 			tmp := filepath.Join(dir, ".uki-"+sl.Name+".efi")
 			if err = builder.SignedUKI(ctx, tmp, e, rel.boot[0].local, initrds, t.images, b.o.SecureBootKey, b.dbCert); err != nil {

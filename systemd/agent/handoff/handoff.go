@@ -29,16 +29,12 @@ import (
 )
 
 // Param is the kernel parameter naming the release's agent: kiln.agent=sha256:HEX.
-const Param = "kiln.agent"
+const Param = contract.AgentParam
 
 // Env is set, to the digest, in the agent handed off to: it runs itself.
 const Env = "KILN_AGENT_HANDOFF"
 
 var digestForm = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
-
-// Option is the kernel parameter that makes the image partition's agent
-// hand off to the agent with digest d.
-func Option(d string) string { return Param + "=" + d }
 
 // Target is the digest the kernel command line (cmdline's contents) names,
 // "" when it names none.

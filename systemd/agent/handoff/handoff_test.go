@@ -41,14 +41,14 @@ func TestTarget(t *testing.T) {
 	}{
 		{name: "none", cmdline: "root=LABEL=root rw quiet"},
 		{name: "empty", cmdline: ""},
-		{name: "one", cmdline: "root=LABEL=root " + Option(d1) + " rw", want: d1},
-		{name: "the last wins", cmdline: Option(d1) + " " + Option(d2) + "\n", want: d2},
+		{name: "one", cmdline: "root=LABEL=root " + contract.AgentOption(d1) + " rw", want: d1},
+		{name: "the last wins", cmdline: contract.AgentOption(d1) + " " + contract.AgentOption(d2) + "\n", want: d2},
 		{name: "a longer name is not it", cmdline: "kiln.agentx=" + d1},
 		{name: "not a digest", cmdline: "kiln.agent=latest", err: `the kernel command line's kiln.agent="latest" is not sha256:HEX`},
 		{name: "upper case hex", cmdline: "kiln.agent=sha256:" + strings.Repeat("A", 64), err: "is not sha256:HEX"},
 		{name: "short", cmdline: "kiln.agent=sha256:abc", err: "is not sha256:HEX"},
 		{name: "another algorithm", cmdline: "kiln.agent=sha512:" + strings.Repeat("a", 64), err: "is not sha256:HEX"},
-		{name: "a bad one overridden", cmdline: "kiln.agent=latest " + Option(d1), want: d1},
+		{name: "a bad one overridden", cmdline: "kiln.agent=latest " + contract.AgentOption(d1), want: d1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Target(tc.cmdline)
@@ -163,7 +163,7 @@ func TestRun(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root, d, _ := node(t, "", script)
-			os.WriteFile(filepath.Join(root, "proc", "cmdline"), []byte(strings.ReplaceAll(tc.cmdline, "{opt}", Option(d))), 0o644)
+			os.WriteFile(filepath.Join(root, "proc", "cmdline"), []byte(strings.ReplaceAll(tc.cmdline, "{opt}", contract.AgentOption(d))), 0o644)
 			self, err := os.ReadFile(os.Args[0])
 			if err != nil {
 				t.Fatal(err)

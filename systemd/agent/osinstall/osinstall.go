@@ -28,7 +28,6 @@ import (
 
 	"github.com/kiln-appliance/kiln/internal/human"
 	"github.com/kiln-appliance/kiln/systemd/agent/bootloader"
-	"github.com/kiln-appliance/kiln/systemd/agent/handoff"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/atomicfile"
 	"github.com/kiln-appliance/kiln/systemd/agent/internal/freespace"
 	"github.com/kiln-appliance/kiln/systemd/agent/slotwrite"
@@ -66,7 +65,7 @@ type Node struct {
 	Entry string
 	// PartitionAgent is the digest of the image partition's kiln agent:
 	// a release whose agent is another one names its own on its entry
-	// (handoff.Param).
+	// (contract.AgentParam).
 	PartitionAgent string
 	// SecureBoot is kiln.json's record of a Secure Boot-ready node (its db
 	// certificate); nil on a node without: entries are then type #1.
@@ -287,7 +286,7 @@ func (p *Plan) entry() (bootentry.Entry, error) {
 	be := bootentry.Entry{ID: contract.EntryID(p.m.Version), Title: e.Title, Version: e.Version,
 		Linux: bootloader.BootFilePath(e.Kernel.Digest), Options: append(slices.Clone(e.Options), usr...)}
 	if a := p.m.Agent.Digest; a != p.node.PartitionAgent {
-		be.Options = append(be.Options, handoff.Option(a))
+		be.Options = append(be.Options, contract.AgentOption(a))
 	}
 	for _, f := range e.Initrd {
 		be.Initrd = append(be.Initrd, bootloader.BootFilePath(f.Digest))
