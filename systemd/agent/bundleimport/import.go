@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"go.podman.io/storage"
+	"golang.org/x/sys/unix"
 
 	"github.com/kiln-appliance/kiln/internal/inputfile"
 	"github.com/kiln-appliance/kiln/internal/progress"
@@ -440,6 +441,29 @@ func loadImages(ctx context.Context, store storage.Store, images []contract.Imag
 		if err := localimage.Load(store, im, blobs); err != nil {
 			return fmt.Errorf("load %s into containers/storage: %w", im.Name, err)
 		}
+	}
+	if len(todo) == 0 {
+		return nil
+	}
+	// Durable before the import goes on: containers/storage does not sync
+	// what it unpacks, and a power cut during the minutes of an OS slot
+	// write after this (seen in QEMU: a reset 5 s after the load) left a
+	// layer that the next import could not unpack again.
+	if err := syncFS(store.GraphRoot()); err != nil {
+		return fmt.Errorf("containers/storage: %w", err)
+	}
+	return nil
+}
+
+// syncFS writes back everything cached of the filesystem holding dir.
+func syncFS(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := unix.Syncfs(int(d.Fd())); err != nil {
+		return fmt.Errorf("syncfs %s: %w", dir, err)
 	}
 	return nil
 }
